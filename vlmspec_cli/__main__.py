@@ -1,0 +1,3 @@
+from vlmspec_cli.cli import main
+
+main()
