@@ -1,0 +1,26 @@
+"""Model-family adapters: one file per family, looked up by ``config.model_type``."""
+
+from __future__ import annotations
+
+from vlmspec_cli.runtime.adapters.base import ModelAdapter
+from vlmspec_cli.runtime.adapters.causal_lm import CausalLMAdapter
+from vlmspec_cli.runtime.adapters.llava import LlavaAdapter
+
+_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), CausalLMAdapter()]
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+def adapter_for(config) -> ModelAdapter:
+    for adapter in _ADAPTERS:
+        if adapter.supports(config):
+            return adapter
+    known = ", ".join(t for a in _ADAPTERS for t in a.model_types)
+    raise UnsupportedModelError(
+        f"model type '{config.model_type}' has no vlmspec adapter yet (supported: {known})"
+    )
+
+
+__all__ = ["ModelAdapter", "adapter_for", "UnsupportedModelError"]

@@ -1,0 +1,106 @@
+"""Test helpers: a corpus of bad inputs and a few good images.
+
+Note on permissions: the test suite may run as root, for whom chmod-000 files
+are still readable, so no corpus entry relies on file permissions to be bad;
+"permission denied" is not exercised here.
+
+Decision on ``folder.png`` (a directory whose name has an image extension):
+directory expansion treats it as a directory like any other -- it is descended
+into and never becomes an item itself (so it is silently empty here);
+passing it explicitly to ``load_image`` reports "is a directory".
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import zlib
+from pathlib import Path
+
+from PIL import Image
+
+
+def _noise_png(path: Path, size: int = 32, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    Image.frombytes("RGB", (size, size), rng.randbytes(size * size * 3)).save(path, format="PNG")
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _bomb_png(path: Path, width: int = 20000, height: int = 20000) -> None:
+    """A tiny PNG whose header claims width*height pixels (> 2x PIL's limit)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit grayscale
+    data = (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", ihdr)
+        + _png_chunk(b"IDAT", zlib.compress(b"\x00"))
+        + _png_chunk(b"IEND", b"")
+    )
+    path.write_bytes(data)
+
+
+def make_bad_corpus(root: Path) -> dict[str, str]:
+    """Create bad inputs in ``root``; return ``{filename: expected reason substring}``.
+
+    ``missing.png`` is not created (pass ``root / "missing.png"`` to exercise
+    the missing-file path).  ``dangling.png`` is left out of the mapping when
+    the filesystem cannot make symlinks.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    expected: dict[str, str] = {}
+
+    expected["missing.png"] = "no such file or directory"
+
+    (root / "empty.png").write_bytes(b"")
+    expected["empty.png"] = "empty file (0 bytes)"
+
+    full = root / "_full.tmp"
+    _noise_png(full, 32, seed=1)
+    data = full.read_bytes()
+    full.unlink()
+    (root / "truncated.png").write_bytes(data[: len(data) // 2])
+    expected["truncated.png"] = "truncated or corrupt image"
+
+    (root / "notes.jpg").write_text(
+        "# meeting notes\nThese are not pixels.\nCaf\u00e9 \u2014 r\u00e9sum\u00e9\n", encoding="utf-8"
+    )
+    expected["notes.jpg"] = "not an image (text file?)"
+
+    try:
+        os.symlink(root / "does-not-exist.png", root / "dangling.png")
+        expected["dangling.png"] = "broken symbolic link"
+    except (OSError, NotImplementedError):
+        pass
+
+    (root / "folder.png").mkdir(exist_ok=True)
+    expected["folder.png"] = "is a directory"
+
+    (root / "garbage.png").write_bytes(random.Random(2).randbytes(512).replace(b"\x00", b"\x01") + b"\x00\xff")
+    expected["garbage.png"] = "unsupported or unrecognized image format"
+
+    _bomb_png(root / "bomb.png")
+    expected["bomb.png"] = "image too large"
+
+    return expected
+
+
+def make_good_images(root: Path, n: int, size: int = 16, seed: int = 1234) -> list[Path]:
+    """Write ``n`` valid small PNGs (seeded random colours) named img_000.png..."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    paths: list[Path] = []
+    for i in range(n):
+        colour = tuple(rng.randrange(256) for _ in range(3))
+        im = Image.new("RGB", (size, size), colour)
+        # a second random block so images differ beyond a flat colour
+        block = Image.new("RGB", (size // 2, size // 2), tuple(rng.randrange(256) for _ in range(3)))
+        im.paste(block, (rng.randrange(size // 2), rng.randrange(size // 2)))
+        p = root / f"img_{i:03d}.png"
+        im.save(p, format="PNG")
+        paths.append(p)
+    return paths

@@ -1,0 +1,144 @@
+"""The draft → verify → accept loop. Acceptance itself is decided in ``verify.py``.
+
+One round, for a request whose target cache holds the prompt and the committed tokens
+except ``pending`` (the token the target added last round, not yet run through it):
+
+1. the drafter proposes up to γ tokens x_1..x_n (never past max_new_tokens, cut at EOS);
+2. one target forward over pending + x_1..x_n gives p_1..p_{n+1};
+3. ``verify_chain`` accepts x_1..x_k and adds one token of the target's;
+4. the target cache is rolled back to the accepted prefix, the drafter rolls back its own.
+
+Each round emits accepted + 1 tokens, so new_tokens = num_accepted_tokens + num_drafts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from vlmspec_cli.drafters.base import Draft, Drafter
+from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
+from vlmspec_cli.runtime.models import LoadedModel
+from vlmspec_cli.runtime.request import DecodeState, Request, make_generators
+from vlmspec_cli.runtime.verify import SamplingParams, next_token, verify_chain
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    text: str
+    state: DecodeState
+
+
+ProgressFn = Callable[[DecodeState], None]
+
+
+class SpeculativeEngine:
+    def __init__(self, target: LoadedModel, drafter: Drafter, gamma: int,
+                 sampling: SamplingParams) -> None:
+        if gamma < 1:
+            raise ValueError("gamma must be >= 1")
+        self.target = target
+        self.drafter = drafter
+        self.gamma = gamma
+        self.sampling = sampling
+        tok = target.tokenizer
+        eos = tok.eos_token_id
+        gen_eos = getattr(target.model.generation_config, "eos_token_id", None)
+        ids = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {eos}
+        self.eos_ids = {int(i) for i in ids if i is not None}
+
+    # -- one request -----------------------------------------------------------------
+    def start(self, request: Request) -> DecodeState:
+        """Prefill target and drafter; the target's prefill logits give the first token's
+        distribution (kept as ``target_next_logits``, consumed by the first round)."""
+        lm = self.target
+        state = DecodeState(request=request, prompt=lm.adapter.prompt_text(lm, request.messages))
+        state.target_generator, state.draft_generator = make_generators(request.seed, lm.device)
+        t0 = time.perf_counter()
+        inputs = lm.adapter.encode(lm, state.prompt, request.images or None)
+        state.target_cache = lm.adapter.new_cache(lm)
+        state.target_next_logits = lm.adapter.prefill(lm, inputs, state.target_cache)[0]
+        self.drafter.prefill(state)
+        state.stats.prefill_s = time.perf_counter() - t0
+        return state
+
+    def step(self, state: DecodeState) -> None:
+        """One draft → verify → accept round."""
+        lm = self.target
+        remaining = state.request.max_new_tokens - len(state.tokens)
+        # at most remaining - 1 proposals: the target always adds one token of its own
+        budget = min(self.gamma, remaining - 1)
+        draft = self.drafter.propose(state, budget) if budget > 0 else Draft([])
+        draft = self._cut_at_eos(draft)
+
+        # p_1..p_{n+1}: one target forward over the pending token and the proposals
+        feed = state.target_pending + draft.tokens
+        rows = []
+        if state.target_next_logits is not None:
+            rows.append(state.target_next_logits[None])
+        if feed:
+            ids = torch.tensor([feed], device=lm.device)
+            logits = lm.adapter.extend(lm, ids, state.target_cache)[0]
+            rows.append(logits[len(state.target_pending) - 1 if state.target_pending else 0:])
+        target_logits = torch.cat(rows, dim=0)[: len(draft) + 1]
+
+        n_acc, tok = verify_chain(draft.tokens, draft.probs, target_logits, self.sampling,
+                                  state.target_generator)
+
+        # keep the cache up to the last accepted proposal; `tok` becomes pending
+        base = cache_length(state.target_cache) - len(draft)
+        truncate_cache(state.target_cache, base + n_acc)
+        state.target_pending = [tok]
+        state.target_next_logits = None
+        state.tokens.extend(draft.tokens[:n_acc])
+        state.tokens.append(tok)
+        self.drafter.accept(state, n_acc)
+        state.stats.record_round(len(draft), n_acc, n_acc + 1)
+        if tok in self.eos_ids or len(state.tokens) >= state.request.max_new_tokens:
+            state.done = True
+
+    def _cut_at_eos(self, draft: Draft) -> Draft:
+        # An EOS proposal is never verified: nothing can follow it, and a chain that stops
+        # early is still verified exactly (its length depends only on the draft's samples).
+        for i, t in enumerate(draft.tokens):
+            if t in self.eos_ids:
+                return draft.truncated(i)
+        return draft
+
+    def generate(self, request: Request, progress: ProgressFn | None = None) -> Result:
+        t0 = time.perf_counter()
+        state = self.start(request)
+        while not state.done:
+            self.step(state)
+            if progress is not None:
+                progress(state)
+        state.stats.wall_s = time.perf_counter() - t0
+        text = self.target.tokenizer.decode(
+            [t for t in state.tokens if t not in self.eos_ids], skip_special_tokens=True
+        ).strip()
+        return Result(list(state.tokens), text, state)
+
+
+def target_only_tokens(target: LoadedModel, request: Request, sampling: SamplingParams) -> list[int]:
+    """Reference decoding with the target alone, token by token (no drafter involved)."""
+    engine = SpeculativeEngine(target, _Silent(), 1, sampling)
+    return engine.generate(request).tokens
+
+
+class _Silent:
+    name = "none"
+    needs_target_hidden = False
+    lossless = True
+
+    def prefill(self, state):
+        pass
+
+    def propose(self, state, max_tokens):
+        return Draft([])
+
+    def accept(self, state, n):
+        pass

@@ -1,0 +1,212 @@
+"""Load target / draft models: hub id, local directory or ``zoo:`` name.
+
+Every source goes through the same ``from_pretrained`` call; ``zoo:tinyworld/x`` is only a
+name for a directory shipped inside the package. Device and dtype are picked here, and
+draft/target compatibility is checked before any decoding starts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ZOO_ROOT = Path(__file__).resolve().parent.parent / "zoo" / "weights"
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for decoding, with its processor and family adapter."""
+
+    name: str
+    model: Any
+    processor: Any
+    tokenizer: Any
+    adapter: Any
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def zoo_models() -> list[str]:
+    if not ZOO_ROOT.is_dir():
+        return []
+    return sorted(
+        f"zoo:{p.parent.relative_to(ZOO_ROOT).as_posix()}"
+        for p in ZOO_ROOT.rglob("config.json")
+    )
+
+
+def resolve_model_source(name: str) -> str:
+    """Map ``zoo:…`` to its packaged directory; hub ids and local paths pass through."""
+    if name.startswith("zoo:"):
+        path = ZOO_ROOT / name[4:]
+        if not (path / "config.json").is_file():
+            available = ", ".join(zoo_models()) or "none (run: python -m vlmspec_cli.zoo.build)"
+            raise ModelLoadError(f"unknown zoo model '{name}'; available: {available}")
+        return str(path)
+    return name
+
+
+def pick_device(spec: str = "auto") -> torch.device:
+    """``auto`` prefers cuda, then mps, then cpu."""
+    if spec != "auto":
+        dev = torch.device(spec)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError(f"device '{spec}' requested but CUDA is not available here")
+        if dev.type == "mps" and not torch.backends.mps.is_available():
+            raise ModelLoadError(f"device '{spec}' requested but MPS is not available here")
+        return dev
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(spec: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on GPUs that support it, float16 on other GPUs, float32 on CPU."""
+    if spec != "auto":
+        return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[spec]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.float32
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick TCP connect to the hub endpoint, instead of from_pretrained's slow retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    from huggingface_hub import constants
+
+    url = urllib.parse.urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _quantization_config(quantize: str):
+    if quantize == "none":
+        return None
+    try:
+        from transformers import BitsAndBytesConfig
+        import bitsandbytes  # noqa: F401
+        import accelerate  # noqa: F401
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"quantize: {quantize} needs bitsandbytes and accelerate ({exc}); "
+            "install them with: pip install 'vlmspec[quant]'"
+        ) from exc
+    if quantize == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quantize)
+
+
+def load_model(spec, role: str = "target") -> LoadedModel:
+    """Load one model from a profile ``ModelSpec`` (fields: model, dtype, device, quantize,
+    revision, trust_remote_code)."""
+    import transformers
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+
+    from vlmspec_cli.runtime.adapters import adapter_for
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    if not spec.model:
+        raise ModelLoadError(f"no {role} model set (profile key '{role}.model')")
+    source = resolve_model_source(spec.model)
+    is_local = Path(source).is_dir()
+    common: dict[str, Any] = {"trust_remote_code": bool(spec.trust_remote_code)}
+    if spec.revision:
+        common["revision"] = spec.revision
+    if not is_local:
+        if Path(source).exists() or source.startswith((".", "/", "~")):
+            raise ModelLoadError(f"{role} model '{source}': not a model directory (no config.json)")
+        # Use the local HF cache when it has the files; only then go to the network.
+        try:
+            AutoConfig.from_pretrained(source, local_files_only=True, **common)
+        except (OSError, ValueError):
+            if not _hub_reachable():
+                raise ModelLoadError(
+                    f"{role} model '{source}' is not in the local Hugging Face cache and the hub "
+                    "is unreachable (offline?). Download it where there is network "
+                    f"(`hf download {source}`) and copy the cache, or set '{role}.model' "
+                    "to a local directory."
+                ) from None
+    device = pick_device(spec.device)
+    dtype = pick_dtype(spec.dtype, device)
+    try:
+        config = AutoConfig.from_pretrained(source, **common)
+        adapter = adapter_for(config)
+        kwargs: dict[str, Any] = dict(common, dtype=dtype)
+        qconf = _quantization_config(getattr(spec, "quantize", "none"))
+        if qconf is not None:
+            kwargs["quantization_config"] = qconf
+            kwargs["device_map"] = {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}
+        model = adapter.model_class.from_pretrained(source, **kwargs)
+        try:
+            processor = AutoProcessor.from_pretrained(source, **common)
+        except (OSError, ValueError, TypeError, ImportError):
+            processor = None
+        tokenizer = getattr(processor, "tokenizer", None) or AutoTokenizer.from_pretrained(source, **common)
+        if processor is not None and not hasattr(processor, "tokenizer"):
+            processor = None
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load {role} model '{spec.model}': {exc}") from exc
+    if qconf is None:
+        model.to(device)
+    model.eval()
+    return LoadedModel(spec.model, model, processor, tokenizer, adapter, device, dtype)
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel, needs_images: bool) -> None:
+    """Fail before decoding when draft and target cannot speculate together."""
+    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    shared = set(t_vocab) & set(d_vocab)
+    mismatched = [t for t in shared if t_vocab[t] != d_vocab[t]]
+    missing = [t for t in d_vocab if t not in t_vocab]
+    if mismatched or missing or len(shared) < 0.95 * len(t_vocab) - 512:
+        raise ModelLoadError(
+            f"draft '{draft.name}' and target '{target.name}' do not share a tokenizer "
+            f"({len(mismatched)} tokens with different ids, {len(missing)} draft tokens unknown "
+            "to the target). Speculative decoding needs the same vocabulary: pick a draft "
+            "trained with the target's tokenizer."
+        )
+    if target.tokenizer.eos_token_id != draft.tokenizer.eos_token_id:
+        raise ModelLoadError(
+            f"draft and target disagree on the end-of-sequence token "
+            f"({draft.tokenizer.eos_token_id} vs {target.tokenizer.eos_token_id}); pick a draft "
+            "with the target's tokenizer."
+        )
+    if needs_images:
+        t_img = target.adapter.image_token_id(target)
+        d_img = draft.adapter.image_token_id(draft)
+        if d_img is None:
+            raise ModelLoadError(
+                f"drafting input 'multimodal' needs a draft that takes images, but "
+                f"'{draft.name}' is a text-only model. Use drafting.inputs: [text]."
+            )
+        if t_img != d_img:
+            raise ModelLoadError(
+                f"draft and target use different image token ids ({d_img} vs {t_img}); "
+                "the draft must come from the same model family and tokenizer."
+            )

@@ -1,0 +1,60 @@
+"""What one decoding request is, and the state the engine keeps for it.
+
+All decoding state lives on the request's ``DecodeState`` (caches, generated tokens,
+generators, drafter state), never on the engine, so requests can later be batched (B > 1)
+without a rewrite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vlmspec_cli.runtime.stats import SpecStats
+
+
+@dataclass
+class Message:
+    """One conversation turn; user turns may carry images (placed before the text)."""
+
+    role: str
+    text: str
+    images: tuple = ()
+
+
+@dataclass
+class Request:
+    messages: list[Message]
+    max_new_tokens: int = 64
+    seed: int = 0
+    request_id: str = ""
+
+    @property
+    def images(self) -> list:
+        return [im for m in self.messages for im in m.images]
+
+
+@dataclass
+class DecodeState:
+    request: Request
+    prompt: str                                 # the target's rendered prompt text
+    target_cache: Any = None
+    target_pending: list[int] = field(default_factory=list)  # committed, not yet in the cache
+    target_next_logits: torch.Tensor | None = None           # (V,) when pending is empty
+    tokens: list[int] = field(default_factory=list)          # generated so far
+    done: bool = False
+    stats: SpecStats = field(default_factory=SpecStats)
+    target_generator: torch.Generator | None = None
+    draft_generator: torch.Generator | None = None
+    drafter_state: Any = None
+
+
+def make_generators(seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
+    """Separate generators for target and draft, both derived from the request seed, so the
+    draft's randomness never shifts the target's stream."""
+    gen_device = "cpu"  # sampling happens on small CPU-side tensors of probabilities
+    target = torch.Generator(device=gen_device).manual_seed(seed)
+    draft = torch.Generator(device=gen_device).manual_seed(seed + 0x9E3779B1)
+    return target, draft

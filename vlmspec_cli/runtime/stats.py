@@ -1,0 +1,66 @@
+"""Speculative-decoding counters and derived metrics (DESIGN.md §5). No formatting here.
+
+Names follow vLLM's spec-decode metrics: a *draft* is one draft→verify round;
+``mean_accept_len`` counts the bonus/correction token (1 + accepted / drafts);
+``accepted_per_pos[i]`` counts rounds whose draft token i+1 was accepted (unconditional).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecStats:
+    new_tokens: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    wall_s: float = 0.0
+
+    def record_round(self, drafted: int, accepted: int, emitted: int) -> None:
+        """One draft→verify round: ``drafted`` proposals, ``accepted`` of them kept, and
+        ``emitted`` tokens added to the output (accepted + the target's own token)."""
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        self.new_tokens += emitted
+        if len(self.accepted_per_pos) < drafted:
+            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
+        for i in range(accepted):
+            self.accepted_per_pos[i] += 1
+
+    def merge(self, other: "SpecStats") -> None:
+        for name in ("new_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.prefill_s += other.prefill_s
+        self.wall_s += other.wall_s
+        n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        self.accepted_per_pos = [
+            (self.accepted_per_pos[i] if i < len(self.accepted_per_pos) else 0)
+            + (other.accepted_per_pos[i] if i < len(other.accepted_per_pos) else 0)
+            for i in range(n)
+        ]
+
+    @property
+    def mean_accept_len(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def draft_accept_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["mean_accept_len"] = round(self.mean_accept_len, 4)
+        d["draft_accept_rate"] = round(self.draft_accept_rate, 4)
+        d["tokens_per_s"] = round(self.tokens_per_s, 2)
+        d["wall_s"] = round(self.wall_s, 4)
+        d["prefill_s"] = round(self.prefill_s, 4)
+        return d

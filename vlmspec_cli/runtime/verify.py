@@ -1,0 +1,133 @@
+"""The one place where draft tokens are accepted or rejected.
+
+Notation (Leviathan et al. 2023; TABED §3.2): the draft proposed tokens x_1..x_n, token x_i
+sampled from the draft distribution q_i(·); verifying them in one target forward gives the
+target distributions p_1..p_{n+1}, where p_i is the target's next-token distribution before
+x_i and p_{n+1} the one after the whole chain.
+
+* Greedy (temperature 0): accept the longest prefix with x_i == argmax p_i; the next token
+  is argmax p_{n'+1} at the first mismatch (or the bonus after a fully accepted chain).
+  The output is token-identical to the target's own greedy decoding.
+* Speculative sampling (temperature > 0): accept x_i with probability
+  min(1, p_i(x_i) / q_i(x_i)); at the first rejection sample the replacement from the
+  residual norm(max(0, p_i − q_i)); if every x_i is accepted, sample a bonus token from
+  p_{n+1}. Each emitted token is then distributed exactly as p — the target's own
+  sampling distribution — whatever q is.
+
+Both branches return (number of accepted draft tokens, the token the target adds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The sampling distribution for ``logits`` (…, V): softmax(logits / T), restricted to
+    the top-p nucleus and renormalised. The same warp is applied to p and q, so speculative
+    sampling reproduces the warped target distribution exactly."""
+    probs = torch.softmax(logits.float() / max(params.temperature, 1e-6), dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest set whose mass reaches top_p (the first token always stays)
+        outside = sorted_p.cumsum(-1) - sorted_p >= params.top_p
+        sorted_p = sorted_p.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from the target alone (baseline decoding and the prefill token)."""
+    if params.greedy:
+        return int(logits.argmax(-1).item())
+    return sample(probabilities(logits, params), generator)
+
+
+def align_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Give draft probabilities the target's vocabulary size: a draft head smaller than the
+    target's (padding rows, extra special tokens) has q = 0 on the missing ids."""
+    if q.shape[-1] == vocab_size:
+        return q
+    if q.shape[-1] > vocab_size:
+        return q[..., :vocab_size]
+    pad = q.new_zeros(*q.shape[:-1], vocab_size - q.shape[-1])
+    return torch.cat([q, pad], dim=-1)
+
+
+def verify_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
+    """``target_logits``: (n+1, V). Longest prefix with x_i == argmax p_i, then the
+    target's argmax at the first mismatch (or after the chain: the bonus token)."""
+    target_choice = target_logits.argmax(-1).tolist()
+    n = 0
+    while n < len(draft_tokens) and draft_tokens[n] == target_choice[n]:
+        n += 1
+    return n, int(target_choice[n])
+
+
+def verify_sampling(
+    draft_tokens: list[int],
+    draft_probs: torch.Tensor,
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """Speculative sampling over a chain. ``draft_probs``: (n, V') the q_i each x_i was
+    sampled from; ``target_logits``: (n+1, V)."""
+    p = probabilities(target_logits, params)                      # (n+1, V)
+    n_draft = len(draft_tokens)
+    if n_draft == 0:
+        return 0, sample(p[0], generator)
+    q = align_vocab(draft_probs.float().to(p.device), p.shape[-1])  # (n, V)
+    idx = torch.arange(n_draft, device=p.device)
+    tok = torch.tensor(draft_tokens, device=p.device)
+    p_x, q_x = p[idx, tok], q[idx, tok]
+    # u_i ~ U(0,1) from the target's generator; accept x_i iff u_i <= p_i(x_i) / q_i(x_i).
+    # (q_i(x_i) > 0 because x_i was drawn from q_i; written as u*q <= p to avoid 0/0.)
+    u = torch.rand(n_draft, generator=generator, device="cpu").to(p.device)
+    accepted = (u * q_x <= p_x).tolist()
+    n = 0
+    while n < n_draft and accepted[n]:
+        n += 1
+    if n == n_draft:
+        # every draft token accepted: the bonus token comes from p_{n+1} directly
+        return n, sample(p[n], generator)
+    # rejection at position n: resample from the residual norm(max(0, p_n − q_n)).
+    residual = (p[n] - q[n]).clamp_min(0.0)
+    total = residual.sum()
+    if total <= 0:
+        # p_n == q_n up to rounding: the residual is empty and rejection had probability 0
+        # in exact arithmetic; fall back to p_n itself.
+        residual, total = p[n], p[n].sum()
+    return n, sample(residual / total, generator)
+
+
+def verify_chain(
+    draft_tokens: list[int],
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """Dispatch: greedy match at temperature 0, speculative sampling otherwise."""
+    if params.greedy:
+        return verify_greedy(draft_tokens, target_logits)
+    if draft_tokens and draft_probs is None:
+        raise ValueError("speculative sampling needs the draft probabilities q")
+    return verify_sampling(draft_tokens, draft_probs, target_logits, params, generator)

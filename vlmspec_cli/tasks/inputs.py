@@ -1,0 +1,462 @@
+"""Input expansion and robust image loading for batch tasks.
+
+Principle: bad input never loses work.  Expansion never raises for a bad
+path; it returns an :class:`InputItem` carrying an ``error`` so the batch can
+record one clear reason and go on.  :func:`load_image` raises a single
+:class:`InputError` whose ``str()`` names the file and the reason.
+
+This module knows nothing about the UI (no click/rich imports).
+"""
+
+from __future__ import annotations
+
+import codecs
+import errno
+import glob
+import io
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from typing import Iterable, Sequence, TextIO
+
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "InputItem",
+    "InputError",
+    "expand_inputs",
+    "read_stdin_paths",
+    "load_image",
+    "REASON_MISSING",
+    "REASON_BROKEN_LINK",
+    "REASON_IS_DIR",
+    "REASON_PERMISSION",
+    "REASON_EMPTY",
+    "REASON_TEXT",
+    "REASON_UNRECOGNIZED",
+    "REASON_TRUNCATED",
+    "REASON_TOO_LARGE",
+    "REASON_NOT_REGULAR",
+    "REASON_NO_MATCH",
+]
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+# Reason strings (stable: tests and downstream summaries match on them).
+REASON_MISSING = "no such file or directory"
+REASON_BROKEN_LINK = "no such file or directory (broken symbolic link)"
+REASON_IS_DIR = "is a directory"
+REASON_PERMISSION = "permission denied"
+REASON_EMPTY = "empty file (0 bytes)"
+REASON_TEXT = "not an image (text file?)"
+REASON_UNRECOGNIZED = "unsupported or unrecognized image format"
+REASON_TRUNCATED = "truncated or corrupt image"  # + " (<PIL message>)"
+REASON_TOO_LARGE = "image too large"
+REASON_NOT_REGULAR = "not a regular file"
+REASON_NO_MATCH = "no files match this pattern"
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+# --------------------------------------------------------------------------
+# data types
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InputItem:
+    """One input of a batch.
+
+    ``path`` is the user-facing name exactly as it appears in records: as
+    given for explicitly named files, ``os.path.join(dir, relpath)`` for
+    directory members (e.g. ``"shots/a.png"``), the match as returned by
+    :func:`glob.glob` for glob members, and the pattern itself for a glob that
+    matched nothing.  ``error`` is set when the item is known bad already at
+    expansion time (missing path, dangling symlink, no-match glob, ...).
+    """
+
+    path: str
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class InputError(Exception):
+    """A single input could not be used; ``str()`` is ``"<path>: <reason>"``."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(path, reason)  # keeps the exception picklable
+        self.path = str(path)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+# --------------------------------------------------------------------------
+# expansion
+# --------------------------------------------------------------------------
+
+
+def read_stdin_paths(stream: TextIO | Iterable[str]) -> list[str]:
+    """Newline-separated paths: stripped, blank lines and ``#`` comments skipped."""
+    out: list[str] = []
+    for line in stream:
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        out.append(s)
+    return out
+
+
+def _has_ext(name: str, exts: tuple[str, ...]) -> bool:
+    return name.lower().endswith(exts)
+
+
+def _norm_key(path: str) -> str:
+    return os.path.normcase(os.path.abspath(path))
+
+
+def _is_glob(arg: str) -> bool:
+    return any(c in _GLOB_CHARS for c in arg)
+
+
+def _classify_member(path: str) -> str | None:
+    """Expansion-time check of a directory/glob member; ``None`` when usable."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return REASON_BROKEN_LINK if os.path.islink(path) else REASON_MISSING
+    except PermissionError:
+        return REASON_PERMISSION
+    except OSError as e:
+        return f"cannot access ({e.strerror or e})"
+    if stat.S_ISDIR(st.st_mode):
+        return REASON_IS_DIR
+    if not stat.S_ISREG(st.st_mode):
+        return REASON_NOT_REGULAR
+    if not os.access(path, os.R_OK):  # always true for root; see tests/corpus.py
+        return REASON_PERMISSION
+    return None
+
+
+def _walk_dir(top: str, exts: tuple[str, ...]) -> list[InputItem]:
+    """Recursive listing of ``top``: image-extension files, hidden entries skipped.
+
+    Directories (including symlinked ones and ones whose *name* has an image
+    extension, e.g. ``folder.png/``) are always descended into and never become
+    items themselves.  Symlink cycles are cut by tracking (dev, inode).  A
+    member with an image extension that is a dangling symlink / not a regular
+    file / unreadable becomes an error item; a subdirectory that cannot be
+    listed also becomes an error item (so the loss is visible).  The result is
+    sorted by path string.
+    """
+    items: list[InputItem] = []
+    seen_dirs: set[tuple[int, int]] = set()
+
+    def visit(d: str) -> None:
+        try:
+            st = os.stat(d)
+        except OSError as e:
+            items.append(InputItem(d, _os_reason(e)))
+            return
+        ident = (st.st_dev, st.st_ino)
+        if ident in seen_dirs:
+            return
+        seen_dirs.add(ident)
+        try:
+            with os.scandir(d) as it:
+                entries = list(it)
+        except PermissionError:
+            items.append(InputItem(d, f"{REASON_PERMISSION} (cannot list directory)"))
+            return
+        except OSError as e:
+            items.append(InputItem(d, f"cannot list directory ({e.strerror or e})"))
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            child = os.path.join(d, entry.name)
+            try:
+                is_dir = entry.is_dir(follow_symlinks=True)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                visit(child)
+                continue
+            if not _has_ext(entry.name, exts):
+                continue
+            items.append(InputItem(child, _classify_member(child)))
+
+    visit(top)
+    items.sort(key=lambda it: it.path)
+    return items
+
+
+def _expand_glob(pattern: str, exts: tuple[str, ...]) -> list[InputItem]:
+    """Glob members are filtered like directory members.
+
+    Files are kept when they have an image extension, or when they end with
+    the literal extension written in the pattern (``"scans/*.dat"`` keeps
+    ``.dat`` files: the user asked for them).  Matched directories are skipped
+    (use ``**`` to recurse).  Hidden files are skipped by :mod:`glob` itself
+    unless the pattern names them explicitly.
+    """
+    matches = sorted(glob.glob(pattern, recursive=True))
+    if not matches:
+        return [InputItem(pattern, REASON_NO_MATCH)]
+    lit_ext = os.path.splitext(os.path.basename(pattern))[1]
+    allowed = exts
+    if lit_ext and not _is_glob(lit_ext):
+        allowed = tuple(exts) + (lit_ext.lower(),)
+    items: list[InputItem] = []
+    skipped = 0
+    for m in matches:
+        if os.path.isdir(m):
+            continue
+        if not _has_ext(os.path.basename(m), allowed):
+            skipped += 1
+            continue
+        items.append(InputItem(m, _classify_member(m)))
+    if not items:
+        reason = REASON_NO_MATCH
+        if skipped:
+            reason = f"no image files match this pattern ({skipped} non-image matches skipped)"
+        return [InputItem(pattern, reason)]
+    return items
+
+
+def _expand_one(arg: str, exts: tuple[str, ...]) -> list[InputItem]:
+    if os.path.isdir(arg):
+        top = arg.rstrip("/\\" if os.sep == "\\" else "/") or arg
+        return _walk_dir(top, exts)
+    if os.path.lexists(arg):
+        if not os.path.exists(arg):  # dangling symlink named explicitly
+            return [InputItem(arg, REASON_BROKEN_LINK)]
+        # Explicitly named file: kept whatever its extension; load_image
+        # reports precisely what is wrong with it (empty, text, fifo, ...).
+        return [InputItem(arg)]
+    if _is_glob(arg):
+        return _expand_glob(arg, exts)
+    return [InputItem(arg, REASON_MISSING)]
+
+
+def expand_inputs(
+    args: Sequence[str],
+    stdin: TextIO | None = None,
+    extensions: Sequence[str] = IMAGE_EXTENSIONS,
+) -> list[InputItem]:
+    """Expand CLI arguments into an ordered, de-duplicated list of inputs.
+
+    Each arg is a file, a directory (recursive), a glob pattern (only when it
+    is not an existing path) or ``"-"`` (read paths from ``stdin``, default
+    ``sys.stdin``; read at most once, a later ``"-"`` adds nothing; a ``"-"``
+    line inside the stdin list becomes an error item).  Never raises for bad
+    paths: they come back as items with ``error`` set.  Duplicates (same
+    absolute normalized path) are dropped, keeping the first occurrence.
+    """
+    exts = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
+    out: list[InputItem] = []
+    seen: set[str] = set()
+    stdin_read = False
+
+    def add(items: Iterable[InputItem]) -> None:
+        for it in items:
+            key = _norm_key(it.path)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(it)
+
+    for arg in args:
+        arg = os.fspath(arg)
+        if arg == "-":
+            if stdin_read:
+                continue
+            stdin_read = True
+            stream = stdin if stdin is not None else sys.stdin
+            for line in read_stdin_paths(stream):
+                if line == "-":
+                    add([InputItem("-", "'-' (stdin) cannot be listed inside a stdin list")])
+                    continue
+                add(_expand_one(line, exts))
+            continue
+        if arg == "":
+            add([InputItem(arg, REASON_MISSING)])
+            continue
+        add(_expand_one(arg, exts))
+    return out
+
+
+# --------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------
+
+_IMAGE_MAGICS: tuple[bytes, ...] = (
+    b"\x89PNG\r\n\x1a\n",
+    b"\xff\xd8\xff",  # JPEG
+    b"GIF87a",
+    b"GIF89a",
+    b"BM",  # BMP
+    b"II*\x00",  # TIFF little endian
+    b"MM\x00*",  # TIFF big endian
+    b"II+\x00",  # BigTIFF
+    b"MM\x00+",
+    b"\x00\x00\x01\x00",  # ICO
+    b"\x00\x00\x00\x0cjP  ",  # JPEG 2000
+    b"\xff\x4f\xff\x51",  # J2K codestream
+    b"8BPS",  # PSD
+    b"qoif",
+)
+_SNIFF_BYTES = 4096
+
+
+def _looks_like_image_magic(head: bytes) -> bool:
+    if head.startswith(_IMAGE_MAGICS):
+        return True
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return True
+    if head[4:8] == b"ftyp":  # HEIF/AVIF container
+        return True
+    return False
+
+
+def _looks_like_text(head: bytes) -> bool:
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return True
+    if b"\x00" in head:
+        return False
+    try:
+        # incremental decode: a multi-byte char cut at the sniff boundary is fine
+        text = codecs.getincrementaldecoder("utf-8")("strict").decode(head, final=False)
+    except UnicodeDecodeError:
+        return False
+    control = sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r\f\v\x1b")
+    return control <= max(1, len(text) // 100)
+
+
+def _os_reason(e: OSError) -> str:
+    if isinstance(e, FileNotFoundError):
+        return REASON_MISSING
+    if isinstance(e, IsADirectoryError):
+        return REASON_IS_DIR
+    if isinstance(e, PermissionError):
+        return REASON_PERMISSION
+    if e.errno == errno.ENOTDIR:
+        return f"{REASON_MISSING} (a parent path is not a directory)"
+    return f"cannot read file ({e.strerror or e})"
+
+
+def _to_rgb(im: Image.Image) -> Image.Image:
+    """Convert any decoded mode to RGB; alpha is composited on white."""
+    mode = im.mode
+    has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
+        mode in ("P", "L", "RGB", "1") and "transparency" in im.info
+    )
+    if mode == "RGB" and not has_alpha:
+        return im
+    if has_alpha:
+        rgba = im.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        bg.alpha_composite(rgba)
+        return bg.convert("RGB")
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        # High bit depth grayscale: plain convert() clips to 255 (all white).
+        f = im.convert("F") if mode != "F" else im
+        lo, hi = f.getextrema()
+        if hi is None or hi <= 255:
+            scale = 1.0
+        elif hi <= 65535:
+            scale = 255.0 / 65535.0
+        else:
+            scale = 255.0 / float(hi)
+        if lo is not None and lo < 0:
+            f = f.point(lambda v: v - lo)  # type: ignore[operator]
+        if scale != 1.0:
+            f = f.point(lambda v: v * scale)  # type: ignore[operator]
+        return f.convert("L").convert("RGB")
+    return im.convert("RGB")
+
+
+def load_image(path: str) -> Image.Image:
+    """Fully decode ``path`` into an RGB image or raise :class:`InputError`.
+
+    The file is read into memory once (no file handle outlives the call), the
+    image is opened from the bytes, fully decoded with ``.load()`` and
+    converted to RGB.  EXIF orientation is applied (best effort).  Animated
+    images yield their first frame.
+    """
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(path, REASON_BROKEN_LINK if os.path.islink(path) else REASON_MISSING) from None
+    except OSError as e:
+        raise InputError(path, _os_reason(e)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(path, REASON_IS_DIR)
+    if not stat.S_ISREG(st.st_mode):  # fifo/socket/device: opening could block
+        raise InputError(path, REASON_NOT_REGULAR)
+    if st.st_size == 0:
+        raise InputError(path, REASON_EMPTY)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        raise InputError(path, _os_reason(e)) from None
+    if not data:  # emptied between stat and read
+        raise InputError(path, REASON_EMPTY)
+
+    # Our contract: truncated images fail.  Something else in the process may
+    # have flipped this global; the loader relies on it being False.
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+    head = data[:_SNIFF_BYTES]
+    try:
+        im = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:
+        raise InputError(path, f"{REASON_TOO_LARGE} ({e})") from None
+    except UnidentifiedImageError:
+        # Only sniff for text when PIL cannot identify the bytes, so text-based
+        # image formats that PIL reads (e.g. ASCII PPM) still load.
+        if not _looks_like_image_magic(head) and _looks_like_text(head):
+            raise InputError(path, REASON_TEXT) from None
+        if _looks_like_image_magic(head):
+            raise InputError(path, f"{REASON_TRUNCATED} (cannot parse image header)") from None
+        raise InputError(path, REASON_UNRECOGNIZED) from None
+    except MemoryError:
+        raise InputError(path, f"{REASON_TOO_LARGE} (out of memory)") from None
+    except Exception as e:  # header parse errors of a recognized format
+        raise InputError(path, f"{REASON_TRUNCATED} ({_pil_msg(e)})") from None
+
+    try:
+        im.load()
+    except Image.DecompressionBombError as e:
+        raise InputError(path, f"{REASON_TOO_LARGE} ({e})") from None
+    except MemoryError:
+        raise InputError(path, f"{REASON_TOO_LARGE} (out of memory)") from None
+    except Exception as e:  # OSError, SyntaxError, ValueError, zlib.error, EOFError, ...
+        raise InputError(path, f"{REASON_TRUNCATED} ({_pil_msg(e)})") from None
+
+    try:
+        if im.getexif().get(0x0112, 1) in (2, 3, 4, 5, 6, 7, 8):  # EXIF Orientation
+            im = ImageOps.exif_transpose(im)
+    except Exception:
+        pass  # bad EXIF never costs the image; keep it unrotated
+
+    try:
+        return _to_rgb(im)
+    except MemoryError:
+        raise InputError(path, f"{REASON_TOO_LARGE} (out of memory)") from None
+    except Exception as e:
+        raise InputError(path, f"{REASON_UNRECOGNIZED} (cannot convert mode {im.mode}: {_pil_msg(e)})") from None
+
+
+def _pil_msg(e: BaseException) -> str:
+    msg = str(e).strip()
+    return msg or type(e).__name__

@@ -1,0 +1,1 @@
+"""tinyworld: the synthetic world, its tokenizer, training, and the shipped weights."""

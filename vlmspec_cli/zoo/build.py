@@ -1,0 +1,242 @@
+"""Build the tinyworld models: ``python -m vlmspec_cli.zoo.build``.
+
+Trains, on CPU and deterministically, a byte-level BPE tokenizer, a Llava target
+(8-layer Llama text model) and a much shallower Llava draft (1-layer) that shares the
+tokenizer, then saves them with ``save_pretrained`` under ``vlmspec_cli/zoo/weights/
+tinyworld/`` where ``zoo:tinyworld/<name>`` finds them. Prints and saves a build report
+with the target's caption / Q&A accuracy on fresh scenes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from transformers import (
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+)
+
+from vlmspec_cli.zoo import world
+from vlmspec_cli.zoo.tokenizer import train_tokenizer
+
+WEIGHTS = Path(__file__).resolve().parent / "weights" / "tinyworld"
+IMAGE_SIZE, PATCH = 64, 16
+IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2
+MEAN, STD = [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]
+
+# text model shapes: the target is 8 layers deep, the draft 1 — on tiny models the
+# per-layer cost dominates, so the depth ratio sets the draft/target latency ratio.
+TARGET_TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=8,
+                   num_attention_heads=4, num_key_value_heads=4)
+DRAFT_TEXT = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=4)
+TARGET_VISION = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+DRAFT_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+
+
+def make_processor(tok) -> LlavaProcessor:
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_mean=MEAN, image_std=STD, do_convert_rgb=True,
+    )
+    return LlavaProcessor(image_processor=image_processor, tokenizer=tok, patch_size=PATCH,
+                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                          chat_template=tok.chat_template)
+
+
+def make_model(tok, text: dict, vision: dict, seed: int) -> LlavaForConditionalGeneration:
+    torch.manual_seed(seed)
+    text_config = LlamaConfig(vocab_size=len(tok), max_position_embeddings=1024,
+                              bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                              pad_token_id=tok.pad_token_id, tie_word_embeddings=False, **text)
+    vision_config = CLIPVisionConfig(image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=64, **vision)
+    config = LlavaConfig(vision_config=vision_config, text_config=text_config,
+                         image_token_id=tok.image_token_id, vision_feature_layer=-1,
+                         vision_feature_select_strategy="default", image_seq_length=IMAGE_TOKENS,
+                         projector_hidden_act="gelu", tie_word_embeddings=False)
+    model = LlavaForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model
+
+
+def pixels(image) -> torch.Tensor:
+    """The processor's layout for a 64x64 RGB image: (3, H, W), rescaled and normalised."""
+    raw = torch.frombuffer(bytearray(image.convert("RGB").tobytes()), dtype=torch.uint8)
+    t = raw.view(IMAGE_SIZE, IMAGE_SIZE, 3).permute(2, 0, 1).float() / 255.0
+    return (t - 0.5) / 0.5
+
+
+def encode_example(tok, turns) -> tuple[list[int], list[int], list]:
+    """Token ids, labels (assistant text + </s> only) and images of one conversation."""
+    ids: list[int] = []
+    labels: list[int] = []
+    images: list = []
+    msgs: list[dict] = []
+    rendered = ""
+    for turn in turns:
+        content = [{"type": "image"} for _ in turn.images] + [{"type": "text", "text": turn.text}]
+        msgs.append({"role": turn.role, "content": content})
+        if turn.role == "user":
+            images.extend(turn.images)
+            continue
+        prefix = tok.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
+        full = tok.apply_chat_template(msgs, tokenize=False)
+        head = tok(prefix[len(rendered):], add_special_tokens=False)["input_ids"]
+        answer = tok(full[len(prefix):], add_special_tokens=False)["input_ids"]
+        ids += head + answer
+        labels += [-100] * len(head) + answer
+        rendered = full
+    out_ids, out_labels = [], []
+    for i, l in zip(ids, labels):  # expand each <image> to the vision tower's patch count
+        reps = IMAGE_TOKENS if i == tok.image_token_id else 1
+        out_ids += [i] * reps
+        out_labels += [l] * reps
+    return out_ids, out_labels, images
+
+
+def make_dataset(tok, n: int, seed: int) -> list[tuple[list[int], list[int], torch.Tensor | None]]:
+    rng = random.Random(seed)
+    data = []
+    for _ in range(n):
+        _, turns = world.sample_mix(rng, image_size=IMAGE_SIZE)
+        ids, labels, images = encode_example(tok, turns)
+        pix = torch.stack([pixels(im) for im in images]) if images else None
+        data.append((ids, labels, pix))
+    return data
+
+
+def batches(data, batch_tokens: int, seed: int):
+    """Length-bucketed batches (≈ batch_tokens tokens each), shuffled, endlessly."""
+    rng = random.Random(seed)
+    order = sorted(range(len(data)), key=lambda i: len(data[i][0]))
+    groups, cur = [], []
+    for i in order:
+        cur.append(i)
+        if len(cur) * len(data[i][0]) >= batch_tokens:
+            groups.append(cur)
+            cur = []
+    if cur:
+        groups.append(cur)
+    while True:
+        rng.shuffle(groups)
+        yield from groups
+
+
+def collate(data, idx, pad_id: int):
+    width = max(len(data[i][0]) for i in idx)
+    ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(idx), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(idx), width), dtype=torch.long)
+    pix = []
+    for row, i in enumerate(idx):
+        seq, lab, p = data[i]
+        ids[row, : len(seq)] = torch.tensor(seq)
+        labels[row, : len(seq)] = torch.tensor(lab)
+        mask[row, : len(seq)] = 1
+        if p is not None:
+            pix.append(p)
+    return ids, labels, mask, (torch.cat(pix) if pix else None)
+
+
+def train(model, data, steps: int, lr: float, batch_tokens: int, seed: int, pad_id: int, label: str):
+    torch.manual_seed(seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    it = batches(data, batch_tokens, seed)
+    t0 = time.time()
+    for step in range(steps):
+        ids, labels, mask, pix = collate(data, next(it), pad_id)
+        kwargs = {"pixel_values": pix} if pix is not None else {}
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels, **kwargs).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 100 == 0 or step == steps - 1:
+            print(f"[{label}] step {step:5d}/{steps} loss {loss.item():.4f} "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+    model.eval()
+    return model
+
+
+@torch.inference_mode()
+def evaluate(model, processor, n: int, seed: int) -> dict:
+    """Greedy captions and answers on fresh scenes, scored against the scene graph."""
+    rng = random.Random(seed)
+    tok = processor.tokenizer
+    caption_ok = qa_ok = 0
+    for _ in range(n):
+        scene = world.sample_scene(rng)
+        image = world.render(scene, IMAGE_SIZE)
+        results = []
+        question, answer = rng.choice(world.qa_pairs(scene, rng))
+        for prompt in (rng.choice(world.CAPTION_PROMPTS), question):
+            msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+            text = processor.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            enc = processor(images=[image], text=[text], return_tensors="pt")
+            out = model.generate(**enc, max_new_tokens=64, do_sample=False)
+            results.append(tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip())
+        caption_ok += world.caption_is_correct(scene, results[0])
+        qa_ok += world.answer_is_correct(answer, results[1])
+    return {"scenes": n, "caption_accuracy": caption_ok / n, "qa_accuracy": qa_ok / n}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=WEIGHTS)
+    ap.add_argument("--examples", type=int, default=40000)
+    ap.add_argument("--target-steps", type=int, default=2500)
+    ap.add_argument("--draft-steps", type=int, default=1500)
+    ap.add_argument("--batch-tokens", type=int, default=2048)
+    ap.add_argument("--eval-scenes", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+
+    tok = train_tokenizer(world.corpus_lines(20000, args.seed), vocab_size=512)
+    processor = make_processor(tok)
+    # the training layout must be exactly what the processor produces at inference
+    probe = world.render(world.sample_scene(random.Random(1)), IMAGE_SIZE)
+    assert torch.allclose(processor.image_processor(probe, return_tensors="pt")["pixel_values"][0],
+                          pixels(probe), atol=1e-6)
+    data = make_dataset(tok, args.examples, args.seed + 1)
+    print(f"{len(data)} examples, vocab {len(tok)}, mean length "
+          f"{sum(len(d[0]) for d in data) / len(data):.0f} tokens", flush=True)
+
+    report = {"seed": args.seed, "examples": args.examples}
+    for name, text, vision, steps, lr in (
+        ("llava-draft", DRAFT_TEXT, DRAFT_VISION, args.draft_steps, 3e-3),
+        ("llava-target", TARGET_TEXT, TARGET_VISION, args.target_steps, 2e-3),
+    ):
+        model = make_model(tok, text, vision, seed=args.seed + len(name))
+        train(model, data, steps, lr, args.batch_tokens, args.seed, tok.pad_token_id, name)
+        out = args.out / name
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+        processor.save_pretrained(out)
+        metrics = evaluate(model, processor, args.eval_scenes, seed=10_000 + args.seed)
+        report[name] = {"steps": steps, "params": sum(p.numel() for p in model.parameters()),
+                        "text_layers": text["num_hidden_layers"], **metrics}
+        print(f"[{name}] {json.dumps(report[name])}", flush=True)
+    (args.out / "BUILD_REPORT.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
