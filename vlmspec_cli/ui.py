@@ -1,0 +1,115 @@
+"""Rich rendering of progress, errors and summaries — the only module that uses rich.
+
+Everything here goes to stderr; results go to stdout (cli.py prints them).
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def error(message: str) -> None:
+    """One line on stderr (rich markup in the message is not interpreted)."""
+    stderr.print(f"[bold red]error:[/] {escape(message)}")
+
+
+def warning(message: str) -> None:
+    stderr.print(f"[yellow]warning:[/] {escape(message)}")
+
+
+def info(message: str) -> None:
+    stderr.print(escape(message), style="dim")
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as _escape
+
+    return _escape(str(text))
+
+
+class BatchUI:
+    """Implements tasks.caption.CaptionEvents: a progress bar over inputs with a token
+    counter for the current one; failures are printed as one line each."""
+
+    def __init__(self, quiet: bool = False, label: str = "captioning") -> None:
+        self.quiet = quiet
+        self.label = label
+        self.progress: Progress | None = None
+        self.items_task = None
+        self.tokens_task = None
+
+    def __enter__(self) -> "BatchUI":
+        if not self.quiet:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
+                console=stderr, transient=True,
+            )
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def batch_started(self, total: int, skipped: int) -> None:
+        if skipped and not self.quiet:
+            info(f"skipping {skipped} input(s) already recorded")
+        if self.progress is not None:
+            self.items_task = self.progress.add_task(self.label, total=total, note="")
+            self.tokens_task = self.progress.add_task("tokens", total=1, note="")
+
+    def item_started(self, item) -> None:
+        if self.progress is not None:
+            self.progress.update(self.items_task, note=escape(item.path))
+            self.progress.reset(self.tokens_task, total=1, note="")
+
+    def tokens(self, item, generated: int, limit: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.tokens_task, total=limit, completed=generated)
+
+    def item_done(self, record: dict) -> None:
+        if self.progress is not None:
+            s = record["stats"]
+            self.progress.update(self.tokens_task, note=f"τ={s['mean_accept_len']:.2f}")
+            self.progress.advance(self.items_task)
+
+    def item_failed(self, item, reason: str, record: dict) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.items_task)
+        error(f"{item.path}: {reason}")
+
+
+def summary_table(summary, method: str, gamma: int) -> None:
+    s = summary.stats
+    table = Table(title="vlmspec summary", title_justify="left", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("items", f"{summary.items} ({summary.done} done, {summary.skipped} skipped)")
+    table.add_row("failures", str(summary.failures), style="red" if summary.failures else None)
+    table.add_row("method", f"{method} (γ={gamma})" if method != "none" else method)
+    if s.num_drafts and method != "none":
+        table.add_row("mean acceptance length", f"{s.mean_accept_len:.3f}")
+        table.add_row("draft acceptance rate", f"{s.draft_accept_rate:.3f}")
+        rates = " ".join(f"{c / s.num_drafts:.2f}" for c in s.accepted_per_pos)
+        table.add_row("acceptance per position", rates)
+    table.add_row("new tokens", str(s.new_tokens))
+    table.add_row("tokens/s", f"{s.tokens_per_s:.1f}")
+    if summary.speedup is not None:
+        note = f" ({summary.mismatches} mismatching!)" if summary.mismatches else ""
+        table.add_row("speedup vs target-only", f"{summary.speedup:.2f}x{note}")
+    stderr.print(table)
+
+
+def profiles_table(rows) -> None:
+    table = Table(title="profiles", title_justify="left")
+    table.add_column("name", style="bold")
+    table.add_column("description")
+    table.add_column("path", style="dim")
+    for name, path, description in rows:
+        table.add_row(name, escape(description), escape(str(path)))
+    stderr.print(table)
