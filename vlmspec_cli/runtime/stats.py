@@ -17,6 +17,7 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    accept_len_hist: list[int] = field(default_factory=list)  # [k]: rounds with k accepted
     prefill_s: float = 0.0
     wall_s: float = 0.0
 
@@ -31,18 +32,17 @@ class SpecStats:
             self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
         for i in range(accepted):
             self.accepted_per_pos[i] += 1
+        if len(self.accept_len_hist) <= accepted:
+            self.accept_len_hist.extend([0] * (accepted + 1 - len(self.accept_len_hist)))
+        self.accept_len_hist[accepted] += 1
 
     def merge(self, other: "SpecStats") -> None:
         for name in ("new_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.prefill_s += other.prefill_s
         self.wall_s += other.wall_s
-        n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
-        self.accepted_per_pos = [
-            (self.accepted_per_pos[i] if i < len(self.accepted_per_pos) else 0)
-            + (other.accepted_per_pos[i] if i < len(other.accepted_per_pos) else 0)
-            for i in range(n)
-        ]
+        self.accepted_per_pos = _add_lists(self.accepted_per_pos, other.accepted_per_pos)
+        self.accept_len_hist = _add_lists(self.accept_len_hist, other.accept_len_hist)
 
     @property
     def mean_accept_len(self) -> float:
@@ -56,6 +56,12 @@ class SpecStats:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "SpecStats":
+        names = ("new_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                 "accepted_per_pos", "accept_len_hist", "prefill_s", "wall_s")
+        return cls(**{k: d[k] for k in names if k in d})
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["mean_accept_len"] = round(self.mean_accept_len, 4)
@@ -64,3 +70,8 @@ class SpecStats:
         d["wall_s"] = round(self.wall_s, 4)
         d["prefill_s"] = round(self.prefill_s, 4)
         return d
+
+
+def _add_lists(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]

@@ -121,7 +121,7 @@ def run_batch(session, items: list[InputItem], prompt: str, events: CaptionEvent
                 emit(record)
             continue
         summary.done += 1
-        summary.stats.merge(_stats_from(record))
+        summary.stats.merge(SpecStats.from_dict(record["stats"]))
         if "compare" in record:
             summary.compared += 1
             summary.baseline_wall_s += record["compare"]["target_only_wall_s"]
@@ -133,9 +133,3 @@ def run_batch(session, items: list[InputItem], prompt: str, events: CaptionEvent
         if emit is not None:
             emit(record)
     return summary
-
-
-def _stats_from(record: dict) -> SpecStats:
-    s = record["stats"]
-    return SpecStats(s["new_tokens"], s["num_drafts"], s["num_draft_tokens"],
-                     s["num_accepted_tokens"], list(s["accepted_per_pos"]), s["prefill_s"], s["wall_s"])

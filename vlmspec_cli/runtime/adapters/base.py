@@ -56,7 +56,8 @@ class ModelAdapter:
 
     def encode(self, lm, prompt: str, images: list | None) -> dict[str, torch.Tensor]:
         """Token ids (and pixel inputs) for one request, batch dimension 1, on lm.device."""
-        enc = lm.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        # special tokens (BOS) as the model's processor would add them for the target
+        enc = lm.tokenizer(prompt, return_tensors="pt")
         return {"input_ids": enc["input_ids"].to(lm.device)}
 
     # -- forwards --------------------------------------------------------------------

@@ -1,0 +1,41 @@
+"""Shared fixtures: the embedded tinyworld models, loaded once per test session."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def zoo_target():
+    from vlmspec_cli.profile import ModelSpec
+    from vlmspec_cli.runtime.models import load_model
+
+    return load_model(ModelSpec(model="zoo:tinyworld/llava-target", device="cpu"), "target")
+
+
+@pytest.fixture(scope="session")
+def zoo_draft():
+    from vlmspec_cli.profile import ModelSpec
+    from vlmspec_cli.runtime.models import load_model
+
+    return load_model(ModelSpec(model="zoo:tinyworld/llava-draft", device="cpu"), "draft")
+
+
+def fresh_scenes(n: int, seed: int):
+    """(scene, image) pairs the models never saw: the build trains on other seeds."""
+    from vlmspec_cli.zoo import world
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        scene = world.sample_scene(rng)
+        out.append((scene, world.render(scene)))
+    return out

@@ -1,0 +1,186 @@
+"""The command line, through click's CliRunner and as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import fresh_scenes
+from corpus import make_bad_corpus
+from vlmspec_cli import __version__
+from vlmspec_cli.cli import cli
+
+FAST = ["--max-new-tokens", "12", "-q"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def images(tmp_path):
+    d = tmp_path / "imgs"
+    (d / "sub").mkdir(parents=True)
+    paths = []
+    for i, (_, im) in enumerate(fresh_scenes(4, seed=555)):
+        p = d / ("sub" if i == 3 else "") / f"scene{i}.png"
+        im.save(p)
+        paths.append(p)
+    return d, paths
+
+
+def run(args, input=None):
+    return CliRunner().invoke(cli, args, input=input, catch_exceptions=False)
+
+
+def records(output: str) -> list[dict]:
+    return [json.loads(line) for line in output.splitlines() if line.strip()]
+
+
+def test_version_and_help():
+    assert __version__ in run(["--version"]).output
+    out = run(["--help"]).output
+    for command in ("caption", "generate-image", "describe-video", "profile", "calibrate", "profiles"):
+        assert command in out
+    assert "Examples:" in run(["caption", "--help"]).output
+
+
+@pytest.mark.parametrize("command", ["generate-image", "describe-video", "profile", "calibrate"])
+def test_unbuilt_commands_exit_2(command):
+    res = run([command, "whatever"])
+    assert res.exit_code == 2 and "not built yet" in res.output
+
+
+def test_caption_files_dir_glob_json(images):
+    d, paths = images
+    res = run(["caption", str(d), "--json", *FAST])
+    assert res.exit_code == 0, res.output
+    recs = records(res.stdout)
+    assert [r["input"] for r in recs] == sorted(str(p) for p in paths)
+    for r in recs:
+        assert r["error"] is None and r["output"] and r["lossless"] is True and r["seed"] == 0
+        assert r["stats"]["new_tokens"] == r["stats"]["num_accepted_tokens"] + r["stats"]["num_drafts"]
+    res = run(["caption", str(d / "*.png"), "--json", *FAST])
+    assert len(records(res.stdout)) == 3  # the glob is not recursive; sub/ is skipped
+    res = run(["caption", str(paths[0]), *FAST])
+    assert res.exit_code == 0 and res.stdout.startswith(f"{paths[0]}\t")
+
+
+def test_caption_stdin_paths(images):
+    _, paths = images
+    listing = "\n".join(str(p) for p in paths[:2]) + "\n\n# comment\n"
+    res = run(["caption", "-", "--json", *FAST], input=listing)
+    assert res.exit_code == 0
+    assert [r["input"] for r in records(res.stdout)] == [str(p) for p in paths[:2]]
+
+
+def test_out_resume_skips_done_inputs(images, tmp_path):
+    _, paths = images
+    out = tmp_path / "caps.jsonl"
+    assert run(["caption", str(paths[0]), str(paths[1]), "--out", str(out), *FAST]).exit_code == 0
+    first = out.read_text().splitlines()
+    assert len(first) == 2
+    res = run(["caption", *map(str, paths), "--out", str(out), "--json", *FAST])
+    assert res.exit_code == 0
+    assert [r["input"] for r in records(res.stdout)] == [str(p) for p in paths[2:]]  # only new ones
+    lines = out.read_text().splitlines()
+    assert lines[:2] == first and len(lines) == 4
+    assert sorted(json.loads(l)["input"] for l in lines) == sorted(map(str, paths))
+
+
+def test_bad_inputs_reported_batch_completes(images, tmp_path):
+    d, paths = images
+    bad = tmp_path / "bad"
+    expected = make_bad_corpus(bad)
+    out = tmp_path / "caps.jsonl"
+    args = [str(paths[0]), str(bad / "missing.png")]
+    args += [str(bad / name) for name in expected if name != "missing.png"]
+    args += [str(paths[1])]
+    res = run(["caption", *args, "--out", str(out), "--json", *FAST])
+    assert res.exit_code == 1
+    err_lines = [l for l in res.stderr.splitlines() if l.startswith("error:")]
+    for name, reason in expected.items():
+        hits = [l for l in err_lines if name in l]
+        assert len(hits) == 1 and reason in hits[0], (name, err_lines)
+    assert len(err_lines) == len(expected)
+    recs = [json.loads(l) for l in out.read_text().splitlines()]  # every line parses
+    good = [r for r in recs if r["error"] is None]
+    assert [r["input"] for r in good] == [str(paths[0]), str(paths[1])]
+    assert all(r["output"] is None for r in recs if r["error"])
+    # a rerun retries only the failures (which fail again) and skips the good ones
+    res = run(["caption", *args, "--out", str(out), "--json", *FAST])
+    assert res.exit_code == 1
+    assert all(r["error"] for r in records(res.stdout))
+
+
+def test_bad_directory_entries(tmp_path):
+    d = tmp_path / "mixed"
+    expected = make_bad_corpus(d)
+    fresh_scenes(1, seed=1)[0][1].save(d / "ok.png")
+    res = run(["caption", str(d), "--json", *FAST])
+    assert res.exit_code == 1
+    recs = records(res.stdout)
+    assert [r["input"] for r in recs if r["error"] is None] == [str(d / "ok.png")]
+    assert "dangling.png" in res.stderr and "empty.png" in res.stderr
+
+
+def test_profile_errors_exit_2(tmp_path, images):
+    _, paths = images
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("name: x\ndrafting: {gamma: 3\n")
+    res = run(["caption", str(paths[0]), "--profile", str(bad_yaml)])
+    assert res.exit_code == 2 and "bad.yaml" in res.stderr and "line" in res.stderr
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("drafting:\n  gama: 3\n")
+    res = run(["caption", str(paths[0]), "--profile", str(unknown)])
+    assert res.exit_code == 2 and "drafting.gama" in res.stderr and "drafting.gamma" in res.stderr
+    res = run(["caption", str(paths[0]), "--set", "sampling.temprature=1"])
+    assert res.exit_code == 2 and "sampling.temperature" in res.stderr
+    res = run(["caption", str(paths[0]), "--method", "chian"])
+    assert res.exit_code == 2 and "chain" in res.stderr
+    assert run(["caption"]).exit_code == 2
+
+
+def test_dry_run_and_profiles_show_resolved_profile(images):
+    _, paths = images
+    res = run(["caption", str(paths[0]), "--dry-run", "--set", "drafting.gamma=3", "--temperature", "0.5"])
+    assert res.exit_code == 0
+    assert "gamma: 3" in res.stdout and "temperature: 0.5" in res.stdout and str(paths[0]) in res.stdout
+    res = run(["profiles"])
+    assert "tinyworld-caption" in res.stdout and "llava15-7b" in res.stdout
+    assert "model: llava-hf/llava-1.5-7b-hf" in run(["profiles", "llava15-7b"]).stdout
+
+
+def test_real_model_profile_fails_clearly_offline(images):
+    _, paths = images
+    env = {"HF_HUB_OFFLINE": "1"}
+    res = CliRunner(env=env).invoke(cli, ["caption", str(paths[0]), "--profile", "llava15-7b", "-q"])
+    assert res.exit_code == 2
+    assert "llava-hf/llava-1.5-7b-hf" in res.stderr and "unreachable" in res.stderr
+
+
+def test_compare_reports_identical_outputs(images):
+    _, paths = images
+    res = run(["caption", str(paths[0]), "--compare", "--json", *FAST])
+    assert res.exit_code == 0
+    (rec,) = records(res.stdout)
+    assert rec["compare"]["identical"] is True and rec["compare"]["speedup"] > 0
+
+
+def test_subprocess_end_to_end(images, tmp_path):
+    d, paths = images
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    listing = "\n".join(map(str, paths[:2])) + "\n"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vlmspec_cli", "caption", "-", str(tmp_path / "nope.png"), "--json",
+         "--max-new-tokens", "12"],
+        input=listing, capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 1
+    recs = records(proc.stdout)
+    assert [r["input"] for r in recs if r["error"] is None] == [str(p) for p in paths[:2]]
+    assert "nope.png: no such file or directory" in proc.stderr
+    assert "vlmspec summary" in proc.stderr  # the table goes to stderr, never stdout
