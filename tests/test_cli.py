@@ -95,6 +95,7 @@ def test_bad_inputs_reported_batch_completes(images, tmp_path):
     d, paths = images
     bad = tmp_path / "bad"
     expected = make_bad_corpus(bad)
+    expected["folder.png"] = "directory holds no image files"  # named explicitly: walked, empty
     out = tmp_path / "caps.jsonl"
     args = [str(paths[0]), str(bad / "missing.png")]
     args += [str(bad / name) for name in expected if name != "missing.png"]

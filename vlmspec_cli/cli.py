@@ -102,7 +102,7 @@ def caption(inputs, prompt, profile, method, sets, max_new_tokens, temperature, 
         validate_method(prof)
     except SessionError as exc:
         _fail(str(exc))
-    items = expand_inputs(inputs, stdin=click.get_text_stream("stdin"))
+    items = expand_inputs(inputs, stdin=sys.stdin)
     if dry_run:
         click.echo(f"# profile from {prof.source}")
         click.echo(profile_to_yaml(prof), nl=False)

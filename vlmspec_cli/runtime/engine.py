@@ -121,24 +121,3 @@ class SpeculativeEngine:
             [t for t in state.tokens if t not in self.eos_ids], skip_special_tokens=True
         ).strip()
         return Result(list(state.tokens), text, state)
-
-
-def target_only_tokens(target: LoadedModel, request: Request, sampling: SamplingParams) -> list[int]:
-    """Reference decoding with the target alone, token by token (no drafter involved)."""
-    engine = SpeculativeEngine(target, _Silent(), 1, sampling)
-    return engine.generate(request).tokens
-
-
-class _Silent:
-    name = "none"
-    needs_target_hidden = False
-    lossless = True
-
-    def prefill(self, state):
-        pass
-
-    def propose(self, state, max_tokens):
-        return Draft([])
-
-    def accept(self, state, n):
-        pass

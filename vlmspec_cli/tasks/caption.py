@@ -110,13 +110,14 @@ def run_batch(session, items: list[InputItem], prompt: str, events: CaptionEvent
         try:
             record = caption_one(session, item, prompt, compare,
                                  on_tokens=lambda n, limit, it=item: events.tokens(it, n, limit))
-        except InputError as exc:
+        except Exception as exc:  # one input's failure never stops the batch
+            reason = exc.reason if isinstance(exc, InputError) else f"failed: {type(exc).__name__}: {exc}"
             record = base_record(session, item, prompt)
-            record["error"] = exc.reason
+            record["error"] = reason
             summary.failures += 1
             if sink is not None:
                 sink.append(record)
-            events.item_failed(item, exc.reason, record)
+            events.item_failed(item, reason, record)
             if emit is not None:
                 emit(record)
             continue

@@ -40,6 +40,7 @@ __all__ = [
     "REASON_TOO_LARGE",
     "REASON_NOT_REGULAR",
     "REASON_NO_MATCH",
+    "REASON_EMPTY_DIR",
 ]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -56,6 +57,7 @@ REASON_TRUNCATED = "truncated or corrupt image"  # + " (<PIL message>)"
 REASON_TOO_LARGE = "image too large"
 REASON_NOT_REGULAR = "not a regular file"
 REASON_NO_MATCH = "no files match this pattern"
+REASON_EMPTY_DIR = "directory holds no image files"
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -233,7 +235,8 @@ def _expand_glob(pattern: str, exts: tuple[str, ...]) -> list[InputItem]:
 def _expand_one(arg: str, exts: tuple[str, ...]) -> list[InputItem]:
     if os.path.isdir(arg):
         top = arg.rstrip("/\\" if os.sep == "\\" else "/") or arg
-        return _walk_dir(top, exts)
+        # a directory named on the command line that yields nothing is worth a line
+        return _walk_dir(top, exts) or [InputItem(top, REASON_EMPTY_DIR)]
     if os.path.lexists(arg):
         if not os.path.exists(arg):  # dangling symlink named explicitly
             return [InputItem(arg, REASON_BROKEN_LINK)]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
-    CLIPImageProcessor,
+    CLIPImageProcessorPil,
     CLIPVisionConfig,
     LlamaConfig,
     LlavaConfig,
@@ -30,7 +30,9 @@ from vlmspec_cli.zoo import world
 from vlmspec_cli.zoo.tokenizer import train_tokenizer
 
 WEIGHTS = Path(__file__).resolve().parent / "weights" / "tinyworld"
-IMAGE_SIZE, PATCH = 64, 16
+# 48 px images in 16 px patches: one image token per cell of the world's 3x3 grid.
+# Scenes are drawn at 64 px (as users' images would be) and resized by the processor.
+IMAGE_SIZE, PATCH = 48, 16
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2
 MEAN, STD = [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]
 
@@ -40,12 +42,12 @@ TARGET_TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=8,
                    num_attention_heads=4, num_key_value_heads=4)
 DRAFT_TEXT = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=4)
-TARGET_VISION = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
-DRAFT_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+TARGET_VISION = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4)
+DRAFT_VISION = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=1, num_attention_heads=2)
 
 
 def make_processor(tok) -> LlavaProcessor:
-    image_processor = CLIPImageProcessor(
+    image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
         image_mean=MEAN, image_std=STD, do_convert_rgb=True,
     )
@@ -68,13 +70,6 @@ def make_model(tok, text: dict, vision: dict, seed: int) -> LlavaForConditionalG
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     return model
-
-
-def pixels(image) -> torch.Tensor:
-    """The processor's layout for a 64x64 RGB image: (3, H, W), rescaled and normalised."""
-    raw = torch.frombuffer(bytearray(image.convert("RGB").tobytes()), dtype=torch.uint8)
-    t = raw.view(IMAGE_SIZE, IMAGE_SIZE, 3).permute(2, 0, 1).float() / 255.0
-    return (t - 0.5) / 0.5
 
 
 def encode_example(tok, turns) -> tuple[list[int], list[int], list]:
@@ -105,13 +100,15 @@ def encode_example(tok, turns) -> tuple[list[int], list[int], list]:
     return out_ids, out_labels, images
 
 
-def make_dataset(tok, n: int, seed: int) -> list[tuple[list[int], list[int], torch.Tensor | None]]:
+def make_dataset(processor, n: int, seed: int) -> list[tuple[list[int], list[int], torch.Tensor | None]]:
+    """Conversations encoded exactly as at inference: the processor makes the pixels."""
     rng = random.Random(seed)
+    tok = processor.tokenizer
     data = []
     for _ in range(n):
-        _, turns = world.sample_mix(rng, image_size=IMAGE_SIZE)
+        _, turns = world.sample_mix(rng)
         ids, labels, images = encode_example(tok, turns)
-        pix = torch.stack([pixels(im) for im in images]) if images else None
+        pix = processor.image_processor(images, return_tensors="pt")["pixel_values"] if images else None
         data.append((ids, labels, pix))
     return data
 
@@ -182,7 +179,7 @@ def evaluate(model, processor, n: int, seed: int) -> dict:
     caption_ok = qa_ok = 0
     for _ in range(n):
         scene = world.sample_scene(rng)
-        image = world.render(scene, IMAGE_SIZE)
+        image = world.render(scene)
         results = []
         question, answer = rng.choice(world.qa_pairs(scene, rng))
         for prompt in (rng.choice(world.CAPTION_PROMPTS), question):
@@ -199,9 +196,9 @@ def evaluate(model, processor, n: int, seed: int) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=WEIGHTS)
-    ap.add_argument("--examples", type=int, default=40000)
-    ap.add_argument("--target-steps", type=int, default=2500)
-    ap.add_argument("--draft-steps", type=int, default=1500)
+    ap.add_argument("--examples", type=int, default=30000)
+    ap.add_argument("--target-steps", type=int, default=2200)
+    ap.add_argument("--draft-steps", type=int, default=1200)
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--eval-scenes", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
@@ -212,11 +209,7 @@ def main(argv=None) -> None:
 
     tok = train_tokenizer(world.corpus_lines(20000, args.seed), vocab_size=512)
     processor = make_processor(tok)
-    # the training layout must be exactly what the processor produces at inference
-    probe = world.render(world.sample_scene(random.Random(1)), IMAGE_SIZE)
-    assert torch.allclose(processor.image_processor(probe, return_tensors="pt")["pixel_values"][0],
-                          pixels(probe), atol=1e-6)
-    data = make_dataset(tok, args.examples, args.seed + 1)
+    data = make_dataset(processor, args.examples, args.seed + 1)
     print(f"{len(data)} examples, vocab {len(tok)}, mean length "
           f"{sum(len(d[0]) for d in data) / len(data):.0f} tokens", flush=True)
 
