@@ -30,9 +30,9 @@ from vlmspec_cli.zoo import world
 from vlmspec_cli.zoo.tokenizer import train_tokenizer
 
 WEIGHTS = Path(__file__).resolve().parent / "weights" / "tinyworld"
-# 63 px images in 21 px patches: one image token per cell of the world's 3x3 grid.
+# 48 px images in 16 px patches: one image token per cell of the world's 3x3 grid.
 # Scenes are drawn at 64 px (as users' images would be) and resized by the processor.
-IMAGE_SIZE, PATCH = 63, 21
+IMAGE_SIZE, PATCH = 48, 16
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2
 MEAN, STD = [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]
 
@@ -42,8 +42,8 @@ TARGET_TEXT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=8,
                    num_attention_heads=4, num_key_value_heads=4)
 DRAFT_TEXT = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=4)
-TARGET_VISION = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4)
-DRAFT_VISION = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2)
+TARGET_VISION = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4)
+DRAFT_VISION = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=1, num_attention_heads=2)
 
 
 def make_processor(tok) -> LlavaProcessor:
@@ -197,7 +197,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=WEIGHTS)
     ap.add_argument("--examples", type=int, default=30000)
-    ap.add_argument("--target-steps", type=int, default=4500)
+    ap.add_argument("--target-steps", type=int, default=2200)
     ap.add_argument("--draft-steps", type=int, default=1200)
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--eval-scenes", type=int, default=100)
