@@ -57,7 +57,7 @@ class SpeculativeEngine:
         distribution (kept as ``target_next_logits``, consumed by the first round)."""
         lm = self.target
         state = DecodeState(request=request, prompt=lm.adapter.prompt_text(lm, request.messages))
-        state.target_generator, state.draft_generator = make_generators(request.seed, lm.device)
+        state.target_generator, state.draft_generator = make_generators(request.seed)
         t0 = time.perf_counter()
         inputs = lm.adapter.encode(lm, state.prompt, request.images or None)
         state.target_cache = lm.adapter.new_cache(lm)

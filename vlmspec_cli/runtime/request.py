@@ -51,10 +51,10 @@ class DecodeState:
     drafter_state: Any = None
 
 
-def make_generators(seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
+def make_generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
     """Separate generators for target and draft, both derived from the request seed, so the
     draft's randomness never shifts the target's stream."""
-    gen_device = "cpu"  # sampling happens on small CPU-side tensors of probabilities
-    target = torch.Generator(device=gen_device).manual_seed(seed)
-    draft = torch.Generator(device=gen_device).manual_seed(seed + 0x9E3779B1)
+    # CPU generators: sampling happens on small CPU-side tensors of probabilities
+    target = torch.Generator(device="cpu").manual_seed(seed)
+    draft = torch.Generator(device="cpu").manual_seed(seed + 0x9E3779B1)
     return target, draft

@@ -31,8 +31,11 @@ class Session:
         return bool(self.profile.lossless and self.engine.drafter.lossless)
 
     def baseline_engine(self) -> SpeculativeEngine:
-        """Target-only decoding with the same sampling settings (for --compare)."""
-        return SpeculativeEngine(self.target, create_drafter("none"), 1, self.sampling)
+        """Target-only decoding with the same sampling settings (for --compare); built once
+        per session, since engines keep no per-request state."""
+        if getattr(self, "_baseline", None) is None:
+            self._baseline = SpeculativeEngine(self.target, create_drafter("none"), 1, self.sampling)
+        return self._baseline
 
 
 def chain_variant(profile) -> str:
