@@ -4,6 +4,7 @@ the tokens of the target's own greedy ``generate()``, on fresh tinyworld scenes.
 from __future__ import annotations
 
 import random
+import zlib
 
 import pytest
 
@@ -73,7 +74,7 @@ def test_target_only_equals_generate(zoo_target, corpus):
 def test_chain_equals_target_greedy_on_conversations(zoo_target, zoo_draft, kind):
     """Multi-image prompts and multi-turn conversations (the prompt ends before the last
     assistant answer)."""
-    rng = random.Random(hash(kind) % 1000)
+    rng = random.Random(zlib.crc32(kind.encode()))  # str hash() differs per process
     for variant in ("multimodal", "text"):
         drafter = create_drafter("chain", draft=zoo_draft, sampling=GREEDY, variant=variant,
                                  image_token=zoo_target.adapter.image_token(zoo_target))

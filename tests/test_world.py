@@ -235,3 +235,20 @@ def test_sample_mix_weights():
     assert set(kinds) == {"qa"}
     kinds = {w.sample_mix(rng, None, image_size=16)[0] for _ in range(60)}
     assert {"caption", "qa"} <= kinds
+
+
+def test_caption_is_exact_accepts_ground_truth_and_rejects_near_misses():
+    rng = random.Random(3)
+    for scene in _scenes(5, 200):
+        text = w.caption(scene, rng)
+        assert w.caption_is_exact(scene, text), text
+    scene = w.Scene("gray", (w.Shape("circle", "red", "small", "top"),))
+    assert w.caption_is_exact(scene, "a small red circle at the top, on a gray background.")
+    assert w.caption_is_exact(scene, "at the top there is a small red circle. the background is gray.")
+    for wrong in ("a large red circle at the top, on a gray background.",          # size
+                  "a small red circle at the top left, on a gray background.",     # position
+                  "a small red circle at the top, on a blue background.",          # background
+                  "a small red circle at the top and a small blue square on the left, "
+                  "on a gray background."):                                        # extra shape
+        assert not w.caption_is_exact(scene, wrong), wrong
+        assert w.caption_is_correct(scene, "a small red circle at the top, on a gray background.")

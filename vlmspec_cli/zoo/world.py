@@ -488,6 +488,26 @@ def caption_is_correct(scene: Scene, text: str) -> bool:
     return re.search(rf"\b{scene.background}\b", text) is not None
 
 
+_ANY_SHAPE = re.compile(rf"\b({'|'.join(SIZES)}) ({'|'.join(COLOURS)}) ({'|'.join(SHAPES)})\b")
+
+
+def caption_is_exact(scene: Scene, text: str) -> bool:
+    """Strict: exactly the scene's shapes are described (no extra ones), each with its size,
+    colour, kind and its own position phrase, and the background is right."""
+    if len(_ANY_SHAPE.findall(text)) != len(scene.shapes):
+        return False
+    for s in scene.shapes:
+        where, what = POSITION_PHRASES[s.position], f"{s.size} {s.colour} {s.kind}"
+        # "a small red circle at the top" (not "... at the top left") or
+        # "at the top there is a small red circle"
+        after = rf"\b{what} {where}(?! (left|right))\b"
+        before = rf"(^|[.,] ){where} there is a {what}\b"
+        if not (re.search(after, text) or re.search(before, text)):
+            return False
+    bg = scene.background
+    return re.search(rf"\b{bg} background\b|\bbackground is {bg}\b", text) is not None
+
+
 def _normalize(text: str) -> str:
     return " ".join(text.split())
 
