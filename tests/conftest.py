@@ -39,3 +39,12 @@ def fresh_scenes(n: int, seed: int):
         scene = world.sample_scene(rng)
         out.append((scene, world.render(scene)))
     return out
+
+
+@pytest.fixture(scope="session")
+def zoo_captioner():
+    from vlmspec_cli.profile import ModelSpec
+    from vlmspec_cli.runtime.captioner import Captioner
+    from vlmspec_cli.runtime.models import load_model
+
+    return Captioner(load_model(ModelSpec(model="zoo:tinyworld/captioner", device="cpu"), "captioner"))

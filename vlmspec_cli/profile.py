@@ -63,6 +63,30 @@ class DraftingSpec:
 
 
 @dataclass
+class CaptionerSpec(ModelSpec):
+    """The lightweight image-to-text model behind caption drafting (C)."""
+
+    prompt: str = "describe the image."
+    max_new_tokens: int = field(default=48, metadata=_rule(ge=1))
+
+
+@dataclass
+class EnsembleSpec:
+    """TABED weights (method ``tabed``): how the members' drafts are mixed each block."""
+
+    # grid: w_j = [1-j/n, j/n] (n = grid; for m > 2 members, every point of the simplex
+    # with step 1/n); softmax: w = softmax(1/e; temperature), e = each member's own
+    # distance; static: equal weights, never adapted (MT, MTCP).
+    policy: str = field(default="grid", metadata=_rule(choices=("grid", "softmax", "static")))
+    distance: str = field(default="kl", metadata=_rule(choices=("kl", "tvd")))
+    # verified positions the distance is summed over: a count h, or all of them
+    window: int | str = field(default="all", metadata=_rule(
+        pattern=r"all|[1-9][0-9]*", allowed="all or a positive count"))
+    grid: int = field(default=10, metadata=_rule(ge=1))
+    temperature: float = field(default=1.0, metadata=_rule(gt=0))
+
+
+@dataclass
 class SamplingSpec:
     temperature: float = field(default=0.0, metadata=_rule(ge=0))
     top_p: float = field(default=1.0, metadata=_rule(gt=0, le=1))
@@ -87,8 +111,11 @@ class Profile:
     task: str = "caption"
     target: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-target"))
     draft: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-draft"))
+    captioner: CaptionerSpec = field(
+        default_factory=lambda: CaptionerSpec(model="zoo:tinyworld/captioner"))
     method: str = "chain"
     drafting: DraftingSpec = field(default_factory=DraftingSpec)
+    ensemble: EnsembleSpec = field(default_factory=EnsembleSpec)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     generation: GenerationSpec = field(default_factory=GenerationSpec)
     hardware: HardwareSpec = field(default_factory=HardwareSpec)
@@ -176,10 +203,13 @@ def _unknown_key(cls, key, prefix: str, source: str) -> ProfileError:
     if match:
         return ProfileError(f"{msg} (did you mean '{_join(prefix, match[0])}'?)")
     # Maybe the key belongs to another section (e.g. top-level 'temperature').
-    by_leaf = {k.rsplit(".", 1)[-1]: k for k in reversed(profile_keys())}
+    by_leaf: dict[str, list[str]] = {}
+    for k in profile_keys():
+        by_leaf.setdefault(k.rsplit(".", 1)[-1], []).append(k)
     match = difflib.get_close_matches(str(key), list(by_leaf), n=1, cutoff=0.8)
-    if match:
-        return ProfileError(f"{msg} (did you mean '{by_leaf[match[0]]}'?)")
+    if match:  # a leaf in several sections (temperature): name them all
+        options = " or ".join(f"'{k}'" for k in by_leaf[match[0]])
+        return ProfileError(f"{msg} (did you mean {options}?)")
     where = f"under '{prefix}'" if prefix else "at top level"
     return ProfileError(f"{msg}; valid keys {where}: {', '.join(valid)}")
 
@@ -228,7 +258,7 @@ def _check(value, meta: Mapping, key: str, source: str) -> None:
         raise ProfileError(f"{source}: key '{key}' must not be empty")
     for item in value if isinstance(value, list) else [value]:
         choices, pattern = meta.get("choices"), meta.get("pattern")
-        if (choices and item not in choices) or (pattern and not re.fullmatch(pattern, item)):
+        if (choices and item not in choices) or (pattern and not re.fullmatch(pattern, str(item))):
             allowed = meta.get("allowed") or ", ".join(map(str, choices))
             msg = f"{source}: key '{key}' must be one of: {allowed} (got {item!r})"
             close = difflib.get_close_matches(str(item), [str(c) for c in choices or ()], n=1)

@@ -36,9 +36,14 @@ class Drafter(Protocol):
     def propose(self, state: DecodeState, max_tokens: int) -> Draft:
         """Propose up to ``max_tokens`` tokens continuing ``state.tokens``."""
 
-    def accept(self, state: DecodeState, n_accepted: int) -> None:
+    def accept(self, state: DecodeState, n_accepted: int,
+               target_logits: torch.Tensor | None = None) -> None:
         """The first ``n_accepted`` proposals were kept (and ``state.tokens`` extended):
-        roll the drafter's own state back to match."""
+        roll the drafter's own state back to match. ``target_logits`` (n + 1, V) are the
+        target's verified logits at the proposed positions, for adaptive drafters.
+
+    Optional hooks: ``prepare(state)`` runs before the target's prefill (work that can
+    overlap it, e.g. captioning); ``finish(state)`` after the last round (report to stats)."""
 
 
 DrafterFactory = Callable[..., Drafter]

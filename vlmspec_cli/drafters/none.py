@@ -21,5 +21,5 @@ class NoDrafter:
     def propose(self, state: DecodeState, max_tokens: int) -> Draft:
         return Draft([])
 
-    def accept(self, state: DecodeState, n_accepted: int) -> None:
+    def accept(self, state: DecodeState, n_accepted: int, target_logits=None) -> None:
         pass

@@ -60,6 +60,8 @@ class SpeculativeEngine:
         state.target_generator, state.draft_generator = make_generators(request.seed)
         t0 = time.perf_counter()
         inputs = lm.adapter.encode(lm, state.prompt, request.images or None)
+        if hasattr(self.drafter, "prepare"):  # e.g. start the captioner alongside the prefill
+            self.drafter.prepare(state)
         state.target_cache = lm.adapter.new_cache(lm)
         state.target_next_logits = lm.adapter.prefill(lm, inputs, state.target_cache)[0]
         self.drafter.prefill(state)
@@ -96,7 +98,7 @@ class SpeculativeEngine:
         state.target_next_logits = None
         state.tokens.extend(draft.tokens[:n_acc])
         state.tokens.append(tok)
-        self.drafter.accept(state, n_acc)
+        self.drafter.accept(state, n_acc, target_logits)
         state.stats.record_round(len(draft), n_acc, n_acc + 1)
         if tok in self.eos_ids or len(state.tokens) >= state.request.max_new_tokens:
             state.done = True
@@ -116,6 +118,8 @@ class SpeculativeEngine:
             self.step(state)
             if progress is not None:
                 progress(state)
+        if hasattr(self.drafter, "finish"):
+            self.drafter.finish(state)
         state.stats.wall_s = time.perf_counter() - t0
         text = self.target.tokenizer.decode(
             [t for t in state.tokens if t not in self.eos_ids], skip_special_tokens=True

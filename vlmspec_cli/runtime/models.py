@@ -154,7 +154,7 @@ def load_model(spec, role: str = "target") -> LoadedModel:
     dtype = pick_dtype(spec.dtype, device)
     try:
         config = AutoConfig.from_pretrained(source, **common)
-        adapter = adapter_for(config)
+        adapter = adapter_for(config, role)
         kwargs: dict[str, Any] = dict(common, dtype=dtype)
         qconf = _quantization_config(getattr(spec, "quantize", "none"))
         if qconf is not None:

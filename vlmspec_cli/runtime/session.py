@@ -6,13 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlmspec_cli.drafters import create_drafter, drafter_names
+from vlmspec_cli.runtime.captioner import Captioner
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.models import LoadedModel, ModelLoadError, check_compatible, load_model
 from vlmspec_cli.runtime.verify import SamplingParams
-
-# drafting inputs that later issues add (TABED caption / pooled drafting)
-NOT_BUILT_INPUTS = {"caption": "caption drafting (C)", "pooled": "pooled-image drafting (P)"}
-
 
 class SessionError(Exception):
     """The profile asks for something this runtime cannot do; the message says what."""
@@ -23,6 +20,7 @@ class Session:
     profile: object
     target: LoadedModel
     draft: LoadedModel | None
+    captioner: LoadedModel | None
     engine: SpeculativeEngine
     sampling: SamplingParams
 
@@ -43,10 +41,8 @@ def chain_variant(profile) -> str:
     if len(inputs) != 1:
         raise SessionError(
             f"method 'chain' drafts from one input, but drafting.inputs is {inputs}; "
-            "ensembles of several inputs are method 'tabed' (not built yet)"
+            "to ensemble several inputs use method 'tabed'"
         )
-    if inputs[0] in NOT_BUILT_INPUTS:
-        raise SessionError(f"drafting.inputs: {inputs[0]} — {NOT_BUILT_INPUTS[inputs[0]]} is not built yet")
     return inputs[0]
 
 
@@ -60,25 +56,47 @@ def validate_method(profile) -> None:
         raise SessionError(
             f"unknown method '{profile.method}'{hint}; available: {', '.join(drafter_names())}"
         )
+    inputs = list(profile.drafting.inputs)
     if profile.method == "chain":
         chain_variant(profile)
+    if len(set(inputs)) != len(inputs):
+        raise SessionError(f"drafting.inputs lists an input twice: {inputs}")
+    if profile.method in ("chain", "tabed") and "caption" in inputs and not profile.captioner.model:
+        raise SessionError("drafting input 'caption' needs a captioner: set captioner.model")
 
 
-def build_session(profile) -> Session:
+def build_session(profile, trace=None) -> Session:
+    """Load the models the profile names and build its engine. ``trace``: a callable that
+    receives one dict per drafting block of an ensemble (for ``--trace``)."""
     validate_method(profile)
     sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
     target = load_model(profile.target, "target")
-    draft = None
+    draft = captioner_lm = None
     if profile.method == "none":
         drafter = create_drafter("none")
     else:
-        variant = chain_variant(profile)
+        inputs = list(profile.drafting.inputs)
         draft = load_model(profile.draft, "draft")
-        check_compatible(target, draft, needs_images=(variant == "multimodal"))
-        drafter = create_drafter("chain", draft=draft, sampling=sampling, variant=variant,
-                                 image_token=target.adapter.image_token(target))
+        check_compatible(target, draft, needs_images=bool({"multimodal", "pooled"} & set(inputs)))
+        captioner = None
+        if "caption" in inputs:
+            captioner_lm = load_model(profile.captioner, "captioner")
+            captioner = Captioner(captioner_lm, profile.captioner.prompt,
+                                  profile.captioner.max_new_tokens)
+        common = dict(draft=draft, sampling=sampling, captioner=captioner, trace=trace,
+                      image_token=target.adapter.image_token(target))
+        try:
+            if profile.method == "chain":
+                drafter = create_drafter("chain", variant=chain_variant(profile), **common)
+            else:
+                e = profile.ensemble
+                drafter = create_drafter(profile.method, inputs=inputs, policy=e.policy,
+                                         distance=e.distance, window=e.window, grid=e.grid,
+                                         temperature=e.temperature, **common)
+        except ValueError as exc:
+            raise SessionError(str(exc)) from None
     engine = SpeculativeEngine(target, drafter, profile.drafting.gamma, sampling)
-    return Session(profile, target, draft, engine, sampling)
+    return Session(profile, target, draft, captioner_lm, engine, sampling)
 
 
 __all__ = ["Session", "SessionError", "ModelLoadError", "build_session", "validate_method"]

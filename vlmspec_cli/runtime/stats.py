@@ -20,6 +20,9 @@ class SpecStats:
     accept_len_hist: list[int] = field(default_factory=list)  # [k]: rounds with k accepted
     prefill_s: float = 0.0
     wall_s: float = 0.0
+    caption_s: float = 0.0    # captioner time (caption drafting), overlapping the prefill
+    # tabed: {"inputs": [...], "policy": ..., "block_weights": [[w_1..w_m] per block]}
+    ensemble: dict | None = None
 
     def record_round(self, drafted: int, accepted: int, emitted: int) -> None:
         """One draft→verify round: ``drafted`` proposals, ``accepted`` of them kept, and
@@ -40,6 +43,7 @@ class SpecStats:
         for name in ("new_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.prefill_s += other.prefill_s
+        self.caption_s += other.caption_s
         self.wall_s += other.wall_s
         self.accepted_per_pos = _add_lists(self.accepted_per_pos, other.accepted_per_pos)
         self.accept_len_hist = _add_lists(self.accept_len_hist, other.accept_len_hist)
@@ -59,7 +63,8 @@ class SpecStats:
     @classmethod
     def from_dict(cls, d: dict) -> "SpecStats":
         names = ("new_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
-                 "accepted_per_pos", "accept_len_hist", "prefill_s", "wall_s")
+                 "accepted_per_pos", "accept_len_hist", "prefill_s", "wall_s", "caption_s",
+                 "ensemble")
         return cls(**{k: d[k] for k in names if k in d})
 
     def to_dict(self) -> dict:
@@ -69,6 +74,9 @@ class SpecStats:
         d["tokens_per_s"] = round(self.tokens_per_s, 2)
         d["wall_s"] = round(self.wall_s, 4)
         d["prefill_s"] = round(self.prefill_s, 4)
+        d["caption_s"] = round(self.caption_s, 4)
+        if self.ensemble is None:
+            del d["ensemble"]
         return d
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vlmspec_cli.runtime.adapters.base import ModelAdapter
 from vlmspec_cli.runtime.adapters.causal_lm import CausalLMAdapter
+from vlmspec_cli.runtime.adapters.image_to_text import ImageToTextAdapter
 from vlmspec_cli.runtime.adapters.llava import LlavaAdapter
 
 _ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), CausalLMAdapter()]
@@ -13,10 +14,12 @@ class UnsupportedModelError(ValueError):
     pass
 
 
-def adapter_for(config) -> ModelAdapter:
+def adapter_for(config, role: str = "target") -> ModelAdapter:
     for adapter in _ADAPTERS:
         if adapter.supports(config):
             return adapter
+    if role == "captioner":  # a captioner only generates text from images: any family will do
+        return ImageToTextAdapter()
     known = ", ".join(t for a in _ADAPTERS for t in a.model_types)
     raise UnsupportedModelError(
         f"model type '{config.model_type}' has no vlmspec adapter yet (supported: {known})"

@@ -60,6 +60,12 @@ class ModelAdapter:
         enc = lm.tokenizer(prompt, return_tensors="pt")
         return {"input_ids": enc["input_ids"].to(lm.device)}
 
+    def embed(self, lm, prompt: str, images: list | None, pool: int = 1) -> torch.Tensor:
+        """The prompt as input embeddings (1, L, H): what ``encode`` feeds the model, with
+        image features already in place (so rows of different kinds can share a batch)."""
+        ids = self.encode(lm, prompt, None)["input_ids"]
+        return lm.model.get_input_embeddings()(ids)
+
     # -- forwards --------------------------------------------------------------------
     def new_cache(self, lm) -> DynamicCache:
         return DynamicCache(config=lm.model.config)
@@ -71,9 +77,10 @@ class ModelAdapter:
         return out.logits[:, -1, :]
 
     @torch.inference_mode()
-    def extend(self, lm, input_ids: torch.Tensor, cache) -> torch.Tensor:
-        """Feed new tokens (B, n) after the cached ones; returns logits (B, n, V)."""
-        out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+    def extend(self, lm, input_ids: torch.Tensor, cache, **extra) -> torch.Tensor:
+        """Feed new tokens (B, n) after the cached ones; returns logits (B, n, V).
+        ``extra``: attention_mask / position_ids for left-padded batches."""
+        out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra)
         return out.logits
 
 

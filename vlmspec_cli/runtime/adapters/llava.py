@@ -3,7 +3,10 @@ prompt, expanded by the processor to the vision tower's patch count."""
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from transformers import LlavaForConditionalGeneration
 
 from vlmspec_cli.runtime.adapters.base import ModelAdapter
@@ -17,12 +20,62 @@ class LlavaAdapter(ModelAdapter):
     def image_token_id(self, lm) -> int | None:
         return int(lm.model.config.image_token_id)
 
+    def _processor(self, lm):
+        if lm.processor is None:
+            raise ValueError(f"model '{lm.name}' has no processor to turn images into inputs")
+        return lm.processor
+
     def encode(self, lm, prompt: str, images: list | None) -> dict[str, torch.Tensor]:
         if not images:
             return super().encode(lm, prompt, None)
-        if lm.processor is None:
-            raise ValueError(f"model '{lm.name}' has no processor to turn images into inputs")
-        enc = lm.processor(images=list(images), text=[prompt], return_tensors="pt")
+        enc = self._processor(lm)(images=list(images), text=[prompt], return_tensors="pt")
         out = {"input_ids": enc["input_ids"].to(lm.device)}
         out["pixel_values"] = enc["pixel_values"].to(lm.device, dtype=lm.dtype)
         return out
+
+    @torch.inference_mode()
+    def image_features(self, lm, images: list, pool: int = 1) -> torch.Tensor:
+        """Projected image features (n_images, tokens, H). ``pool`` > 1 average-pools the
+        vision tower's patch grid (pool x pool windows, 2-D, before the projector: TABED
+        §6.1 pooled drafting, 24x24 -> 12x12 patches for LLaVA-1.5 at pool=2)."""
+        pix = self._processor(lm).image_processor(list(images), return_tensors="pt")["pixel_values"]
+        pix = pix.to(lm.device, dtype=lm.dtype)
+        model = lm.model.model
+        if pool == 1:
+            return torch.stack(list(model.get_image_features(pixel_values=pix).pooler_output))
+        config = lm.model.config
+        layer = config.vision_feature_layer
+        if not isinstance(layer, int):
+            raise ValueError(f"pooled drafting needs one vision feature layer, '{lm.name}' "
+                             f"concatenates {layer}")
+        hidden = model.vision_tower(pix, output_hidden_states=True, return_dict=True).hidden_states[layer]
+        if config.vision_feature_select_strategy == "default":
+            hidden = hidden[:, 1:]  # drop CLS
+        n, side = hidden.shape[1], math.isqrt(hidden.shape[1])
+        if side * side != n:
+            raise ValueError(f"pooled drafting needs a square patch grid, '{lm.name}' has {n} patches")
+        grid = hidden.transpose(1, 2).reshape(hidden.shape[0], hidden.shape[2], side, side)
+        # ceil_mode: an odd grid keeps its last row/column; edge windows average only the
+        # patches they cover (3x3 -> 2x2)
+        pooled = F.avg_pool2d(grid, pool, ceil_mode=True)
+        return model.multi_modal_projector(pooled.flatten(2).transpose(1, 2))
+
+    @torch.inference_mode()
+    def embed(self, lm, prompt: str, images: list | None, pool: int = 1) -> torch.Tensor:
+        if not images:
+            return super().embed(lm, prompt, None)
+        image_id = self.image_token_id(lm)
+        ids = lm.tokenizer(prompt, return_tensors="pt")["input_ids"][0]
+        slots = (ids == image_id).nonzero().flatten().tolist()
+        if len(slots) != len(images):
+            raise ValueError(f"prompt has {len(slots)} image placeholders for {len(images)} images")
+        features = self.image_features(lm, images, pool)       # (n_images, k, H)
+        k = features.shape[1]
+        # each placeholder becomes k image tokens, as the processor expands it
+        reps = torch.ones_like(ids)
+        reps[slots] = k
+        ids = ids.repeat_interleave(reps)[None].to(lm.device)
+        embeds = lm.model.get_input_embeddings()(ids)
+        mask = ids[0] == image_id
+        embeds[0, mask] = features.reshape(-1, features.shape[-1]).to(embeds.dtype)
+        return embeds

@@ -1,0 +1,191 @@
+"""``tabed``: one draft model, several drafting inputs, drafted as one batch (TABED §5).
+
+Each *member* is the same draft model reading the request through a different input
+(``members.py``): M (images), T (images → "\\n"), C (images → their captions), P (2×2-pooled
+images). The members are rows of one batch: prompts are left-padded to a common width
+and each row gets its own positions, so a single draft forward per token serves all of
+them. At every drafted position the members' distributions are mixed,
+
+    q = sum_i w_i q^(i),   w = the block's weights (weights.py),
+
+one token is drawn from q (argmax at temperature 0) and fed to every row, so the rows
+stay aligned on the right and the shared KV cache rolls back with one crop. The mixture
+q is what the draft hands to verification, so speculative sampling stays exact.
+
+``chain`` (chain.py) is this drafter with one member and nothing to weigh.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vlmspec_cli.drafters.base import Draft, register
+from vlmspec_cli.drafters.members import MEMBER_INPUTS, check_members, member_embeds
+from vlmspec_cli.drafters.weights import EnsembleWeights
+from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
+from vlmspec_cli.runtime.request import DecodeState
+from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+
+# distances between distributions are taken at the sampling temperature, or at T = 1
+# when decoding greedily (the argmax ignores temperature; distances do not)
+_UNIT = SamplingParams(temperature=1.0, top_p=1.0)
+
+
+@dataclass
+class EnsembleState:
+    cache: Any
+    prompt_mask: torch.Tensor        # (m, width): 0 on each row's left padding
+    offsets: torch.Tensor            # (m,): each row's prompt length (its first free position)
+    weights: EnsembleWeights
+    covered: int = 0                 # generated tokens already in the cache
+    next_logits: torch.Tensor | None = None   # (m, V) after prefill
+    proposed: int = 0                # proposals fed into the cache by the last propose()
+    block_q: list[torch.Tensor] = field(default_factory=list)  # (m, V) per proposal
+    block_weights: list[list[float]] = field(default_factory=list)
+    captions: list[str] | None = None
+
+    @property
+    def width(self) -> int:
+        return self.prompt_mask.shape[1]
+
+
+class EnsembleDrafter:
+    needs_target_hidden = False
+    lossless = True
+
+    def __init__(self, draft, sampling: SamplingParams, inputs: list[str],
+                 image_token: str | None = None, captioner=None, policy: str = "grid",
+                 distance: str = "kl", window: int | str = "all", grid: int = 10,
+                 temperature: float = 1.0, name: str = "tabed", trace=None, **_: object) -> None:
+        check_members(inputs, draft, captioner)
+        self.name = name
+        self.draft = draft
+        self.sampling = sampling
+        self.inputs = list(inputs)
+        self.image_token = image_token          # the target's placeholder in the prompt
+        self.captioner = captioner
+        self.weight_args = dict(policy=policy, distance_kind=distance, window=window,
+                                grid=grid, temperature=temperature)
+        self.trace = trace                      # callable(dict) per block, or None
+
+    # -- request setup ---------------------------------------------------------------
+    def prepare(self, state: DecodeState) -> None:
+        """Called before the target's prefill: start captioning so the two overlap."""
+        if "caption" in self.inputs and state.request.images:
+            state.drafter_state = self.captioner.submit(state.request.images)
+
+    def _captions(self, state: DecodeState) -> list[str]:
+        if "caption" not in self.inputs or not state.request.images:
+            return []
+        future = state.drafter_state
+        if not isinstance(future, Future):  # prefill without prepare()
+            future = self.captioner.submit(state.request.images)
+        captions, seconds = future.result()
+        state.stats.caption_s += seconds
+        return captions
+
+    def prefill(self, state: DecodeState) -> None:
+        lm = self.draft
+        captions = self._captions(state)
+        rows = [member_embeds(lm, state.prompt, state.request.images, variant, self.image_token,
+                              captions) for variant in self.inputs]
+        lengths = torch.tensor([r.shape[1] for r in rows])
+        width = int(lengths.max())
+        hidden = rows[0].shape[-1]
+        embeds = rows[0].new_zeros((len(rows), width, hidden))
+        mask = torch.zeros((len(rows), width), dtype=torch.long, device=lm.device)
+        for i, r in enumerate(rows):  # left padding: every row ends at the same column
+            embeds[i, width - r.shape[1]:] = r[0]
+            mask[i, width - r.shape[1]:] = 1
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        cache = lm.adapter.new_cache(lm)
+        logits = lm.adapter.prefill(lm, {"inputs_embeds": embeds, "attention_mask": mask,
+                                         "position_ids": positions}, cache)
+        state.drafter_state = EnsembleState(
+            cache, mask, lengths.to(lm.device), EnsembleWeights(len(rows), **self.weight_args),
+            next_logits=logits, captions=captions or None)
+
+    # -- drafting --------------------------------------------------------------------
+    def _extend(self, st: EnsembleState, tokens: list[int]) -> torch.Tensor:
+        """Feed the same new tokens to every row; logits (m, n, V)."""
+        lm = self.draft
+        m, n = st.prompt_mask.shape[0], len(tokens)
+        done = cache_length(st.cache) - st.width          # tokens after the prompts
+        ids = torch.tensor([tokens], device=lm.device).expand(m, n)
+        mask = torch.cat([st.prompt_mask, st.prompt_mask.new_ones((m, done + n))], dim=1)
+        positions = st.offsets[:, None] + done + torch.arange(n, device=lm.device)[None]
+        return lm.adapter.extend(lm, ids, st.cache, attention_mask=mask, position_ids=positions)
+
+    def _member_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        params = _UNIT if self.sampling.greedy else self.sampling
+        return probabilities(logits.float(), params)
+
+    def propose(self, state: DecodeState, max_tokens: int) -> Draft:
+        st: EnsembleState = state.drafter_state
+        unseen = state.tokens[st.covered:]
+        if unseen:  # committed tokens the draft has not read yet (bonus/correction tokens)
+            logits = self._extend(st, unseen)[:, -1]
+            st.covered = len(state.tokens)
+        else:
+            logits = st.next_logits
+        w = st.weights.current().to(logits.device)
+        st.block_weights.append([round(float(x), 4) for x in w])
+        tokens: list[int] = []
+        mixtures: list[torch.Tensor] = []
+        st.block_q = []
+        for i in range(max_tokens):
+            member_q = self._member_probs(logits)              # (m, V)
+            q = w @ member_q                                   # the mixture (V,)
+            if self.sampling.greedy:
+                tok = int(q.argmax())
+            else:
+                tok = int(torch.multinomial(q.cpu(), 1, generator=state.draft_generator))
+                mixtures.append(q)
+            tokens.append(tok)
+            st.block_q.append(member_q)
+            if i + 1 < max_tokens:
+                logits = self._extend(st, [tok])[:, -1]
+        st.proposed = max(0, len(tokens) - 1)
+        st.next_logits = None
+        return Draft(tokens, torch.stack(mixtures) if mixtures else None)
+
+    def accept(self, state: DecodeState, n_accepted: int, target_logits: torch.Tensor | None = None) -> None:
+        st: EnsembleState = state.drafter_state
+        # verified positions with both p and the members' q: the accepted proposals and the
+        # first rejected one (its prefix was accepted too); the bonus position has no q
+        seen = min(n_accepted + 1, len(st.block_q))
+        if target_logits is not None and seen and st.weights.policy != "static":
+            params = _UNIT if self.sampling.greedy else self.sampling
+            p = probabilities(target_logits[:seen].float(), params)
+            st.weights.observe(p.to(st.block_q[0].device), torch.stack(st.block_q[:seen]))
+        if self.trace is not None and len(self.inputs) > 1 and st.block_q:
+            self.trace({"request": state.request.request_id, "block": len(st.block_weights) - 1,
+                        "inputs": self.inputs, "weights": st.block_weights[-1] if st.block_weights else None,
+                        # verified proposals (the engine cuts a draft at EOS)
+                        "drafted": len(target_logits) - 1 if target_logits is not None else len(st.block_q),
+                        "accepted": n_accepted})
+        keep = min(n_accepted, st.proposed)
+        truncate_cache(st.cache, st.width + st.covered + keep)
+        st.covered += keep
+        st.proposed = 0
+        st.block_q = []
+
+    def finish(self, state: DecodeState) -> None:
+        """Copy what the request should report (per-block weights) to its stats."""
+        st = state.drafter_state
+        if isinstance(st, EnsembleState) and len(self.inputs) > 1:
+            state.stats.ensemble = {"inputs": self.inputs, "policy": self.weight_args["policy"],
+                                    "block_weights": st.block_weights}
+
+
+@register("tabed")
+def make_tabed(draft, sampling: SamplingParams, inputs: list[str] | None = None, **kwargs) -> EnsembleDrafter:
+    inputs = list(inputs or ["multimodal", "text"])
+    unknown = [i for i in inputs if i not in MEMBER_INPUTS]
+    if unknown:
+        raise ValueError(f"unknown drafting input '{unknown[0]}' (choose from {MEMBER_INPUTS})")
+    return EnsembleDrafter(draft, sampling, inputs, name="tabed", **kwargs)

@@ -1,0 +1,65 @@
+"""The drafting inputs a draft model can read a request through (TABED §4, §6, App. I.2).
+
+- ``multimodal`` (M): the prompt and the images, as the target reads them.
+- ``text`` (T):       each image placeholder replaced by "\\n", no images.
+- ``caption`` (C):    each image placeholder replaced by "image: <its caption>\\n", the
+                      caption written once per request by the captioner.
+- ``pooled`` (P):     the images with the vision tower's patch grid 2×2 average-pooled
+                      before the projector (576 → 144 image tokens for LLaVA-1.5).
+
+Every input becomes input embeddings, so members of different kinds share one batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MEMBER_INPUTS = ("multimodal", "text", "caption", "pooled")
+LETTERS = {"multimodal": "M", "text": "T", "caption": "C", "pooled": "P"}
+CAPTION_PREFIX = "image: "
+POOL = 2
+
+
+def check_members(inputs: list[str], draft, captioner) -> None:
+    """Fail before any request if a member cannot be built with these models."""
+    for variant in inputs:
+        if variant not in MEMBER_INPUTS:
+            raise ValueError(f"unknown drafting input '{variant}' (choose from {MEMBER_INPUTS})")
+        if variant in ("multimodal", "pooled") and not draft.adapter.takes_images:
+            raise ValueError(f"drafting input '{variant}' needs a draft that reads images; "
+                             f"'{draft.name}' is text-only (use 'text' or 'caption')")
+        if variant == "caption" and captioner is None:
+            raise ValueError("drafting input 'caption' needs a captioner (profile key 'captioner.model')")
+    if len(set(inputs)) != len(inputs):
+        raise ValueError(f"drafting.inputs lists an input twice: {inputs}")
+
+
+def replace_images(prompt: str, image_token: str | None, replacements: list[str]) -> str:
+    """Replace the i-th image placeholder by ``replacements[i]``."""
+    if not image_token or image_token not in prompt:
+        return prompt
+    parts = prompt.split(image_token)
+    if len(parts) - 1 != len(replacements):
+        raise ValueError(f"prompt has {len(parts) - 1} image placeholders for {len(replacements)} images")
+    return parts[0] + "".join(r + rest for r, rest in zip(replacements, parts[1:]))
+
+
+def member_prompt(prompt: str, images: list, variant: str, image_token: str | None,
+                  captions: list[str]) -> str:
+    """The draft's prompt text under ``variant`` (images stay placeholders for M and P)."""
+    if variant in ("multimodal", "pooled"):
+        return prompt
+    if variant == "text":
+        return replace_images(prompt, image_token, ["\n"] * len(images))
+    if variant == "caption":
+        return replace_images(prompt, image_token, [f"{CAPTION_PREFIX}{c}\n" for c in captions])
+    raise ValueError(f"unknown drafting input '{variant}'")
+
+
+def member_embeds(draft, prompt: str, images: list, variant: str, image_token: str | None,
+                  captions: list[str]) -> torch.Tensor:
+    """Input embeddings (1, L, H) of one member for one request."""
+    text = member_prompt(prompt, images, variant, image_token, captions)
+    with_images = variant in ("multimodal", "pooled") and bool(images)
+    return draft.adapter.embed(draft, text, list(images) if with_images else None,
+                               pool=POOL if variant == "pooled" else 1)
