@@ -15,7 +15,9 @@ Examples:
   vlmspec caption a.png b.png --prompt "what colour is the circle?"
   vlmspec caption 'shots/**/*.png' --out captions.jsonl   # rerun resumes
   find . -name '*.png' | vlmspec caption - --json | jq .stats.mean_accept_len
-  vlmspec caption img.png --method chain --set drafting.inputs=[text] --compare
+  vlmspec caption img.png --method chain --inputs text --compare
+  vlmspec caption imgs/ --method tabed --inputs M,T,C,P --trace weights.jsonl
+  vlmspec caption --chat conversations.jsonl --json     # next assistant turn of each
   vlmspec caption img.png --profile llava15-7b --dry-run
 
 Exit codes: 0 all inputs done, 1 some input failed (the rest were still
@@ -62,7 +64,17 @@ set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.argument("inputs", nargs=-1, metavar="INPUTS...")
 @click.option("--prompt", help="Question or instruction for every image [profile: generation.prompt].")
 @profile_option
-@click.option("--method", "-m", help="Drafting method: none (target only) or chain [profile: method].")
+@click.option("--method", "-m", help="none (target only), chain (one drafting input) or tabed "
+                                     "(adaptive ensemble of inputs) [profile: method].")
+@click.option("--inputs", "drafting_inputs", metavar="LIST",
+              help="Drafting inputs, comma-separated: multimodal,text,caption,pooled "
+                   "(or letters M,T,C,P) [profile: drafting.inputs].")
+@click.option("--chat", "chat_file", type=click.Path(dir_okay=False), metavar="FILE.jsonl",
+              help="Conversations (JSONL, one per line; see README) instead of INPUTS: "
+                   "write each one's next assistant turn.")
+@click.option("--trace", "trace_file", type=click.Path(dir_okay=False, writable=True),
+              metavar="FILE.jsonl", help="tabed: append one line per drafting block "
+                                         "(weights, drafted, accepted) for plots.")
 @set_option
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per input.")
 @click.option("--temperature", "-t", type=click.FloatRange(min=0), help="0 = greedy (default); >0 samples.")
@@ -74,9 +86,9 @@ set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.option("--compare", is_flag=True, help="Also decode with the target alone and report the speedup.")
 @click.option("--dry-run", is_flag=True, help="Show the resolved profile and the inputs; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
-def caption(inputs, prompt, profile, method, sets, max_new_tokens, temperature, seed, device,
-            out, as_json, compare, dry_run, quiet):
-    """Caption images or answer a question about each one.
+def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_file, sets,
+            max_new_tokens, temperature, seed, device, out, as_json, compare, dry_run, quiet):
+    """Caption images or answer a question about each one, or continue conversations.
 
     INPUTS are image files, directories (searched recursively), glob patterns,
     or - to read newline-separated paths from stdin. Results go to stdout (text
@@ -86,14 +98,18 @@ def caption(inputs, prompt, profile, method, sets, max_new_tokens, temperature, 
     from vlmspec_cli.profile import profile_to_yaml
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
-    from vlmspec_cli.tasks.caption import run_batch
-    from vlmspec_cli.tasks.inputs import expand_inputs
+    from vlmspec_cli.tasks.caption import chat_jobs, image_jobs, run_batch
+    from vlmspec_cli.tasks.inputs import InputError, expand_inputs
     from vlmspec_cli.tasks.records import JsonlSink
 
-    if not inputs:
-        raise click.UsageError("no INPUTS given (files, directories, globs, or - for stdin)")
+    if not inputs and not chat_file:
+        raise click.UsageError("no INPUTS given (files, directories, globs, or - for stdin), "
+                               "and no --chat FILE")
+    if inputs and chat_file:
+        raise click.UsageError("give either INPUTS or --chat FILE, not both")
     cli_values = {
-        "method": method, "generation.prompt": prompt, "generation.max_new_tokens": max_new_tokens,
+        "method": method, "drafting.inputs": _parse_inputs(drafting_inputs),
+        "generation.prompt": prompt, "generation.max_new_tokens": max_new_tokens,
         "sampling.temperature": temperature, "sampling.seed": seed,
         "target.device": device, "draft.device": device,
     }
@@ -102,7 +118,13 @@ def caption(inputs, prompt, profile, method, sets, max_new_tokens, temperature, 
         validate_method(prof)
     except SessionError as exc:
         _fail(str(exc))
-    items = expand_inputs(inputs, stdin=sys.stdin)
+    if chat_file:
+        try:
+            items = chat_jobs(chat_file)
+        except InputError as exc:
+            _fail(str(exc))
+    else:
+        items = image_jobs(expand_inputs(inputs, stdin=sys.stdin), prof.generation.prompt)
     if dry_run:
         click.echo(f"# profile from {prof.source}")
         click.echo(profile_to_yaml(prof), nl=False)
@@ -114,8 +136,14 @@ def caption(inputs, prompt, profile, method, sets, max_new_tokens, temperature, 
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
                 + (f", draft {prof.draft.model} {list(prof.drafting.inputs)} γ={prof.drafting.gamma}"
                    if prof.method != "none" else ""))
+    trace = None
+    if trace_file:
+        trace_stream = open(trace_file, "a", encoding="utf-8")  # closed at exit
+        def trace(block: dict) -> None:
+            trace_stream.write(json.dumps(block) + "\n")
+            trace_stream.flush()
     try:
-        session = build_session(prof)
+        session = build_session(prof, trace=trace)
     except (SessionError, ModelLoadError, ValueError) as exc:
         _fail(str(exc))
 
@@ -131,8 +159,7 @@ def caption(inputs, prompt, profile, method, sets, max_new_tokens, temperature, 
             for w in sink.warnings:
                 ui.warning(w)
         with ui.BatchUI(quiet=quiet) as events:
-            summary = run_batch(session, items, prof.generation.prompt, events, sink=sink,
-                                compare=compare, emit=emit)
+            summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
     finally:
         if sink is not None:
             sink.close()
@@ -141,6 +168,19 @@ def caption(inputs, prompt, profile, method, sets, max_new_tokens, temperature, 
     if summary.mismatches:
         ui.error(f"{summary.mismatches} output(s) differ from target-only greedy decoding")
     sys.exit(1 if summary.failures or summary.mismatches else 0)
+
+
+_INPUT_LETTERS = {"m": "multimodal", "t": "text", "c": "caption", "p": "pooled"}
+
+
+def _parse_inputs(value: str | None) -> list[str] | None:
+    """``--inputs M,T`` / ``multimodal,text`` / ``MTCP`` → a drafting.inputs list."""
+    if not value:
+        return None
+    parts = [v.strip() for v in value.split(",") if v.strip()]
+    if len(parts) == 1 and parts[0].isupper() and set(parts[0].lower()) <= set(_INPUT_LETTERS):
+        parts = list(parts[0])
+    return [_INPUT_LETTERS.get(p.lower(), p) if len(p) == 1 else p for p in parts]
 
 
 @cli.command()

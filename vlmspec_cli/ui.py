@@ -99,6 +99,8 @@ def summary_table(summary, method: str, gamma: int) -> None:
         table.add_row("acceptance per position", rates)
     table.add_row("new tokens", str(s.new_tokens))
     table.add_row("tokens/s", f"{s.tokens_per_s:.1f}")
+    if s.caption_s:
+        table.add_row("captioner time", f"{s.caption_s:.2f}s (overlaps the target prefill)")
     if summary.speedup is not None:
         note = f" ({summary.mismatches} mismatching!)" if summary.mismatches else ""
         table.add_row("speedup vs target-only", f"{summary.speedup:.2f}x{note}")

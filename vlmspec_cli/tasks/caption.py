@@ -1,4 +1,7 @@
-"""Captioning / image question answering: inputs → requests → records.
+"""Captioning / image question answering: inputs → jobs → requests → records.
+
+A job is one image with the batch prompt, or one conversation of a ``--chat`` file
+(chat.py) whose next assistant turn the model writes.
 
 The batch never stops on a bad input: each failure becomes an error record (and one
 reason for the UI), the rest goes on. Records are appended atomically to the sink, and
@@ -9,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
+
+from vlmspec_cli.tasks.chat import ChatLineError, load_conversation_images, read_chat_file
 
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.stats import SpecStats
@@ -22,10 +27,54 @@ class CaptionEvents(Protocol):
     """What a front end hears about a batch (ui.py implements it with rich)."""
 
     def batch_started(self, total: int, skipped: int) -> None: ...
-    def item_started(self, item: InputItem) -> None: ...
-    def tokens(self, item: InputItem, generated: int, limit: int) -> None: ...
+    def item_started(self, item: Job) -> None: ...
+    def tokens(self, item: Job, generated: int, limit: int) -> None: ...
     def item_done(self, record: dict) -> None: ...
-    def item_failed(self, item: InputItem, reason: str, record: dict) -> None: ...
+    def item_failed(self, item: Job, reason: str, record: dict) -> None: ...
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of a batch. ``path`` names it in records and messages (an image path, or
+    ``FILE#id`` for a conversation); ``load`` builds its messages (loading images) and
+    raises InputError when it cannot."""
+
+    path: str
+    prompt: str
+    load: Callable[[], list[Message]]
+    error: str | None = None
+
+
+def image_jobs(items: list[InputItem], prompt: str) -> list[Job]:
+    def loader(item: InputItem) -> Callable[[], list[Message]]:
+        def load() -> list[Message]:
+            if item.error:
+                raise InputError(item.path, item.error)
+            return [Message("user", prompt, (load_image(item.path),))]
+        return load
+
+    return [Job(item.path, prompt, loader(item), item.error) for item in items]
+
+
+def chat_jobs(chat_path: str) -> list[Job]:
+    """Jobs for every line of a conversation file (raises InputError if the file itself is
+    unusable); a bad line becomes a job that fails with its line number."""
+    jobs = []
+    for conv in read_chat_file(chat_path):
+        if isinstance(conv, ChatLineError):
+            reason = conv.reason.split(": ", 1)[1] if conv.reason.startswith("line ") else conv.reason
+            jobs.append(Job(f"{chat_path}:{conv.line}", "", list, reason))
+            continue
+
+        def load(conv=conv) -> list[Message]:
+            try:
+                images = load_conversation_images(conv)
+            except InputError as exc:  # name the image as well as the line
+                raise InputError(exc.path, f"{exc.path}: {exc.reason}") from None
+            return [Message(t.role, t.text, tuple(ims)) for t, ims in zip(conv.turns, images)]
+
+        jobs.append(Job(f"{chat_path}#{conv.key}", conv.turns[-1].text, load))
+    return jobs
 
 
 @dataclass
@@ -47,7 +96,7 @@ class BatchSummary:
         return self.baseline_wall_s / self.stats.wall_s
 
 
-def base_record(session, item: InputItem, prompt: str) -> dict:
+def base_record(session, item: Job, prompt: str) -> dict:
     p = session.profile
     return {
         "input": item.path,
@@ -65,14 +114,14 @@ def base_record(session, item: InputItem, prompt: str) -> dict:
     }
 
 
-def caption_one(session, item: InputItem, prompt: str, compare: bool,
+def caption_one(session, item: Job, compare: bool,
                 on_tokens: Callable[[int, int], None] | None = None) -> dict:
-    """Decode one input; raises InputError for input problems."""
+    """Decode one job; raises InputError for input problems."""
     if item.error:
         raise InputError(item.path, item.error)
-    image = load_image(item.path)
+    prompt = item.prompt
     p = session.profile
-    request = Request([Message("user", prompt, (image,))], max_new_tokens=p.generation.max_new_tokens,
+    request = Request(item.load(), max_new_tokens=p.generation.max_new_tokens,
                       seed=p.sampling.seed, request_id=item.path)
     progress = (lambda st: on_tokens(len(st.tokens), request.max_new_tokens)) if on_tokens else None
     result = session.engine.generate(request, progress=progress)
@@ -93,14 +142,14 @@ def caption_one(session, item: InputItem, prompt: str, compare: bool,
     return record
 
 
-def run_batch(session, items: list[InputItem], prompt: str, events: CaptionEvents,
+def run_batch(session, items: list[Job], events: CaptionEvents,
               sink: JsonlSink | None = None, compare: bool = False,
               emit: Callable[[dict], None] | None = None) -> BatchSummary:
     summary = BatchSummary(items=len(items))
     done = sink.done_keys() if sink is not None else set()
     todo = []
     for item in items:
-        if record_key({"task": TASK, "input": item.path, "prompt": prompt}) in done:
+        if record_key({"task": TASK, "input": item.path, "prompt": item.prompt}) in done:
             summary.skipped += 1
         else:
             todo.append(item)
@@ -108,11 +157,11 @@ def run_batch(session, items: list[InputItem], prompt: str, events: CaptionEvent
     for item in todo:
         events.item_started(item)
         try:
-            record = caption_one(session, item, prompt, compare,
+            record = caption_one(session, item, compare,
                                  on_tokens=lambda n, limit, it=item: events.tokens(it, n, limit))
         except Exception as exc:  # one input's failure never stops the batch
             reason = exc.reason if isinstance(exc, InputError) else f"failed: {type(exc).__name__}: {exc}"
-            record = base_record(session, item, prompt)
+            record = base_record(session, item, item.prompt)
             record["error"] = reason
             summary.failures += 1
             if sink is not None:

@@ -1,0 +1,274 @@
+"""Tests for vlmspec_cli.tasks.chat (conversation JSONL for ``caption --chat``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from vlmspec_cli.tasks.chat import (
+    ChatLineError,
+    ChatTurn,
+    Conversation,
+    load_conversation_images,
+    read_chat_file,
+)
+from vlmspec_cli.tasks.inputs import REASON_EMPTY, REASON_IS_DIR, REASON_MISSING, InputError
+
+
+def _png(p: Path, colour: tuple[int, int, int] = (200, 0, 0), size: tuple[int, int] = (5, 3)) -> Path:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, colour).save(p, format="PNG")
+    return p
+
+
+def _user(text: str, images: list[str] | None = None) -> dict:
+    return {"role": "user", "text": text, **({"images": images} if images is not None else {})}
+
+
+def _write(path: Path, lines: list[object]) -> Path:
+    """Dicts are dumped as JSON; strings are written verbatim."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+GOOD = {"messages": [_user("hi")]}
+
+
+# ------------------------------------------------------------------ good files
+
+
+def test_multi_turn_with_images_resolves_relative_paths(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _png(data / "imgs" / "a.png", (255, 0, 0))
+    _png(data / "b.png", (0, 0, 255), size=(7, 2))
+    absolute = str(_png(tmp_path / "elsewhere" / "c.png", (0, 255, 0)))
+    conv = {
+        "id": "conv-1",
+        "messages": [
+            _user("describe the image.", ["imgs/a.png", absolute]),
+            {"role": "assistant", "text": "a red circle"},
+            _user("and this one?", ["b.png"]),
+        ],
+    }
+    f = _write(data / "chat.jsonl", [conv])
+    [c] = read_chat_file(str(f))
+    assert isinstance(c, Conversation)
+    assert (c.key, c.line) == ("conv-1", 1)
+    assert c.turns == [
+        ChatTurn("user", "describe the image.", (os.path.join(str(data), "imgs/a.png"), absolute)),
+        ChatTurn("assistant", "a red circle", ()),
+        ChatTurn("user", "and this one?", (os.path.join(str(data), "b.png"),)),
+    ]
+    images = load_conversation_images(c)
+    assert [len(t) for t in images] == [2, 0, 1]
+    assert images[0][0].getpixel((0, 0)) == (255, 0, 0)
+    assert images[0][1].getpixel((0, 0)) == (0, 255, 0)
+    assert images[2][0].size == (7, 2) and images[2][0].mode == "RGB"
+
+
+def test_relative_chat_path_keeps_relative_image_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _png(tmp_path / "sub" / "x.png")
+    _write(tmp_path / "sub" / "c.jsonl", [{"messages": [_user("look", ["x.png"])]}])
+    [c] = read_chat_file("sub/c.jsonl")
+    assert c.turns[0].image_paths == (os.path.join("sub", "x.png"),)
+    assert load_conversation_images(c)[0][0].size == (5, 3)
+
+
+def test_text_only_default_and_int_ids_blank_and_comment_lines(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path / "talk.jsonl",
+        [
+            "# a comment",
+            "",
+            {"messages": [_user("hello"), {"role": "assistant", "text": "hi"}, _user("bye")]},
+            "   ",
+            "   # indented comment",
+            {"id": 7, "messages": [_user("seven")]},
+        ],
+    )
+    a, b = read_chat_file(str(f))
+    assert isinstance(a, Conversation) and isinstance(b, Conversation)
+    assert (a.key, a.line) == ("talk.jsonl:3", 3)
+    assert [(t.role, t.text) for t in a.turns] == [("user", "hello"), ("assistant", "hi"), ("user", "bye")]
+    assert all(t.image_paths == () for t in a.turns)
+    assert load_conversation_images(a) == [[], [], []]
+    assert (b.key, b.line) == ("7", 6)
+
+
+def test_crlf_and_utf8_bom_accepted(tmp_path: Path) -> None:
+    f = tmp_path / "win.jsonl"
+    line = json.dumps({"id": "w", "messages": [_user("caf\u00e9")]}).encode()
+    f.write_bytes(b"\xef\xbb\xbf" + line + b"\r\n")
+    [c] = read_chat_file(str(f))
+    assert c.key == "w" and c.turns[0].text == "caf\u00e9"
+
+
+# ------------------------------------------------------------------- bad lines
+
+BAD_LINES: list[tuple[object, str]] = [
+    ('{"messages": [{"role": "user" "text": "x"}]}', "not valid JSON (Expecting ',' delimiter at column 31)"),
+    ('  {"id": 1,}', "not valid JSON (Expecting property name enclosed in double quotes at column 12)"),
+    ({"id": "m"}, "missing 'messages'"),
+    ({"messages": []}, "'messages' is empty"),
+    ({"messages": "hi"}, "'messages' must be a list, got string"),
+    ({"messages": [_user("a"), {"role": "user"}]}, "message 2 has no text"),
+    ({"messages": [_user("")]}, "message 1 has empty text"),
+    ({"messages": [_user("   ")]}, "message 1 has empty text"),
+    ({"messages": [{"role": "user", "text": 3}]}, "message 1: text must be a string, got int"),
+    (
+        {"messages": [{"role": "system", "text": "x"}, _user("y")]},
+        "message 1: role \"system\" is not 'user' or 'assistant'",
+    ),
+    ({"messages": [{"text": "x"}]}, "message 1 has no role"),
+    ({"messages": ["x"]}, "message 1 must be an object, got string"),
+    (
+        {"messages": [_user("a"), {"role": "assistant", "text": "b", "images": ["a.png"]}, _user("c")]},
+        "message 2: images are only allowed on user messages",
+    ),
+    ({"messages": [_user("a", "a.png")]}, "message 1: 'images' must be a list of paths, got string"),
+    ({"messages": [_user("a", ["ok.png", 5])]}, "message 1: image 2 must be a non-empty path string"),
+    (
+        {"messages": [{"role": "user", "text": "a", "imgs": ["a.png"]}]},
+        "message 1: unknown key 'imgs' (did you mean 'images'?)",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "a"}]},
+        "message 1: unknown key 'content' (did you mean 'text'?)",
+    ),
+    ({"content": "a"}, "unknown key 'content'"),  # 'text' is no conversation key
+    ({"mesages": [_user("a")]}, "unknown key 'mesages' (did you mean 'messages'?)"),
+    ({"messages": [_user("a")], "max_new_tokens": 5}, "unknown key 'max_new_tokens'"),
+    ({"messages": [_user("a"), {"role": "assistant", "text": "b"}]}, "last message must be from the user"),
+    ({"id": ["x"], "messages": [_user("a")]}, "'id' must be a non-empty string or an integer"),
+    ('{"messages": [{"role": "user", "text": "a", "text": "b"}]}', "duplicate key 'text' in a JSON object"),
+    ("[1, 2]", "expected a JSON object, got list"),
+    ("[" * 100_000, "not valid JSON (nested too deeply)"),
+]
+
+
+@pytest.mark.parametrize("bad, reason", BAD_LINES, ids=[r for _, r in BAD_LINES])
+def test_bad_line_is_reported_and_good_lines_kept(tmp_path: Path, bad: object, reason: str) -> None:
+    f = _write(tmp_path / "c.jsonl", [{"id": "first", **GOOD}, "# comment", bad, {"id": "last", **GOOD}])
+    results = read_chat_file(str(f))
+    assert [type(r) for r in results] == [Conversation, ChatLineError, Conversation]
+    first, err, last = results
+    assert (first.key, first.line, last.key, last.line) == ("first", 1, "last", 4)
+    assert err.line == 3
+    assert err.reason == f"line 3: {reason}"
+    assert "\n" not in err.reason
+    expected_key = "m" if isinstance(bad, dict) and bad.get("id") == "m" else "c.jsonl:3"
+    assert err.key == expected_key
+
+
+def test_duplicate_id_keeps_first_and_reports_second(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path / "c.jsonl",
+        [
+            {"id": "x", **GOOD},
+            {"id": "y", **GOOD},
+            "",
+            {"id": "x", "messages": [_user("again")]},
+            {"id": 2, **GOOD},
+            {"id": "2", **GOOD},
+        ],
+    )
+    results = read_chat_file(str(f))
+    assert [(type(r).__name__, r.key, r.line) for r in results] == [
+        ("Conversation", "x", 1),
+        ("Conversation", "y", 2),
+        ("ChatLineError", "x", 4),
+        ("Conversation", "2", 5),
+        ("ChatLineError", "2", 6),
+    ]
+    assert results[2].reason == "line 4: duplicate id 'x' (first on line 1)"
+    assert results[4].reason == "line 6: duplicate id '2' (first on line 5)"
+
+
+def test_only_bad_lines_returns_errors_not_raise(tmp_path: Path) -> None:
+    f = _write(tmp_path / "c.jsonl", ["{oops", {"messages": []}])
+    results = read_chat_file(str(f))
+    assert [(type(r), r.line) for r in results] == [(ChatLineError, 1), (ChatLineError, 2)]
+
+
+# ------------------------------------------------------------------ images
+
+
+def test_missing_image_raises_naming_image_and_line(tmp_path: Path) -> None:
+    _png(tmp_path / "ok.png")
+    f = _write(
+        tmp_path / "c.jsonl",
+        [
+            "# header",
+            {"id": "good", "messages": [_user("a", ["ok.png"])]},
+            {
+                "id": "bad",
+                "messages": [
+                    _user("a", ["ok.png"]),
+                    {"role": "assistant", "text": "b"},
+                    _user("c", ["gone.png"]),
+                ],
+            },
+        ],
+    )
+    good, bad = read_chat_file(str(f))  # reading never opens images
+    assert len(load_conversation_images(good)[0]) == 1
+    with pytest.raises(InputError) as ei:
+        load_conversation_images(bad)
+    assert ei.value.path == str(tmp_path / "gone.png")
+    assert ei.value.reason == f"line 3: message 3: {REASON_MISSING}"
+    assert str(ei.value) == f"{tmp_path / 'gone.png'}: line 3: message 3: {REASON_MISSING}"
+
+
+def test_broken_image_raises_naming_image_and_line(tmp_path: Path) -> None:
+    (tmp_path / "notes.png").write_text("just some text, not an image\n")
+    f = _write(tmp_path / "c.jsonl", [{"messages": [_user("a", ["notes.png"])]}])
+    [c] = read_chat_file(str(f))
+    with pytest.raises(InputError) as ei:
+        load_conversation_images(c)
+    assert ei.value.path == str(tmp_path / "notes.png")
+    assert ei.value.reason.startswith("line 1: message 1: not an image")
+
+
+# ------------------------------------------------------------- unusable file
+
+
+def test_missing_chat_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as ei:
+        read_chat_file(str(tmp_path / "nope.jsonl"))
+    assert (ei.value.path, ei.value.reason) == (str(tmp_path / "nope.jsonl"), REASON_MISSING)
+
+
+def test_empty_chat_file(tmp_path: Path) -> None:
+    (tmp_path / "e.jsonl").write_bytes(b"")
+    with pytest.raises(InputError) as ei:
+        read_chat_file(str(tmp_path / "e.jsonl"))
+    assert ei.value.reason == REASON_EMPTY
+
+
+def test_comments_only_chat_file(tmp_path: Path) -> None:
+    f = _write(tmp_path / "c.jsonl", ["# nothing here", "", "  "])
+    with pytest.raises(InputError, match="holds no conversations"):
+        read_chat_file(str(f))
+
+
+def test_directory_as_chat_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as ei:
+        read_chat_file(str(tmp_path))
+    assert (ei.value.path, ei.value.reason) == (str(tmp_path), REASON_IS_DIR)
+
+
+def test_non_utf8_chat_file(tmp_path: Path) -> None:
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes(json.dumps({"messages": [_user("x")]}).encode() + b"\n" + b'{"id": "caf\xe9"}\n')
+    with pytest.raises(InputError) as ei:
+        read_chat_file(str(f))
+    assert ei.value.reason.startswith("not UTF-8 text")

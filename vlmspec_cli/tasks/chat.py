@@ -1,0 +1,254 @@
+"""Conversation files for ``vlmspec caption --chat FILE``.
+
+The file is UTF-8 JSONL: one conversation per line; blank lines and lines
+whose first non-blank character is ``#`` are skipped.  A conversation::
+
+    {"id": "conv-1", "messages": [
+        {"role": "user", "text": "describe the image.", "images": ["a.png"]},
+        {"role": "assistant", "text": "a red circle ..."},
+        {"role": "user", "text": "what colour was the circle?"}]}
+
+(written on a single line in the file).
+
+* ``id`` (optional): a non-empty string or an integer; unique within the
+  file.  Default: ``"<file name>:<line number>"``.
+* ``messages``: a non-empty list.  Each message has ``role`` (``"user"`` or
+  ``"assistant"``) and ``text`` (a non-empty string); user messages may also
+  have ``images``, a list of image paths, relative ones resolved against the
+  directory of the JSONL file.  The last message must be from the user: the
+  model writes the next assistant turn.
+* Nothing else: an unknown key in a conversation or a message is an error
+  (with a suggestion when a valid key is close).
+
+Principle (as in :mod:`vlmspec_cli.tasks.inputs`): a bad line never loses
+the good ones.  :func:`read_chat_file` turns each bad line into a
+:class:`ChatLineError` and raises :class:`InputError` only when the file
+itself is unusable.  Images are loaded later, per conversation, by
+:func:`load_conversation_images`.
+
+This module knows nothing about the UI (no click/rich imports).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+from vlmspec_cli.tasks.inputs import (
+    REASON_BROKEN_LINK,
+    REASON_EMPTY,
+    REASON_IS_DIR,
+    REASON_MISSING,
+    REASON_NOT_REGULAR,
+    InputError,
+    _os_reason,
+    load_image,
+)
+
+__all__ = ["ChatTurn", "Conversation", "ChatLineError", "read_chat_file", "load_conversation_images"]
+
+ROLES = ("user", "assistant")
+CONVERSATION_KEYS = ("id", "messages")
+MESSAGE_KEYS = ("role", "text", "images")
+# Common spellings from other chat formats that difflib would not find.
+_KEY_HINTS = {"content": "text"}
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    role: str  # "user" or "assistant"
+    text: str
+    image_paths: tuple[str, ...] = ()  # resolved against the file's directory
+
+
+@dataclass
+class Conversation:
+    key: str  # the id, or "<file name>:<line number>"
+    line: int  # 1-based line number in the file
+    turns: list[ChatTurn]
+
+
+@dataclass(frozen=True)
+class ChatLineError:
+    line: int
+    key: str  # the id when it could be parsed, else "<file name>:<line number>"
+    reason: str  # one line, starting with "line N: "
+
+
+class _LineError(Exception):
+    """Internal: what is wrong with one line (without the ``line N:`` prefix)."""
+
+
+_JSON_TYPES = {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}
+
+
+def _type_name(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _check_keys(obj: dict, valid: tuple[str, ...], where: str) -> None:
+    for key in obj:
+        if key not in valid:
+            hinted = _KEY_HINTS.get(key)
+            near = [hinted] if hinted in valid else difflib.get_close_matches(key, valid, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise _LineError(f"{where}unknown key '{key}'{hint}")
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    obj: dict = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _LineError(f"duplicate key '{key}' in a JSON object")
+        obj[key] = value
+    return obj
+
+
+def _parse_id(conv: Any) -> str | None:
+    """The conversation's id as a key, or ``None`` when absent or invalid."""
+    if not isinstance(conv, dict) or "id" not in conv:
+        return None
+    value = conv["id"]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    return str(value) if str(value) else None
+
+
+def _parse_message(i: int, msg: Any, base_dir: str) -> ChatTurn:
+    if not isinstance(msg, dict):
+        raise _LineError(f"message {i} must be an object, got {_type_name(msg)}")
+    _check_keys(msg, MESSAGE_KEYS, f"message {i}: ")
+    if "role" not in msg:
+        raise _LineError(f"message {i} has no role")
+    role = msg["role"]
+    if role not in ROLES:
+        raise _LineError(f"message {i}: role {json.dumps(role)} is not 'user' or 'assistant'")
+    if "text" not in msg:
+        raise _LineError(f"message {i} has no text")
+    text = msg["text"]
+    if not isinstance(text, str):
+        raise _LineError(f"message {i}: text must be a string, got {_type_name(text)}")
+    if not text.strip():
+        raise _LineError(f"message {i} has empty text")
+    images = msg.get("images", [])
+    if "images" in msg and role != "user":
+        raise _LineError(f"message {i}: images are only allowed on user messages")
+    if not isinstance(images, list):
+        raise _LineError(f"message {i}: 'images' must be a list of paths, got {_type_name(images)}")
+    paths: list[str] = []
+    for j, p in enumerate(images, 1):
+        if not isinstance(p, str) or not p:
+            raise _LineError(f"message {i}: image {j} must be a non-empty path string")
+        paths.append(p if os.path.isabs(p) else os.path.join(base_dir, p))
+    return ChatTurn(role=role, text=text, image_paths=tuple(paths))
+
+
+def _parse_conversation(conv: Any, base_dir: str) -> list[ChatTurn]:
+    if not isinstance(conv, dict):
+        raise _LineError(f"expected a JSON object, got {_type_name(conv)}")
+    _check_keys(conv, CONVERSATION_KEYS, "")
+    if "id" in conv and _parse_id(conv) is None:
+        raise _LineError("'id' must be a non-empty string or an integer")
+    if "messages" not in conv:
+        raise _LineError("missing 'messages'")
+    messages = conv["messages"]
+    if not isinstance(messages, list):
+        raise _LineError(f"'messages' must be a list, got {_type_name(messages)}")
+    if not messages:
+        raise _LineError("'messages' is empty")
+    turns = [_parse_message(i, m, base_dir) for i, m in enumerate(messages, 1)]
+    if turns[-1].role != "user":
+        raise _LineError("last message must be from the user")
+    return turns
+
+
+def _read_text(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(path, REASON_BROKEN_LINK if os.path.islink(path) else REASON_MISSING) from None
+    except OSError as e:
+        raise InputError(path, _os_reason(e)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(path, REASON_IS_DIR)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(path, REASON_NOT_REGULAR)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        raise InputError(path, _os_reason(e)) from None
+    if not data:
+        raise InputError(path, REASON_EMPTY)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(path, f"not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+def read_chat_file(path: str) -> list[Conversation | ChatLineError]:
+    """Parse a conversation JSONL file; results in file order.
+
+    Never raises for a bad line (it becomes a :class:`ChatLineError`); raises
+    :class:`InputError` when the file is missing, a directory, unreadable,
+    empty, not UTF-8, or holds only blank and comment lines.  Images are not
+    opened here (see :func:`load_conversation_images`).
+    """
+    path = os.fspath(path)
+    text = _read_text(path)
+    name = os.path.basename(path)
+    base_dir = os.path.dirname(path)
+    out: list[Conversation | ChatLineError] = []
+    first_line: dict[str, int] = {}
+    # split on "\n" only: str.splitlines() would also split at U+2028 etc.,
+    # which JSON allows unescaped inside strings
+    for n, raw in enumerate(text.split("\n"), 1):
+        s = raw.strip()
+        if not s or s.startswith("#"):
+            continue
+        key = f"{name}:{n}"
+        try:
+            try:  # parse the raw line so error columns match the file
+                conv = json.loads(raw, object_pairs_hook=_reject_duplicate_keys)
+            except json.JSONDecodeError as e:
+                raise _LineError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:
+                raise _LineError("not valid JSON (nested too deeply)") from None
+            except ValueError as e:  # e.g. an integer too long to convert
+                raise _LineError(f"not valid JSON ({e})") from None
+            key = _parse_id(conv) or key
+            turns = _parse_conversation(conv, base_dir)
+            if key in first_line:
+                raise _LineError(f"duplicate id '{key}' (first on line {first_line[key]})")
+        except _LineError as e:
+            out.append(ChatLineError(line=n, key=key, reason=f"line {n}: {e}"))
+            continue
+        first_line[key] = n
+        out.append(Conversation(key=key, line=n, turns=turns))
+    if not out:
+        raise InputError(path, "holds no conversations (only blank and comment lines)")
+    return out
+
+
+def load_conversation_images(conv: Conversation) -> list[list[Image.Image]]:
+    """Load each turn's images (one list per turn, empty for text-only turns).
+
+    Raises :class:`InputError` for the first image that cannot be used; its
+    ``path`` is the image and its reason starts with ``line N: message M:``.
+    """
+    loaded: list[list[Image.Image]] = []
+    for i, turn in enumerate(conv.turns, 1):
+        images: list[Image.Image] = []
+        for p in turn.image_paths:
+            try:
+                images.append(load_image(p))
+            except InputError as e:
+                raise InputError(e.path, f"line {conv.line}: message {i}: {e.reason}") from None
+        loaded.append(images)
+    return loaded
