@@ -3,7 +3,9 @@ runs once per request, in a worker thread so that it overlaps the target's prefi
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -20,28 +22,49 @@ class Captioner:
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self._pool: ThreadPoolExecutor | None = None
+        self._cache: OrderedDict[str, str] = OrderedDict()
+        self.cache_size = 256
 
     @torch.inference_mode()
-    def caption(self, image) -> str:
-        """Greedy caption of one image."""
+    def caption_batch(self, images: list) -> list[str]:
+        """Greedy captions of several images in one batched generate() (left padding)."""
         lm = self.lm
-        if isinstance(lm.adapter, ImageToTextAdapter):
-            inputs = lm.adapter.encode(lm, self.prompt, [image])
-        else:  # a chat VLM (e.g. a small Llava): the prompt goes through its chat template
-            text = lm.adapter.prompt_text(lm, [Message("user", self.prompt, (image,))])
-            inputs = lm.adapter.encode(lm, text, [image])
         tok = lm.tokenizer
+        if isinstance(lm.adapter, ImageToTextAdapter):
+            inputs = lm.processor(images=list(images), text=[self.prompt] * len(images) if self.prompt else None,
+                                  return_tensors="pt", padding=True)
+        else:  # a chat VLM (e.g. a small Llava): the prompt goes through its chat template
+            text = lm.adapter.prompt_text(lm, [Message("user", self.prompt, (images[0],))])
+            side, tok.padding_side = tok.padding_side, "left"
+            try:
+                inputs = lm.processor(images=list(images), text=[text] * len(images),
+                                      return_tensors="pt", padding=True)
+            finally:
+                tok.padding_side = side
+        inputs = {k: (v.to(lm.device, dtype=lm.dtype) if v.is_floating_point() else v.to(lm.device))
+                  for k, v in inputs.items()}
         out = lm.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                pad_token_id=tok.pad_token_id or tok.eos_token_id)
+                                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
+                                else tok.eos_token_id)
         if not getattr(lm.model.config, "is_encoder_decoder", False):
             out = out[:, inputs["input_ids"].shape[1]:]  # decoder-only: drop the prompt
-        return tok.decode(out[0], skip_special_tokens=True).strip()
+        return [t.strip() for t in tok.batch_decode(out, skip_special_tokens=True)]
 
     def caption_all(self, images: list) -> tuple[list[str], float]:
-        """Captions of every image, and the seconds it took."""
+        """Captions of every image (cached by pixel content: a conversation's second turn
+        or a repeated image costs nothing), and the seconds it took."""
         t0 = time.perf_counter()
-        captions = [self.caption(im) for im in images]
-        return captions, time.perf_counter() - t0
+        keys = [_image_key(im) for im in images]
+        todo = list(dict.fromkeys(k for k in keys if k not in self._cache))
+        if todo:
+            first = {k: im for k, im in zip(keys, images) if k in todo}
+            for key, text in zip(todo, self.caption_batch([first[k] for k in todo])):
+                self._cache[key] = text
+        for key in keys:
+            self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return [self._cache[k] for k in keys], time.perf_counter() - t0
 
     def submit(self, images: list) -> Future:
         """Caption in the background (torch releases the GIL in its kernels, so this runs
@@ -49,3 +72,9 @@ class Captioner:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="captioner")
         return self._pool.submit(self.caption_all, list(images))
+
+
+def _image_key(image) -> str:
+    digest = hashlib.blake2b(image.tobytes(), digest_size=16)
+    digest.update(f"{image.mode}{image.size}".encode())
+    return digest.hexdigest()
