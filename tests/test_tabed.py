@@ -270,7 +270,7 @@ def test_ensemble_samples_from_the_mixture_it_hands_to_verification(zoo_target, 
     from scipy.stats import chisquare
 
     params = SamplingParams(1.0)
-    image = fresh_scenes(1, seed=99)[0][1]
+    image = fresh_scenes(1, seed=5)[0][1]  # a scene where M's and T's first tokens differ
     req = Request([Message("user", "describe the image.", (image,))], max_new_tokens=8, seed=3)
     image_token = zoo_target.adapter.image_token(zoo_target)
 

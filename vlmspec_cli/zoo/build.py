@@ -78,22 +78,45 @@ def make_model(tok, text: dict, vision: dict, seed: int) -> LlavaForConditionalG
     return model
 
 
-def encode_example(tok, turns) -> tuple[list[int], list[int], list]:
-    """Token ids, labels (assistant text + </s> only) and images of one conversation."""
+# drafting inputs the draft also trains on (TABED App. I.2 prompts, members.py): images
+# replaced by "\n" (text, T) or by "image: <caption>\n" (caption, C)
+DRAFT_INPUT_MIX = {"multimodal": 0.6, "text": 0.2, "caption": 0.2}
+
+
+def _replace_images(text: str, image_token: str, replacements: list[str]) -> str:
+    parts = text.split(image_token)
+    assert len(parts) - 1 == len(replacements)
+    return parts[0] + "".join(r + rest for r, rest in zip(replacements, parts[1:]))
+
+
+def encode_example(tok, turns, variant: str = "multimodal", rng: random.Random | None = None
+                   ) -> tuple[list[int], list[int], list]:
+    """Token ids, labels (assistant text + </s> only) and images of one conversation, read
+    through a drafting input ``variant`` (multimodal, text or caption)."""
     ids: list[int] = []
     labels: list[int] = []
     images: list = []
     msgs: list[dict] = []
+    pending: list[str] = []  # replacements for the image placeholders not yet encoded
     rendered = ""
     for turn in turns:
         content = [{"type": "image"} for _ in turn.images] + [{"type": "text", "text": turn.text}]
         msgs.append({"role": turn.role, "content": content})
         if turn.role == "user":
-            images.extend(turn.images)
+            if variant == "multimodal":
+                images.extend(turn.images)
+            elif variant == "text":
+                pending += ["\n"] * len(turn.images)
+            else:
+                pending += [f"image: {world.caption(sc, rng)}\n" for sc in turn.scenes]
             continue
         prefix = tok.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
         full = tok.apply_chat_template(msgs, tokenize=False)
-        head = tok(prefix[len(rendered):], add_special_tokens=False)["input_ids"]
+        head_text = prefix[len(rendered):]
+        if pending:
+            head_text = _replace_images(head_text, tok.image_token, pending)
+            pending = []
+        head = tok(head_text, add_special_tokens=False)["input_ids"]
         answer = tok(full[len(prefix):], add_special_tokens=False)["input_ids"]
         ids += head + answer
         labels += [-100] * len(head) + answer
@@ -106,15 +129,20 @@ def encode_example(tok, turns) -> tuple[list[int], list[int], list]:
     return out_ids, out_labels, images
 
 
-def make_dataset(processor, n: int, seed: int, weights: dict | None = None
+def make_dataset(processor, n: int, seed: int, weights: dict | None = None,
+                 inputs: dict[str, float] | None = None
                  ) -> list[tuple[list[int], list[int], torch.Tensor | None]]:
-    """Conversations encoded exactly as at inference: the processor makes the pixels."""
+    """Conversations encoded exactly as at inference: the processor makes the pixels.
+    ``inputs``: the share of examples read through each drafting input (default: all
+    multimodal); a separate generator picks them, so the conversations stay the same."""
     rng = random.Random(seed)
+    pick = random.Random(seed + 7919)
     tok = processor.tokenizer
     data = []
     for _ in range(n):
         _, turns = world.sample_mix(rng, weights)
-        ids, labels, images = encode_example(tok, turns)
+        variant = pick.choices(list(inputs), weights=list(inputs.values()))[0] if inputs else "multimodal"
+        ids, labels, images = encode_example(tok, turns, variant, pick)
         pix = processor.image_processor(images, return_tensors="pt")["pixel_values"] if images else None
         data.append((ids, labels, pix))
     return data
@@ -273,7 +301,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=WEIGHTS)
     ap.add_argument("--examples", type=int, default=30000)
     ap.add_argument("--target-steps", type=int, default=2200)
-    ap.add_argument("--draft-steps", type=int, default=1200)
+    ap.add_argument("--draft-steps", type=int, default=1600)
     ap.add_argument("--captioner-steps", type=int, default=3000)
     ap.add_argument("--vision-steps", type=int, default=1500)
     ap.add_argument("--eval-only", action="store_true",
@@ -295,7 +323,7 @@ def main(argv=None) -> None:
     report.update({"seed": args.seed, "examples": args.examples})
     datasets: dict[str, list] = {}
     models = {  # name: text config, vision config, steps, lr, conversation mix
-        "llava-draft": (DRAFT_TEXT, DRAFT_VISION, args.draft_steps, 3e-3, "mix"),
+        "llava-draft": (DRAFT_TEXT, DRAFT_VISION, args.draft_steps, 3e-3, "draft-mix"),
         "llava-target": (TARGET_TEXT, TARGET_VISION, args.target_steps, 2e-3, "mix"),
         "captioner": (CAPTIONER_TEXT, DRAFT_VISION, args.captioner_steps, 3e-3, "caption"),
     }
@@ -310,8 +338,9 @@ def main(argv=None) -> None:
     for name in args.only or list(models):
         text, vision, steps, lr, mix = models[name]
         if mix not in datasets:
-            weights = None if mix == "mix" else {mix: 1.0}
-            datasets[mix] = make_dataset(processor, args.examples, args.seed + 1, weights)
+            weights = {mix: 1.0} if mix == "caption" else None
+            inputs = DRAFT_INPUT_MIX if mix == "draft-mix" else None
+            datasets[mix] = make_dataset(processor, args.examples, args.seed + 1, weights, inputs)
             data = datasets[mix]
             print(f"{mix}: {len(data)} examples, vocab {len(tok)}, mean length "
                   f"{sum(len(d[0]) for d in data) / len(data):.0f} tokens", flush=True)

@@ -401,39 +401,46 @@ class Turn:
     role: str  # "user" or "assistant"
     text: str
     images: tuple = ()  # PIL images shown before the text (user turns only)
+    scenes: tuple = ()  # the scene graph of each image (for captions, labels)
+
+
+def _user(text: str, scenes: tuple, image_size: int, with_images: bool) -> Turn:
+    if not with_images:
+        return Turn("user", text)
+    return Turn("user", text, tuple(render(s, image_size) for s in scenes), tuple(scenes))
 
 
 def _first_exchange(rng, image_size, with_images) -> tuple[Scene, list[Turn]]:
     scene = sample_scene(rng)
-    images = (render(scene, image_size),) if with_images else ()
     if rng.random() < 0.5:
         question, answer = rng.choice(CAPTION_PROMPTS), caption(scene, rng)
     else:
         question, answer = rng.choice(qa_pairs(scene, rng))
-    return scene, [Turn("user", question, images), Turn("assistant", answer)]
+    return scene, [_user(question, (scene,), image_size, with_images), Turn("assistant", answer)]
 
 
 def _conversation(rng: random.Random, kind: str, image_size: int, with_images: bool) -> list[Turn]:
-    draw = (lambda *scenes: tuple(render(s, image_size) for s in scenes)) if with_images \
-        else (lambda *scenes: ())
+    def user(text: str, *scenes: Scene) -> Turn:
+        return _user(text, scenes, image_size, with_images)
+
     if kind == "caption":
         scene = sample_scene(rng)
-        return [Turn("user", rng.choice(CAPTION_PROMPTS), draw(scene)),
+        return [user(rng.choice(CAPTION_PROMPTS), scene),
                 Turn("assistant", caption(scene, rng))]
     if kind == "qa":
         scene = sample_scene(rng)
         question, answer = rng.choice(qa_pairs(scene, rng))
-        return [Turn("user", question, draw(scene)), Turn("assistant", answer)]
+        return [user(question, scene), Turn("assistant", answer)]
     if kind == "difference":
         scene = sample_scene(rng)
         variant = make_variant(scene, rng)
-        return [Turn("user", rng.choice(DIFFERENCE_PROMPTS), draw(scene, variant)),
+        return [user(rng.choice(DIFFERENCE_PROMPTS), scene, variant),
                 Turn("assistant", difference(scene, variant, rng))]
     if kind == "story":
         scenes = [sample_scene(rng)]
         for _ in range(4):
             scenes.append(make_variant(scenes[-1], rng))
-        return [Turn("user", rng.choice(STORY_PROMPTS), draw(*scenes)),
+        return [user(rng.choice(STORY_PROMPTS), *scenes),
                 Turn("assistant", story(scenes, rng))]
     if kind == "followup":
         scene, turns = _first_exchange(rng, image_size, with_images)
