@@ -34,22 +34,12 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
 
-from vlmspec_cli.tasks.inputs import (
-    REASON_BROKEN_LINK,
-    REASON_EMPTY,
-    REASON_IS_DIR,
-    REASON_MISSING,
-    REASON_NOT_REGULAR,
-    InputError,
-    _os_reason,
-    load_image,
-)
+from vlmspec_cli.tasks.inputs import InputError, load_image, read_regular_file
 
 __all__ = ["ChatTurn", "Conversation", "ChatLineError", "read_chat_file", "load_conversation_images"]
 
@@ -169,23 +159,7 @@ def _parse_conversation(conv: Any, base_dir: str) -> list[ChatTurn]:
 
 
 def _read_text(path: str) -> str:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise InputError(path, REASON_BROKEN_LINK if os.path.islink(path) else REASON_MISSING) from None
-    except OSError as e:
-        raise InputError(path, _os_reason(e)) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(path, REASON_IS_DIR)
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(path, REASON_NOT_REGULAR)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as e:
-        raise InputError(path, _os_reason(e)) from None
-    if not data:
-        raise InputError(path, REASON_EMPTY)
+    data = read_regular_file(path)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -385,15 +385,8 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
-def load_image(path: str) -> Image.Image:
-    """Fully decode ``path`` into an RGB image or raise :class:`InputError`.
-
-    The file is read into memory once (no file handle outlives the call), the
-    image is opened from the bytes, fully decoded with ``.load()`` and
-    converted to RGB.  EXIF orientation is applied (best effort).  Animated
-    images yield their first frame.
-    """
-    path = os.fspath(path)
+def read_regular_file(path: str) -> bytes:
+    """The bytes of a regular, non-empty file; InputError naming why not otherwise."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -413,6 +406,19 @@ def load_image(path: str) -> Image.Image:
         raise InputError(path, _os_reason(e)) from None
     if not data:  # emptied between stat and read
         raise InputError(path, REASON_EMPTY)
+    return data
+
+
+def load_image(path: str) -> Image.Image:
+    """Fully decode ``path`` into an RGB image or raise :class:`InputError`.
+
+    The file is read into memory once (no file handle outlives the call), the
+    image is opened from the bytes, fully decoded with ``.load()`` and
+    converted to RGB.  EXIF orientation is applied (best effort).  Animated
+    images yield their first frame.
+    """
+    path = os.fspath(path)
+    data = read_regular_file(path)
 
     # Our contract: truncated images fail.  Something else in the process may
     # have flipped this global; the loader relies on it being False.
