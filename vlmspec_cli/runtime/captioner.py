@@ -44,11 +44,13 @@ class Captioner:
                 tok.padding_side = side
         inputs = {k: (v.to(lm.device, dtype=lm.dtype) if v.is_floating_point() else v.to(lm.device))
                   for k, v in inputs.items()}
-        out = lm.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None
-                                else tok.eos_token_id)
+        gen = lm.model.generation_config
+        if gen.pad_token_id is None:  # batched generate() pads finished rows
+            gen.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        # (some families' generate(), e.g. BLIP's, pass pad_token_id themselves)
+        out = lm.model.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=False)
         if not getattr(lm.model.config, "is_encoder_decoder", False):
-            out = out[:, inputs["input_ids"].shape[1]:]  # decoder-only: drop the prompt
+            out = out[:, _echoed_prompt(out, inputs["input_ids"]):]  # drop the prompt
         return [t.strip() for t in tok.batch_decode(out, skip_special_tokens=True)]
 
     def caption_all(self, images: list) -> tuple[list[str], float]:
@@ -90,6 +92,14 @@ class Captioner:
             return result
 
         return self._pool.submit(run)
+
+def _echoed_prompt(out: torch.Tensor, prompt: torch.Tensor) -> int:
+    """How many leading tokens of generate()'s output repeat the prompt: all of it for
+    plain decoder-only models, all but a trailing [SEP] for BLIP."""
+    n = min(out.shape[1], prompt.shape[1])
+    same = (out[:, :n] == prompt[:, :n].to(out.device)).all(0)
+    return int(n if bool(same.all()) else same.int().argmin())
+
 
 def _image_key(image) -> str:
     digest = hashlib.blake2b(image.tobytes(), digest_size=16)
