@@ -203,6 +203,73 @@ def profiles(name, sets):
     click.echo(profile_to_yaml(prof), nl=False)
 
 
+EPILOG_PROFILE = """\b
+Examples:
+  vlmspec profile                                  # default profile, YAML to stdout
+  vlmspec profile -p tinyworld-tabed --write hw-cpu.yaml --plot hw-cpu.png
+  vlmspec profile --contexts 128,1024 --repeats 30 --tau 3.2 --json
+
+Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
+"""
+
+
+@cli.command("profile", epilog=EPILOG_PROFILE)
+@profile_option
+@set_option
+@click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
+@click.option("--write", "write_path", type=click.Path(dir_okay=False), metavar="FILE.yaml",
+              help="Write the hardware profile here (atomically) instead of to stdout.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png",
+              help="Draw T vs tokens verified, context length S and batch rows B.")
+@click.option("--contexts", metavar="S,S,...", help="Extra context lengths S to time [256,512].")
+@click.option("--repeats", type=click.IntRange(min=3), default=15, show_default=True,
+              help="Timed calls per number (the median is kept).")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
+@click.option("--tau", type=click.FloatRange(min=1), help="Also give Eq. 1's speedup for this τ.")
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
+def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats, warmup, tau,
+                as_json, quiet):
+    """Measure this hardware: target and draft step times, the latency ratio T_q/T_p,
+    TABED's Remarks 1-3 and Eq. 1's expected speedup, written as a YAML hardware profile.
+
+    Times are medians over --repeats calls after --warmup, with the device synchronised.
+    """
+    from vlmspec_cli import ui
+    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.runtime.session import SessionError, build_session
+    from vlmspec_cli.tasks.hwprofile import hardware_yaml, plot_tables, run_profile, write_hardware_yaml
+
+    prof = _load_profile(profile, sets, {"target.device": device, "draft.device": device})
+    try:
+        extra = [int(x) for x in contexts.split(",")] if contexts else None
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {contexts!r}",
+                                 param_hint="--contexts") from None
+    try:
+        session = build_session(prof)
+    except (SessionError, ModelLoadError, ValueError) as exc:
+        _fail(str(exc))
+    with ui.Status(quiet) as status:
+        hardware = run_profile(session, contexts=extra, warmup=warmup, repeats=repeats, tau=tau,
+                               progress=status.update)
+    if not quiet:
+        ui.latency_table(hardware)
+    if write_path:
+        write_hardware_yaml(write_path, hardware, prof.source)
+        if not quiet:
+            ui.info(f"wrote {write_path}")
+    if plot_path:
+        plot_tables(plot_path, hardware)
+        if not quiet:
+            ui.info(f"wrote {plot_path}")
+    if as_json:
+        click.echo(json.dumps(hardware))
+    elif not write_path:
+        click.echo(hardware_yaml(hardware, prof.source), nl=False)
+
+
+
 def _not_built(command: str, issue: str):
     @cli.command(command, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
                  help=f"{issue} (not built yet).", add_help_option=True)
@@ -215,7 +282,6 @@ def _not_built(command: str, issue: str):
 
 _not_built("generate-image", "Autoregressive image generation with adaptive draft trees (ADT-Tree)")
 _not_built("describe-video", "Describe videos with a text-anchored hidden-state draft (HiViS / Sparrow)")
-_not_built("profile", "Measure draft/target latency ratios on this hardware and write a YAML profile")
 _not_built("calibrate", "Pick the drafting method and tree parameters for this hardware")
 
 

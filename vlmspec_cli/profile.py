@@ -101,7 +101,20 @@ class GenerationSpec:
 
 @dataclass
 class HardwareSpec:
-    latency_ratio: float | None = field(default=None, metadata=_rule(gt=0))
+    """Written by ``vlmspec profile`` (a hardware profile other profiles ``include:``)."""
+
+    latency_ratio: float | None = field(default=None, metadata=_rule(gt=0))  # T_q / T_p
+    device: str | None = None            # e.g. "cuda:0 (NVIDIA H100)" or "cpu (2 threads)"
+    dtype: str | None = None
+    torch: str | None = None
+    transformers: str | None = None
+    date: str | None = None
+    target_ms: float | None = None       # T_p(1, S, 1): one target decoding step
+    target_verify_ms: float | None = None  # T_p(1, S, γ): the target verifying γ tokens
+    draft_ms: float | None = None        # T_q(B, S, 1): one draft step, B = drafting rows
+    prefill_ms: float | None = None      # target prefill of the sample request
+    # the full tables: target_verify_ms[S][k], draft_step_ms[B][S], remarks
+    measurements: Any = None
 
 
 @dataclass

@@ -115,3 +115,49 @@ def profiles_table(rows) -> None:
     for name, path, description in rows:
         table.add_row(name, escape(description), escape(str(path)))
     stderr.print(table)
+
+
+class Status:
+    """A one-line spinner on stderr for long measurements (nothing when quiet)."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self._status = None
+
+    def __enter__(self) -> "Status":
+        if not self.quiet:
+            self._status = stderr.status("measuring…")
+            self._status.__enter__()
+        return self
+
+    def update(self, message: str) -> None:
+        if self._status is not None:
+            self._status.update(f"measuring {escape(message)}")
+
+    def __exit__(self, *exc) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+
+def latency_table(hardware: dict) -> None:
+    m = hardware["measurements"]
+    table = Table(title=f"vlmspec profile — {escape(hardware['device'])}", title_justify="left",
+                  show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("profile", f"{m['profile']} ({m['method']}, γ={m['gamma']}, draft rows {m['draft_rows']})")
+    table.add_row("prefill (sample request)", f"{hardware['prefill_ms']:.2f} ms")
+    table.add_row("target step T_p", f"{hardware['target_ms']:.3f} ms")
+    table.add_row(f"target verify T_p(γ+1={m['gamma'] + 1})", f"{hardware['target_verify_ms']:.3f} ms")
+    if hardware.get("draft_ms") is not None:
+        table.add_row("draft step T_q", f"{hardware['draft_ms']:.3f} ms")
+        table.add_row("latency ratio T_q/T_p", f"{hardware['latency_ratio']:.3f}")
+    for name, r in m["remarks"].items():
+        if r is not None:
+            verdict = "holds" if r["holds"] else "does not hold"
+            table.add_row(name.replace("_", " "), f"|ΔT/T| ≤ {r['max_rel_dev']:.3f} ({verdict})",
+                          style=None if r["holds"] else "yellow")
+    for tau, e in m["expected_speedup"].items():
+        table.add_row(f"Eq. 1 speedup at τ={tau}", f"{e['eq1']:.2f}x (with measured T_p(γ): "
+                      f"{e['eq1_measured_verify']:.2f}x)")
+    stderr.print(table)

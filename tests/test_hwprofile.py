@@ -1,0 +1,56 @@
+"""`vlmspec profile`: measures the tinyworld models, writes a hardware profile that loads back
+(through include:), checks TABED's Remarks 1-3, and draws a PNG."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from PIL import Image
+
+from vlmspec_cli.cli import cli
+from vlmspec_cli.profile import load_profile
+from vlmspec_cli.runtime.latency import eq1_speedup, remarks, LatencyTables
+
+
+def test_profile_writes_hardware_yaml_that_loads_back(tmp_path):
+    hw, png = tmp_path / "hw.yaml", tmp_path / "hw.png"
+    res = CliRunner().invoke(cli, ["profile", "--repeats", "3", "--warmup", "1", "--contexts", "64",
+                                   "--write", str(hw), "--plot", str(png), "--tau", "3", "-q"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    user = tmp_path / "mine.yaml"
+    user.write_text(f"include: {hw.name}\nname: mine\n")
+    p = load_profile(str(user))
+    h = p.hardware
+    assert 0 < h.latency_ratio < 1
+    assert h.target_ms > 0 and h.draft_ms > 0 and h.prefill_ms > 0 and h.dtype == "float32"
+    assert h.latency_ratio == round(h.draft_ms / h.target_ms, 4) or abs(h.latency_ratio - h.draft_ms / h.target_ms) < 1e-3
+    m = h.measurements
+    assert set(m["remarks"]) == {"remark1_target_vs_gamma", "remark2_draft_vs_S", "remark3_draft_vs_B"}
+    assert all(isinstance(r["holds"], bool) and r["max_rel_dev"] >= 0 for r in m["remarks"].values())
+    assert 64 in m["target_verify_ms"] and 6 in m["target_verify_ms"][64]   # γ+1 = 6 verified
+    assert set(m["draft_step_ms"]) >= {1, 2, 3, 4}
+    assert "3.0" in m["expected_speedup"]
+    with Image.open(png) as im:
+        im.verify()
+    with Image.open(png) as im:
+        assert im.format == "PNG" and im.size[0] > im.size[1]
+
+
+def test_profile_json_to_stdout():
+    res = CliRunner().invoke(cli, ["profile", "--repeats", "3", "--warmup", "0", "--contexts", "32",
+                                   "--json", "-q", "--set", "method=none"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["draft_ms"] is None and data["latency_ratio"] is None and data["target_ms"] > 0
+
+
+def test_remarks_and_eq1():
+    tables = LatencyTables(target_verify_ms={10: {1: 1.0, 4: 1.02, 8: 1.2}},
+                           draft_step_ms={1: {10: 0.5, 100: 0.51}, 2: {10: 0.52, 100: 0.5}})
+    r = remarks(tables)
+    assert r["remark1_target_vs_gamma"] == {"max_rel_dev": 0.2, "holds": False}
+    assert r["remark2_draft_vs_S"]["holds"] and r["remark3_draft_vs_B"]["holds"]
+    assert eq1_speedup(3.0, 5, 0.2) == 1.5
+    assert abs(eq1_speedup(3.0, 5, 0.2, verify_factor=1.5) - 1.2) < 1e-9

@@ -1,0 +1,204 @@
+"""Simple line charts written to PNG with Pillow only (no matplotlib).
+
+``line_chart(path, panels, title=...)`` lays panels out side by side in one row; each
+panel gets an axes box, "nice" 1-2-5 ticks, axis labels, a title, one polyline with
+markers per series and a legend placed in whichever corner covers the fewest points.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from PIL import Image, ImageDraw, ImageFont
+
+PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40),
+           (148, 103, 189), (140, 86, 75), (227, 119, 194), (23, 190, 207)]
+WHITE, BLACK, GRID, FRAME = (255, 255, 255), (0, 0, 0), (232, 232, 232), (150, 150, 150)
+
+
+@dataclass
+class Series:
+    label: str
+    points: list[tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass
+class Panel:
+    title: str
+    xlabel: str
+    ylabel: str
+    series: list[Series] = field(default_factory=list)
+    log_x: bool = False
+
+
+def _font(size: int):
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: fixed-size bitmap font only
+        return ImageFont.load_default()
+
+
+def _fmt(v: float) -> str:
+    v = round(v, 10)
+    return f"{0.0 if v == 0 else v:g}"
+
+
+def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
+    """Round 1-2-5 step tick values whose first/last tick cover [lo, hi]."""
+    if lo > hi:
+        lo, hi = hi, lo
+    if lo == hi:
+        pad = abs(lo) * 0.5 or 1.0
+        lo, hi = (lo - pad if lo != 0 else 0.0), hi + pad
+    raw = (hi - lo) / max(target, 1)
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw * (1 - 1e-9))
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return [round(k * step, 12) for k in range(first, last + 1)]
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Powers of ten covering [lo, hi] (lo, hi > 0), with 2 and 5 when few decades."""
+    a, b = math.floor(math.log10(lo) + 1e-9), math.ceil(math.log10(hi) - 1e-9)
+    if a == b:
+        b += 1
+    mults = (1, 2, 5) if b - a <= 2 else (1,)
+    ticks = [m * 10.0 ** k for k in range(a, b) for m in mults] + [10.0 ** b]
+    return [t for t in ticks if 10.0 ** a <= t <= 10.0 ** b]
+
+
+def _clean(points, log_x: bool) -> list[tuple[float, float]]:
+    out = []
+    for x, y in points:
+        x, y = float(x), float(y)
+        if math.isfinite(x) and math.isfinite(y) and (x > 0 or not log_x):
+            out.append((x, y))
+    return out
+
+
+def _text_size(draw: ImageDraw.ImageDraw, text: str, font) -> tuple[int, int]:
+    l, t, r, b = draw.textbbox((0, 0), text, font=font)
+    return r - l, b - t
+
+
+def _draw_panel(img: Image.Image, box: tuple[int, int, int, int], panel: Panel, fonts) -> None:
+    small, big = fonts
+    draw = ImageDraw.Draw(img)
+    x0, y0, x1, y1 = box
+    tw, th = _text_size(draw, panel.title, big)
+    draw.text(((x0 + x1 - tw) // 2, y0 + 4), panel.title, fill=BLACK, font=big)
+    left, top, right, bottom = x0 + 62, y0 + th + 14, x1 - 14, y1 - 42
+    draw.rectangle((left, top, right, bottom), outline=FRAME)
+    # x label centred under the axes, y label rotated along the left edge
+    w, h = _text_size(draw, panel.xlabel, small)
+    draw.text(((left + right - w) // 2, bottom + 22), panel.xlabel, fill=BLACK, font=small)
+    if panel.ylabel:
+        w, h = _text_size(draw, panel.ylabel, small)
+        lab = Image.new("RGB", (w + 4, h + 6), WHITE)
+        ImageDraw.Draw(lab).text((2, 0), panel.ylabel, fill=BLACK, font=small)
+        lab = lab.rotate(90, expand=True)
+        img.paste(lab, (x0 + 4, max(top, (top + bottom - lab.height) // 2)))
+
+    data = [(s, _clean(s.points, panel.log_x)) for s in panel.series]
+    data = [(i, s, pts) for i, (s, pts) in enumerate(data) if pts]
+    if not data:
+        w, h = _text_size(draw, "no data", big)
+        draw.text(((left + right - w) // 2, (top + bottom - h) // 2), "no data", fill=FRAME, font=big)
+        return
+    xs = [p[0] for _, _, pts in data for p in pts]
+    ys = [p[1] for _, _, pts in data for p in pts]
+    ylo, yhi = (0.0 if min(ys) >= 0 else min(ys)), max(ys)
+    yt = nice_ticks(ylo, yhi)
+    if panel.log_x:
+        xt = log_ticks(min(xs), max(xs))
+        tx = math.log10
+    else:
+        xt = nice_ticks(min(xs), max(xs))
+        tx = float
+    xa, xb, ya, yb = tx(xt[0]), tx(xt[-1]), yt[0], yt[-1]
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return (left + (tx(x) - xa) / (xb - xa) * (right - left),
+                bottom - (y - ya) / (yb - ya) * (bottom - top))
+
+    for t in yt:
+        _, py = px(xt[0], t)
+        if top < py < bottom:
+            draw.line((left + 1, py, right - 1, py), fill=GRID)
+        draw.line((left - 4, py, left, py), fill=BLACK)
+        w, h = _text_size(draw, _fmt(t), small)
+        draw.text((left - 7 - w, py - h / 2 - 1), _fmt(t), fill=BLACK, font=small)
+    for t in xt:
+        qx, _ = px(t, yt[0])
+        if left < qx < right:
+            draw.line((qx, top + 1, qx, bottom - 1), fill=GRID)
+        draw.line((qx, bottom, qx, bottom + 4), fill=BLACK)
+        w, h = _text_size(draw, _fmt(t), small)
+        draw.text((qx - w / 2, bottom + 6), _fmt(t), fill=BLACK, font=small)
+
+    pixels = []
+    for i, _, pts in data:
+        colour = PALETTE[i % len(PALETTE)]
+        xy = [px(x, y) for x, y in sorted(pts)]
+        pixels += xy
+        if len(xy) > 1:
+            draw.line(xy, fill=colour, width=2)
+        for qx, qy in xy:
+            draw.ellipse((qx - 3, qy - 3, qx + 3, qy + 3), fill=colour)
+
+    labelled = [(i, s.label) for i, s, _ in data if s.label]
+    if not labelled:
+        return
+    sizes = [_text_size(draw, lab, small) for _, lab in labelled]
+    row = max(h for _, h in sizes) + 5
+    lw, lh = max(w for w, _ in sizes) + 34, row * len(labelled) + 6
+    corners = [(left + 6, top + 6), (right - 6 - lw, top + 6),
+               (left + 6, bottom - 6 - lh), (right - 6 - lw, bottom - 6 - lh)]
+
+    def covered(c: tuple[float, float]) -> int:
+        return sum(c[0] - 4 <= qx <= c[0] + lw + 4 and c[1] - 4 <= qy <= c[1] + lh + 4
+                   for qx, qy in pixels)
+
+    bx, by = min(corners, key=covered)  # min() keeps the first (upper-left) on ties
+    draw.rectangle((bx, by, bx + lw, by + lh), fill=WHITE, outline=FRAME)
+    for k, (i, lab) in enumerate(labelled):
+        cy = by + 4 + k * row + row / 2
+        colour = PALETTE[i % len(PALETTE)]
+        draw.line((bx + 6, cy, bx + 24, cy), fill=colour, width=2)
+        draw.ellipse((bx + 12, cy - 3, bx + 18, cy + 3), fill=colour)
+        draw.text((bx + 29, cy - sizes[k][1] / 2 - 2), lab, fill=BLACK, font=small)
+
+
+def line_chart(path: str | os.PathLike, panels: list[Panel], title: str | None = None,
+               width_per_panel: int = 420, height: int = 320) -> None:
+    """Draw ``panels`` side by side into an RGB PNG at ``path``, written atomically."""
+    if not panels:
+        raise ValueError("line_chart needs at least one panel")
+    fonts = (_font(11), _font(13))
+    img = Image.new("RGB", (width_per_panel * len(panels), height), WHITE)
+    band = 0
+    if title:
+        draw = ImageDraw.Draw(img)
+        w, h = _text_size(draw, title, fonts[1])
+        draw.text(((img.width - w) // 2, 4), title, fill=BLACK, font=fonts[1])
+        band = h + 10
+    for n, panel in enumerate(panels):
+        x0 = n * width_per_panel
+        _draw_panel(img, (x0, band, x0 + width_per_panel, height), panel, fonts)
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png.tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            img.save(fh, format="PNG")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a chart is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

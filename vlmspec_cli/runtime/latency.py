@@ -1,0 +1,127 @@
+"""Latency measurements of target and draft forwards (TABED §3.1, App. F).
+
+T_p(B, S, γ): the target verifying γ tokens after a cache of S positions; T_q(B, S, 1): one
+draft step for B rows (an ensemble drafts B rows at once). Every number is the median of
+``repeats`` timed calls after ``warmup`` untimed ones, with the device synchronised around
+each call, and caches cropped back so every call sees the same S.
+
+Remarks 1-3 of TABED say T is about constant in γ (for the target), in S and in B (for the
+draft) at small sizes; ``remarks`` reports the largest relative deviation |ΔT/T| of each.
+Eq. 1: expected speedup = τ / (γ·T_q/T_p + T_p(γ)/T_p) (the paper takes T_p(γ) ≈ T_p).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
+
+REMARK_TOLERANCE = 0.05
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 15) -> float:
+    """Median wall time of ``fn()`` in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        samples.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(samples)
+
+
+@dataclass
+class LatencyTables:
+    target_verify_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # [S][k]
+    draft_step_ms: dict[int, dict[int, float]] = field(default_factory=dict)     # [B][S]
+    prefill_ms: float | None = None
+
+    def target_ms(self, s: int, k: int = 1) -> float:
+        return self.target_verify_ms[s][k]
+
+
+def _filled_cache(lm, length: int, rows: int = 1):
+    """A cache holding ``length`` positions of ordinary text tokens for ``rows`` rows."""
+    tok = lm.tokenizer
+    text = " ".join(["the small red circle is at the top left of the image."] * (length // 8 + 2))
+    ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][:, :length]
+    if ids.shape[1] < length:
+        raise ValueError(f"cannot build a {length}-token context for '{lm.name}'")
+    ids = ids.expand(rows, -1).to(lm.device)
+    cache = lm.adapter.new_cache(lm)
+    lm.adapter.prefill(lm, {"input_ids": ids}, cache)
+    return cache, ids[:, -1:]
+
+
+def time_extend(lm, context: int, new_tokens: int, rows: int, warmup: int, repeats: int) -> float:
+    """One forward of ``new_tokens`` per row after ``context`` cached positions (ms)."""
+    cache, last = _filled_cache(lm, context, rows)
+    feed = last.expand(rows, new_tokens).contiguous()
+
+    def step():
+        lm.adapter.extend(lm, feed, cache)
+        truncate_cache(cache, context)
+
+    ms = median_ms(step, lm.device, warmup, repeats)
+    assert cache_length(cache) == context
+    return ms
+
+
+def measure_tables(target, draft, contexts: list[int], verify_tokens: list[int], batches: list[int],
+                   warmup: int = 3, repeats: int = 15,
+                   progress: Callable[[str], None] | None = None) -> LatencyTables:
+    tables = LatencyTables()
+    for s in contexts:
+        tables.target_verify_ms[s] = {}
+        for k in verify_tokens:
+            if progress:
+                progress(f"target: S={s}, verifying {k}")
+            tables.target_verify_ms[s][k] = time_extend(target, s, k, 1, warmup, repeats)
+    if draft is not None:
+        for b in batches:
+            tables.draft_step_ms[b] = {}
+            for s in contexts:
+                if progress:
+                    progress(f"draft: B={b}, S={s}")
+                tables.draft_step_ms[b][s] = time_extend(draft, s, 1, b, warmup, repeats)
+    return tables
+
+
+def _deviation(values: list[float]) -> float:
+    """max |T - T_ref| / T_ref with T_ref the first value."""
+    ref = values[0]
+    return max(abs(v - ref) / ref for v in values) if ref > 0 else 0.0
+
+
+def remarks(tables: LatencyTables, max_gamma: int = 10) -> dict:
+    """TABED Remarks 1-3: the largest |ΔT/T| seen, and whether it stays under 5%."""
+    out = {}
+    r1 = [_deviation([row[k] for k in sorted(row) if k <= max_gamma]) for row in tables.target_verify_ms.values()]
+    out["remark1_target_vs_gamma"] = max(r1) if r1 else None
+    if tables.draft_step_ms:
+        by_b = tables.draft_step_ms
+        out["remark2_draft_vs_S"] = max(_deviation([row[s] for s in sorted(row)]) for row in by_b.values())
+        contexts = sorted(next(iter(by_b.values())))
+        out["remark3_draft_vs_B"] = max(_deviation([by_b[b][s] for b in sorted(by_b)]) for s in contexts)
+    return {k: (None if v is None else {"max_rel_dev": round(v, 4), "holds": v < REMARK_TOLERANCE})
+            for k, v in out.items()}
+
+
+def eq1_speedup(tau: float, gamma: int, ratio: float, verify_factor: float = 1.0) -> float:
+    """TABED Eq. 1: τ / (γ·T_q/T_p + T_p(γ)/T_p); verify_factor = T_p(γ)/T_p (≈ 1 by Remark 1)."""
+    return tau / (gamma * ratio + verify_factor)

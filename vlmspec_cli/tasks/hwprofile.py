@@ -1,0 +1,133 @@
+"""``vlmspec profile``: measure a profile's models on this hardware and write the numbers as
+a hardware profile (the ``hardware:`` section) that other profiles can ``include:``."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import random
+from typing import Callable
+
+import torch
+import transformers
+import yaml
+
+from vlmspec_cli.runtime.latency import (LatencyTables, eq1_speedup, measure_tables, median_ms,
+                                         remarks)
+from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.tasks.records import atomic_write_text
+from vlmspec_cli.zoo import world
+
+TAUS = (2.0, 3.0, 4.0)
+
+
+def sample_request(profile, seed: int = 0) -> Request:
+    """A representative request for the profile's task: one image and the profile prompt."""
+    image = world.render(world.sample_scene(random.Random(seed)))
+    return Request([Message("user", profile.generation.prompt, (image,))],
+                   max_new_tokens=profile.generation.max_new_tokens, seed=seed)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    cpu = platform.processor() or platform.machine()
+    return f"{device.type} ({cpu}, {torch.get_num_threads()} threads)"
+
+
+def draft_rows(profile) -> int:
+    """Rows the draft runs per step: one per drafting input for tabed, else 1."""
+    return len(profile.drafting.inputs) if profile.method == "tabed" else 1
+
+
+def context_lengths(target, prompt_len: int, extra: list[int] | None) -> list[int]:
+    limit = int(getattr(target.model.config.get_text_config(), "max_position_embeddings", 4096)) - 80
+    wanted = [prompt_len] + list(extra or [256, 512])
+    return sorted({s for s in wanted if 8 <= s <= limit})
+
+
+def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: list[int] | None = None,
+                batches: list[int] | None = None, warmup: int = 3, repeats: int = 15,
+                tau: float | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """Measure everything; returns the ``hardware`` section as a plain dict."""
+    profile = session.profile
+    target, draft = session.target, session.draft
+    request = sample_request(profile)
+    baseline = session.baseline_engine()
+    prompt = target.adapter.prompt_text(target, request.messages)
+    prompt_len = int(target.adapter.encode(target, prompt, request.images)["input_ids"].shape[1])
+    if progress:
+        progress("target prefill of a sample request")
+    prefill = median_ms(lambda: baseline.start(request), target.device, warmup, repeats)
+    gamma = profile.drafting.gamma
+    rows = draft_rows(profile)
+    contexts = context_lengths(target, prompt_len, contexts)
+    verify_tokens = sorted(set(verify_tokens or [1, 2, 4, 8, 16, 32, 64]) | {1, gamma + 1})
+    batches = sorted(set(batches or [1, 2, 3, 4]) | {rows})
+    tables: LatencyTables = measure_tables(target, draft, contexts, verify_tokens, batches,
+                                           warmup, repeats, progress)
+    tables.prefill_ms = prefill
+    s0 = contexts[0]
+    t_p = tables.target_ms(s0, 1)
+    t_verify = tables.target_ms(s0, gamma + 1)  # pending token + γ proposals, as the engine feeds
+    t_q = tables.draft_step_ms[rows][s0] if draft is not None else None
+    ratio = t_q / t_p if t_q is not None else None
+    expected = {}
+    if ratio is not None:
+        for t in sorted(set(TAUS) | ({tau} if tau else set())):
+            expected[str(t)] = {"eq1": round(eq1_speedup(t, gamma, ratio), 3),
+                                "eq1_measured_verify": round(eq1_speedup(t, gamma, ratio, t_verify / t_p), 3)}
+    return {
+        "latency_ratio": round(ratio, 4) if ratio is not None else None,
+        "device": device_name(target.device),
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "torch": str(torch.__version__),
+        "transformers": str(transformers.__version__),
+        "date": datetime.date.today().isoformat(),
+        "target_ms": round(t_p, 4),
+        "target_verify_ms": round(t_verify, 4),
+        "draft_ms": round(t_q, 4) if t_q is not None else None,
+        "prefill_ms": round(prefill, 4),
+        "measurements": {
+            "profile": profile.name, "method": profile.method, "gamma": gamma, "draft_rows": rows,
+            "prompt_tokens": prompt_len, "warmup": warmup, "repeats": repeats,
+            "target_verify_ms": {s: {k: round(v, 4) for k, v in row.items()}
+                                 for s, row in tables.target_verify_ms.items()},
+            "draft_step_ms": {b: {s: round(v, 4) for s, v in row.items()}
+                              for b, row in tables.draft_step_ms.items()},
+            "remarks": remarks(tables),
+            "expected_speedup": expected,
+        },
+    }
+
+
+def hardware_yaml(hardware: dict, source: str) -> str:
+    """A hardware profile: include it from another profile to carry these numbers."""
+    head = (f"# written by `vlmspec profile` from {source} on {hardware['date']}\n"
+            f"# {hardware['device']}, {hardware['dtype']}, torch {hardware['torch']}, "
+            f"transformers {hardware['transformers']}\n"
+            "# use it with `include: <this file>` in a profile\n")
+    return head + yaml.safe_dump({"hardware": hardware}, sort_keys=False, allow_unicode=True)
+
+
+def write_hardware_yaml(path: str, hardware: dict, source: str) -> None:
+    atomic_write_text(path, hardware_yaml(hardware, source))
+
+
+def plot_tables(path: str, hardware: dict) -> None:
+    """T_p vs tokens verified (per S), T_q vs S (per B), T_q vs B (per S)."""
+    from vlmspec_cli.plot import Panel, Series, line_chart
+
+    m = hardware["measurements"]
+    verify = m["target_verify_ms"]
+    draft = m["draft_step_ms"]
+    panels = [Panel("target: verify k tokens", "tokens verified (gamma, tree size)", "ms",
+                    [Series(f"S={s}", [(k, v) for k, v in sorted(row.items())]) for s, row in verify.items()],
+                    log_x=True)]
+    if draft:
+        panels.append(Panel("draft: one step", "context S (tokens)", "ms",
+                            [Series(f"B={b}", sorted(row.items())) for b, row in draft.items()]))
+        contexts = sorted(next(iter(draft.values())))
+        panels.append(Panel("draft: batch rows", "rows B", "ms",
+                            [Series(f"S={s}", [(b, draft[b][s]) for b in sorted(draft)]) for s in contexts]))
+    line_chart(path, panels, title=f"vlmspec profile - {hardware['device']}")
