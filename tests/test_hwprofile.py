@@ -30,7 +30,7 @@ def test_profile_writes_hardware_yaml_that_loads_back(tmp_path):
     assert set(m["remarks"]) == {"remark1_target_vs_gamma", "remark2_draft_vs_S", "remark3_draft_vs_B"}
     assert all(isinstance(r["holds"], bool) and r["max_rel_dev"] >= 0 for r in m["remarks"].values())
     assert 64 in m["target_verify_ms"] and 6 in m["target_verify_ms"][64]   # γ+1 = 6 verified
-    assert set(m["draft_step_ms"]) >= {1, 2, 3, 4}
+    assert set(m["draft_step_ms"]) >= {1, 2, 3, 4} and set(m["target_batch_ms"]) >= {1, 2, 3, 4}
     assert "3.0" in m["expected_speedup"]
     with Image.open(png) as im:
         im.verify()

@@ -270,6 +270,121 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
 
 
 
+EPILOG_CALIBRATE = """\b
+Examples:
+  vlmspec calibrate examples/images/ --write tuned          # -> profiles/tuned.yaml
+  vlmspec calibrate -p mine.yaml shots/*.png --gammas 2,3,4,6 --budget 300
+  vlmspec caption shots/ --profile tuned                    # use the winner
+
+Include a `vlmspec profile` hardware YAML in the base profile to make the choice
+deterministic (the latency model then comes from it instead of a fresh measurement).
+"""
+
+
+@cli.command("calibrate", epilog=EPILOG_CALIBRATE)
+@click.argument("samples", nargs=-1, metavar="SAMPLES...")
+@profile_option
+@set_option
+@click.option("--gammas", default="1,2,3,4,5,6,8", show_default=True, metavar="G,G,...",
+              help="Draft lengths γ to consider.")
+@click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Modelled-best candidates decoded for real (plus the profile's own).")
+@click.option("--budget", type=click.FloatRange(min=1), default=120, show_default=True,
+              metavar="SECONDS", help="Stop probing / measuring new candidates after this.")
+@click.option("--margin", type=click.FloatRange(min=0), default=0.10, show_default=True,
+              help="Prefer a measured candidate over the modelled best only when it was "
+                   "this much faster (0.10 = 10%); large values keep the modelled choice.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per sample.")
+@click.option("--seed", type=int, help="Sampling seed [profile: sampling.seed].")
+@click.option("--device", help="auto | cpu | cuda | cuda:N | mps.")
+@click.option("--write", "write_name", metavar="NAME|FILE.yaml",
+              help="Write the winner as a profile including the base one (NAME -> profiles/NAME.yaml).")
+@click.option("--json", "as_json", is_flag=True, help="Print all candidates as JSON on stdout.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
+def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_tokens, seed, device,
+                  write_name, as_json, quiet):
+    """Pick the drafting method, inputs and γ that decode SAMPLES fastest here.
+
+    Measures acceptance of every drafting variant once, models each γ with the latency
+    profile (Eq. 1 with measured verification cost), decodes the best candidates for real
+    against target-only decoding, and prints a ranked table.
+    """
+    import os
+    from pathlib import Path
+
+    from vlmspec_cli import ui
+    from vlmspec_cli.runtime.captioner import Captioner
+    from vlmspec_cli.runtime.models import ModelLoadError, load_model
+    from vlmspec_cli.runtime.request import Message, Request
+    from vlmspec_cli.runtime.session import SessionError, build_session
+    from vlmspec_cli.tasks.calibrate import as_dicts, calibrate, winner_yaml
+    from vlmspec_cli.tasks.inputs import InputError, expand_inputs, load_image
+    from vlmspec_cli.tasks.records import atomic_write_text
+
+    if not samples:
+        raise click.UsageError("no SAMPLES given (images, directories or globs)")
+    try:
+        gamma_list = sorted({int(g) for g in gammas.split(",")})
+        if gamma_list[0] < 1:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(f"expected positive integers like 2,4,6, got {gammas!r}",
+                                 param_hint="--gammas") from None
+    prof = _load_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
+                                         "sampling.seed": seed, "target.device": device,
+                                         "draft.device": device})
+    requests, failed = [], 0
+    for item in expand_inputs(samples, stdin=sys.stdin):
+        try:
+            if item.error:
+                raise InputError(item.path, item.error)
+            image = load_image(item.path)
+        except InputError as exc:
+            ui.error(str(exc))
+            failed += 1
+            continue
+        requests.append(Request([Message("user", prof.generation.prompt, (image,))],
+                                max_new_tokens=prof.generation.max_new_tokens,
+                                seed=prof.sampling.seed, request_id=item.path))
+    if not requests:
+        _fail("no usable samples")
+    try:
+        if prof.method == "none":
+            prof.method = "chain"  # calibrating needs the draft
+        session = build_session(prof)
+        captioner = None
+        if prof.captioner.model:
+            try:
+                captioner = Captioner(load_model(prof.captioner, "captioner"), prof.captioner.prompt,
+                                      prof.captioner.max_new_tokens)
+            except ModelLoadError as exc:
+                ui.warning(f"caption drafting left out: {exc}")
+    except (SessionError, ModelLoadError, ValueError) as exc:
+        _fail(str(exc))
+    gamma_list = sorted(set(gamma_list) | {prof.drafting.gamma})  # the profile's own γ too
+    with ui.Status(quiet) as status:
+        candidates, winner = calibrate(session, requests, gammas=gamma_list, captioner=captioner,
+                                       top=top, budget_s=budget, margin=margin,
+                                       progress=status.update)
+    if not quiet:
+        ui.calibration_table(candidates, winner)
+    if write_name:
+        path = Path(write_name if write_name.endswith((".yaml", ".yml")) or os.sep in write_name
+                    else os.path.join("profiles", write_name + ".yaml"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        by_name = profile is None or not (profile.endswith((".yaml", ".yml")) or os.sep in profile)
+        rel = os.path.relpath(prof.source, path.parent.resolve())
+        include = Path(prof.source).stem if by_name else (prof.source if rel.startswith("..") else rel)
+        atomic_write_text(path, winner_yaml(winner, prof.source, path.stem, include, candidates))
+        if not quiet:
+            ui.info(f"wrote {path}: {winner.label}")
+    if as_json:
+        click.echo(json.dumps({"winner": winner.label, "candidates": as_dicts(candidates)}))
+    else:
+        click.echo(winner.label)
+    sys.exit(1 if failed else 0)
+
+
 def _not_built(command: str, issue: str):
     @cli.command(command, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
                  help=f"{issue} (not built yet).", add_help_option=True)
@@ -282,7 +397,40 @@ def _not_built(command: str, issue: str):
 
 _not_built("generate-image", "Autoregressive image generation with adaptive draft trees (ADT-Tree)")
 _not_built("describe-video", "Describe videos with a text-anchored hidden-state draft (HiViS / Sparrow)")
-_not_built("calibrate", "Pick the drafting method and tree parameters for this hardware")
+
+
+EPILOG_RUN = """\b
+Examples:
+  vlmspec run recipes/caption-folder.yaml                   # rerun resumes
+  vlmspec run recipes/caption-folder.yaml --var folder=shots/ --var out=shots.jsonl
+  vlmspec run recipes/calibrate-then-caption.yaml --dry-run # print each step's command
+  vlmspec run recipe.yaml --restart                         # ignore the state file
+
+Exit codes: 0 every step done, 1 some step had failed inputs (the other
+steps still ran), 2 invalid recipe, or a step's usage, profile or model error
+(the recipe stops there).
+"""
+
+
+@cli.command("run", epilog=EPILOG_RUN)
+@click.argument("recipe", type=click.Path(exists=True, dir_okay=False), metavar="RECIPE.yaml")
+@click.option("--var", "var_pairs", multiple=True, metavar="KEY=VALUE",
+              help="Set a recipe variable, used as ${KEY} (repeatable; overrides vars:).")
+@click.option("--state", type=click.Path(dir_okay=False), metavar="PATH",
+              help="State file of finished steps [default: ./RECIPE-STEM.state.json].")
+@click.option("--restart", is_flag=True, help="Ignore the state file: run every step again.")
+@click.option("--dry-run", is_flag=True, help="Check the recipe and print each step's command; run nothing.")
+def run_recipe(recipe, var_pairs, state, restart, dry_run):
+    """Run a recipe: a YAML list of vlmspec steps (see recipes/README.md).
+
+    The whole recipe is checked first (commands, options, ${vars}); errors name
+    the file and line, and nothing runs. Steps run in order. A step that
+    finished is recorded in the state file and skipped on a rerun while its
+    command line is unchanged; caption steps with --out resume on their own.
+    """
+    from vlmspec_cli.recipes import cli_run
+
+    sys.exit(cli_run(cli.commands, recipe, var_pairs, state, restart, dry_run))
 
 
 def main() -> None:

@@ -7,12 +7,14 @@ markers per series and a legend placed in whichever corner covers the fewest poi
 
 from __future__ import annotations
 
+import io
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 from PIL import Image, ImageDraw, ImageFont
+
+from vlmspec_cli.tasks.records import atomic_write_bytes
 
 PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40),
            (148, 103, 189), (140, 86, 75), (227, 119, 194), (23, 190, 207)]
@@ -188,17 +190,6 @@ def line_chart(path: str | os.PathLike, panels: list[Panel], title: str | None =
     for n, panel in enumerate(panels):
         x0 = n * width_per_panel
         _draw_panel(img, (x0, band, x0 + width_per_panel, height), panel, fonts)
-    path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png.tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            img.save(fh, format="PNG")
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a chart is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    buffer = io.BytesIO()
+    img.save(buffer, format="PNG")
+    atomic_write_bytes(path, buffer.getvalue())  # never a partial PNG

@@ -161,3 +161,18 @@ def latency_table(hardware: dict) -> None:
         table.add_row(f"Eq. 1 speedup at τ={tau}", f"{e['eq1']:.2f}x (with measured T_p(γ): "
                       f"{e['eq1_measured_verify']:.2f}x)")
     stderr.print(table)
+
+
+def calibration_table(candidates, winner, rows: int = 12) -> None:
+    table = Table(title="vlmspec calibrate", title_justify="left")
+    for name, justify in (("candidate", "left"), ("τ model", "right"), ("predicted", "right"),
+                          ("τ measured", "right"), ("speedup measured", "right"), ("tok/s", "right")):
+        table.add_column(name, justify=justify)
+    for c in candidates[:rows]:
+        table.add_row(escape(c.label), f"{c.tau_model:.2f}", f"{c.predicted:.2f}x",
+                      "-" if c.tau is None else f"{c.tau:.2f}",
+                      "-" if c.speedup is None else f"{c.speedup:.2f}x",
+                      "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.0f}",
+                      style="bold green" if c is winner else None)
+    stderr.print(table)
+    stderr.print(f"winner: [bold]{escape(winner.label)}[/]")

@@ -49,6 +49,7 @@ def median_ms(fn: Callable[[], object], device: torch.device, warmup: int = 3, r
 class LatencyTables:
     target_verify_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # [S][k]
     draft_step_ms: dict[int, dict[int, float]] = field(default_factory=dict)     # [B][S]
+    target_batch_ms: dict[int, dict[int, float]] = field(default_factory=dict)   # [B][k] at S_0
     prefill_ms: float | None = None
 
     def target_ms(self, s: int, k: int = 1) -> float:
@@ -92,6 +93,12 @@ def measure_tables(target, draft, contexts: list[int], verify_tokens: list[int],
             if progress:
                 progress(f"target: S={s}, verifying {k}")
             tables.target_verify_ms[s][k] = time_extend(target, s, k, 1, warmup, repeats)
+    for b in batches:  # T_p(B, S_0, k): requests verified together (B > 1 batching)
+        tables.target_batch_ms[b] = {}
+        for k in sorted({1, max(k for k in verify_tokens if k <= 8)}):
+            if progress:
+                progress(f"target: B={b}, verifying {k}")
+            tables.target_batch_ms[b][k] = time_extend(target, contexts[0], k, b, warmup, repeats)
     if draft is not None:
         for b in batches:
             tables.draft_step_ms[b] = {}

@@ -95,6 +95,8 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
                                  for s, row in tables.target_verify_ms.items()},
             "draft_step_ms": {b: {s: round(v, 4) for s, v in row.items()}
                               for b, row in tables.draft_step_ms.items()},
+            "target_batch_ms": {b: {k: round(v, 4) for k, v in row.items()}
+                                for b, row in tables.target_batch_ms.items()},
             "remarks": remarks(tables),
             "expected_speedup": expected,
         },

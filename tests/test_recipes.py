@@ -1,0 +1,230 @@
+"""`vlmspec run RECIPE.yaml`: validation, execution, exit codes and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import fresh_scenes
+from vlmspec_cli.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(args):
+    return CliRunner().invoke(cli, ["run", *args], catch_exceptions=False)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text.lstrip("\n"), encoding="utf-8")
+    return path
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+@pytest.fixture()
+def folder(tmp_path):
+    d = tmp_path / "imgs"
+    d.mkdir()
+    for i, (_, im) in enumerate(fresh_scenes(3, seed=7301)):
+        im.save(d / f"s{i}.png")
+    return d
+
+
+GOOD_STEP = '  - caption: {inputs: [imgs], out: caps.jsonl, max_new_tokens: 8, quiet: true}\n'
+
+
+@pytest.mark.parametrize("body, expected", [
+    (GOOD_STEP + "  - captoin: {inputs: [imgs]}\n",
+     "r.yaml:5: step 2: unknown command 'captoin' (did you mean 'caption'?)"),
+    (GOOD_STEP + "  - caption: {inputs: [imgs], max_tokens: 8}\n",
+     "r.yaml:5: step 2: unknown option 'max_tokens' for caption (did you mean 'max_new_tokens'?)"),
+    (GOOD_STEP + "  - caption:\n      inputs: ['${foldr}']\n",
+     "r.yaml:5: step 2: undefined variable ${foldr} (did you mean ${folder}?)"),
+    (GOOD_STEP + "  - [caption, imgs]\n", "r.yaml:5: step 2: a step is a one-key mapping"),
+    (GOOD_STEP + "  - {caption: {inputs: [imgs]}, profiles: {}}\n",
+     "r.yaml:5: step 2: a step is a one-key mapping"),
+    (GOOD_STEP + "  - run: {}\n", "r.yaml:5: step 2: 'run' cannot be a step"),
+    (GOOD_STEP + "  - caption: {inputs: [imgs], max_new_tokens: 0}\n",
+     "r.yaml:5: step 2: invalid value for 'max_new_tokens' of caption: 0 is not in the range"),
+    (GOOD_STEP + "  - caption: {inputs: [imgs], json: yes please}\n",
+     "r.yaml:5: step 2: option 'json' of caption is a flag"),
+    (GOOD_STEP + "  - caption: {inputs: [imgs], out: [a, b]}\n",
+     "r.yaml:5: step 2: option 'out' of caption takes one value, not a list"),
+    (GOOD_STEP + "stpes: []\n", "r.yaml:5: unknown key 'stpes' (did you mean 'steps'?)"),
+    (GOOD_STEP + "  - caption: {inputs: [imgs}\n", "r.yaml:5:28: invalid YAML: expected ','"),
+])
+def test_invalid_recipe_exits_2_and_runs_nothing(tmp_path, monkeypatch, body, expected):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "r.yaml", "name: t\nvars: {folder: imgs}\nsteps:\n" + body)
+    res = run(["r.yaml"])
+    assert res.exit_code == 2, res.output
+    assert f"error: {expected}" in res.stderr
+    assert not (tmp_path / "caps.jsonl").exists() and not (tmp_path / "r.state.json").exists()
+    assert "step 1 (caption)" not in res.stderr  # step 1 is valid but was not started
+
+
+def test_unused_var_and_bad_var_syntax(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "r.yaml", "vars: {folder: imgs}\nsteps:\n" + GOOD_STEP.replace("[imgs]", "['${folder}']"))
+    res = run(["r.yaml", "--var", "foldr=x"])
+    assert res.exit_code == 2 and "--var foldr: the recipe has no variable 'foldr' (did you mean 'folder'?)" in res.stderr
+    res = run(["r.yaml", "--var", "folder"])
+    assert res.exit_code == 2 and "expected KEY=VALUE" in res.stderr
+
+
+def test_dry_run_prints_resolved_argv(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "r.yaml", """
+vars: {folder: imgs, out: caps.jsonl, seed: null}
+steps:
+  - caption: {inputs: ["${folder}", -odd.png], out: "${out}", drafting_inputs: "M,T", set: [a=1, b=2],
+              json: false, compare: true, seed: "${seed}", temperature: 0.5}
+  - profiles: {name: tinyworld-caption}
+""")
+    res = run(["r.yaml", "--dry-run", "--var", "out=x y.jsonl"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines() == [
+        "vlmspec caption --out 'x y.jsonl' --inputs M,T --set a=1 --set b=2 --compare "
+        "--temperature 0.5 -- imgs -odd.png",
+        "vlmspec profiles tinyworld-caption",
+    ]
+    assert os.listdir(tmp_path) == ["r.yaml"]
+
+
+def test_shipped_recipes_validate():
+    res = run([str(ROOT / "recipes" / "caption-folder.yaml"), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout == ("vlmspec caption examples/images --profile tinyworld-caption "
+                          "--out captions.jsonl --quiet\n")
+    res = run([str(ROOT / "recipes" / "calibrate-then-caption.yaml"), "--dry-run"])
+    if res.exit_code == 0:  # profile/calibrate built: the full pipeline resolves
+        assert [l.split()[:2] for l in res.stdout.splitlines()] == [
+            ["vlmspec", "profile"], ["vlmspec", "calibrate"], ["vlmspec", "caption"]]
+        assert res.stdout.splitlines()[2].endswith("--profile tuned --out captions.jsonl --quiet")
+    else:  # until they land, only their steps may be flagged
+        errors = [l for l in res.stderr.splitlines() if l.startswith("error:")]
+        assert errors and all(" for profile" in l or " for calibrate" in l for l in errors), errors
+
+
+def test_two_steps_run_then_rerun_skips(folder, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "r.yaml", """
+name: two
+vars: {out: caps.jsonl, gamma: 3}
+steps:
+  - caption: {inputs: [imgs], out: "${out}", max_new_tokens: 8, quiet: true}
+  - profiles: {name: tinyworld-caption, set: ["drafting.gamma=${gamma}"]}
+""")
+    res = run(["r.yaml"])
+    assert res.exit_code == 0, res.output
+    recs = lines(tmp_path / "caps.jsonl")
+    assert sorted(r["input"] for r in recs) == [f"imgs/s{i}.png" for i in range(3)]
+    assert all(r["error"] is None and r["output"] for r in recs)
+    assert "gamma: 3" in res.stdout
+    state = json.loads((tmp_path / "r.state.json").read_text())
+    assert sorted(state["steps"]) == ["1", "2"]
+
+    before = (tmp_path / "caps.jsonl").read_bytes()
+    res = run(["r.yaml"])
+    assert res.exit_code == 0
+    assert "step 1 (caption): done in an earlier run, skipped" in res.stderr
+    assert "step 2 (profiles): done in an earlier run, skipped" in res.stderr
+    assert "gamma: 3" not in res.stdout and (tmp_path / "caps.jsonl").read_bytes() == before
+    assert "would be skipped" in run(["r.yaml", "--dry-run"]).stderr
+    assert "would be skipped" not in run(["r.yaml", "--dry-run", "--restart"]).stderr
+
+    res = run(["r.yaml", "--var", "gamma=4"])  # step 2's argv changed: it reruns, step 1 not
+    assert res.exit_code == 0
+    assert "step 1 (caption): done" in res.stderr and "step 2 (profiles): done" not in res.stderr
+    assert "gamma: 4" in res.stdout and (tmp_path / "caps.jsonl").read_bytes() == before
+    res = run(["r.yaml"])  # back to gamma 3: the state now holds gamma 4's step 2
+    assert "gamma: 3" in res.stdout and "step 1 (caption): done" in res.stderr
+
+    res = run(["r.yaml", "--restart", "--state", "elsewhere.json"])
+    assert res.exit_code == 0 and "skipped" not in res.stderr and "gamma: 3" in res.stdout
+    assert "step 1 (caption) of 2" in res.stderr
+    assert (tmp_path / "caps.jsonl").read_bytes() == before  # caption resumed: nothing added
+    assert sorted(json.loads((tmp_path / "elsewhere.json").read_text())["steps"]) == ["1", "2"]
+
+
+def test_exit_1_continues_exit_2_stops(folder, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "r.yaml", """
+steps:
+  - caption: {inputs: [imgs/s0.png, missing.png], out: caps.jsonl, max_new_tokens: 8, quiet: true}
+  - profiles: {name: tinyworld-caption}
+  - caption: {inputs: [imgs], profile: no-such-profile}
+  - profiles: {}
+""")
+    res = run(["r.yaml"])
+    assert res.exit_code == 2
+    assert "r.yaml:2: step 1 (caption): some inputs failed (exit 1)" in res.stderr
+    assert "profile from" in res.stdout  # step 2 ran
+    assert "r.yaml:4: step 3 (caption) failed (exit 2); recipe stopped; step 4 not run" in res.stderr
+    assert "step 4 (profiles)" not in res.stderr
+    assert [r["input"] for r in lines(tmp_path / "caps.jsonl") if r["error"] is None] == ["imgs/s0.png"]
+    assert list(json.loads((tmp_path / "r.state.json").read_text())["steps"]) == ["2"]
+
+    write(tmp_path / "r.yaml", (tmp_path / "r.yaml").read_text().replace("no-such-profile",
+                                                                         "tinyworld-caption"))
+    write(tmp_path / "r.yaml", (tmp_path / "r.yaml").read_text().replace("{inputs: [imgs], profile",
+                                                                         "{inputs: [missing.png], profile"))
+    res = run(["r.yaml"])  # step 1 fails again (exit 1), step 3 now fails an input too
+    assert res.exit_code == 1, res.output
+    assert "step 2 (profiles): done in an earlier run, skipped" in res.stderr
+    assert "step 4 (profiles) of 4" in res.stderr
+
+
+def test_killed_mid_caption_rerun_neither_duplicates_nor_loses(tmp_path):
+    d = tmp_path / "imgs"
+    d.mkdir()
+    names = []
+    for i, (_, im) in enumerate(fresh_scenes(8, seed=7302)):
+        im.save(d / f"k{i}.png")
+        names.append(f"imgs/k{i}.png")
+    write(tmp_path / "recipe.yaml", """
+steps:
+  - caption: {inputs: [imgs], out: caps.jsonl, max_new_tokens: 8, quiet: true}
+  - profiles: {name: tinyworld-caption}
+""")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "vlmspec_cli", "run", "recipe.yaml"]
+    out = tmp_path / "caps.jsonl"
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and out.read_bytes().count(b"\n") >= 2:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the recipe finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    first = out.read_text().splitlines()
+    assert 2 <= len(first) < 8
+    assert not (tmp_path / "recipe.state.json").exists()  # step 1 never finished
+
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "profile from" in res.stdout  # step 2 ran after the resumed step 1
+    recs = lines(out)
+    ok = [r["input"] for r in recs if r["error"] is None]
+    assert sorted(ok) == names and len(recs) == 8  # one record per image, nothing failed
+    assert out.read_text().splitlines()[:len(first) - 1] == first[:-1]  # earlier ones kept
+    assert sorted(json.loads((tmp_path / "recipe.state.json").read_text())["steps"]) == ["1", "2"]

@@ -1,0 +1,203 @@
+"""``vlmspec calibrate``: choose the drafting method, inputs and γ for this hardware.
+
+1. Latency model: T_p(k) (target verifying k tokens) and T_q(B) (one draft step for B rows)
+   from the profile's ``hardware:`` section when it holds ``vlmspec profile`` tables (then
+   the choice is deterministic), else measured now.
+2. Acceptance: every drafting variant decodes the samples once at the largest γ; the
+   histogram of accepted counts k per round estimates τ(γ) = 1 + E[min(k, γ)] for every
+   smaller γ without decoding again.
+3. Model: speedup(γ) = τ(γ)·T_p(1) / (γ·T_q(B) + T_p(γ+1)) (Eq. 1 with the measured
+   verification cost); the best ``top`` candidates and the profile's own configuration are
+   then decoded for real, against target-only decoding on the same samples.
+4. The winner is the best modelled candidate among those measured, unless another one was
+   measured more than ``margin`` faster (timing noise must not flip the choice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from vlmspec_cli.drafters import create_drafter
+from vlmspec_cli.drafters.members import LETTERS
+from vlmspec_cli.runtime.engine import SpeculativeEngine
+from vlmspec_cli.runtime.latency import measure_tables
+from vlmspec_cli.runtime.request import Request
+from vlmspec_cli.runtime.stats import SpecStats
+
+
+@dataclass
+class Candidate:
+    method: str
+    inputs: list[str]
+    policy: str | None = None
+    gamma: int = 5
+    tau_model: float = 0.0          # τ estimated from the acceptance probe
+    predicted: float = 0.0          # modelled speedup
+    tau: float | None = None        # measured
+    speedup: float | None = None    # measured, vs target-only on the same samples
+    tokens_per_s: float | None = None
+    mismatches: int = 0
+
+    @property
+    def label(self) -> str:
+        letters = "".join(LETTERS[i] for i in self.inputs)
+        star = "*" if self.policy in ("grid", "softmax") else ""
+        return f"{self.method} {letters}{star} γ={self.gamma}"
+
+    def key(self) -> tuple:
+        return (self.method, tuple(self.inputs), self.policy)
+
+
+def variants(profile, session, captioner_ok: bool) -> list[tuple[str, list[str], str | None]]:
+    """(method, inputs, policy) worth probing with these models."""
+    images = session.draft is not None and session.draft.adapter.takes_images
+    singles = [i for i in ("multimodal", "text", "caption", "pooled")
+               if (i not in ("multimodal", "pooled") or images) and (i != "caption" or captioner_ok)]
+    out = [("chain", [i], None) for i in singles]
+    if images:
+        out.append(("tabed", ["multimodal", "text"], "grid"))
+        if captioner_ok:
+            out.append(("tabed", ["multimodal", "text", "caption", "pooled"], "softmax"))
+    own = (profile.method, list(profile.drafting.inputs),
+           profile.ensemble.policy if profile.method == "tabed" else None)
+    if profile.method in ("chain", "tabed") and own not in out:
+        out.append(own)
+    return out
+
+
+class LatencyModel:
+    def __init__(self, verify_ms: dict[int, float], draft_ms: dict[int, float]) -> None:
+        self.verify_ms = dict(sorted(verify_ms.items()))
+        self.draft_ms = dict(sorted(draft_ms.items()))
+
+    @staticmethod
+    def _at(table: dict[int, float], x: int) -> float:
+        """Linear interpolation in a table keyed by int (clamped at its ends)."""
+        keys = list(table)
+        if x <= keys[0]:
+            return table[keys[0]]
+        for lo, hi in zip(keys, keys[1:]):
+            if x <= hi:
+                return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
+        return table[keys[-1]]
+
+    def predicted_speedup(self, tau: float, gamma: int, rows: int) -> float:
+        t_p = self._at(self.verify_ms, 1)
+        return tau * t_p / (gamma * self._at(self.draft_ms, rows) + self._at(self.verify_ms, gamma + 1))
+
+    @classmethod
+    def from_hardware(cls, hardware) -> "LatencyModel | None":
+        m = hardware.measurements if hardware is not None else None
+        if not isinstance(m, dict) or not m.get("target_verify_ms") or not m.get("draft_step_ms"):
+            return None
+        verify = next(iter(m["target_verify_ms"].values()))       # the sample prompt's S
+        draft = {int(b): next(iter(row.values())) for b, row in m["draft_step_ms"].items()}
+        return cls({int(k): float(v) for k, v in verify.items()}, draft)
+
+
+def tau_for_gamma(hist: list[int], gamma: int) -> float:
+    """1 + E[min(k, γ)] over rounds that accepted k proposals (probed at a larger γ)."""
+    rounds = sum(hist)
+    return 1.0 + sum(n * min(k, gamma) for k, n in enumerate(hist)) / rounds if rounds else 1.0
+
+
+def _drafter(session, captioner, method: str, inputs: list[str], policy: str | None):
+    common = dict(draft=session.draft, sampling=session.sampling, captioner=captioner,
+                  image_token=session.target.adapter.image_token(session.target))
+    if method == "chain":
+        return create_drafter("chain", variant=inputs[0], **common)
+    return create_drafter(method, inputs=inputs, policy=policy or "grid", **common)
+
+
+def _decode(engine, requests: list[Request]) -> tuple[SpecStats, float, list[list[int]]]:
+    stats, outputs = SpecStats(), []
+    t0 = time.perf_counter()
+    for req in requests:
+        res = engine.generate(req)
+        stats.merge(res.state.stats)
+        outputs.append(res.tokens)
+    return stats, time.perf_counter() - t0, outputs
+
+
+def calibrate(session, requests: list[Request], *, gammas: list[int], captioner=None,
+              top: int = 3, budget_s: float = 120.0, margin: float = 0.10,
+              progress: Callable[[str], None] | None = None) -> tuple[list[Candidate], Candidate]:
+    profile = session.profile
+    say = progress or (lambda _msg: None)
+    t_start = time.perf_counter()
+    model = LatencyModel.from_hardware(profile.hardware)
+    if model is None and session.draft is not None:
+        say("latency model")
+        prompt = session.target.adapter.prompt_text(session.target, requests[0].messages)
+        s0 = int(session.target.adapter.encode(session.target, prompt, requests[0].images)["input_ids"].shape[1])
+        tables = measure_tables(session.target, session.draft, [s0], sorted({1, *[g + 1 for g in gammas]}),
+                                [1, 2, 3, 4], warmup=2, repeats=7)
+        model = LatencyModel(tables.target_verify_ms[s0], {b: r[s0] for b, r in tables.draft_step_ms.items()})
+    baseline = SpeculativeEngine(session.target, create_drafter("none"), 1, session.sampling)
+    _decode(baseline, requests[:1])  # warm-up
+    base_stats, base_wall, reference = _decode(baseline, requests)
+
+    candidates: list[Candidate] = []
+    probe_gamma = max(gammas)
+    for n, (method, inputs, policy) in enumerate(variants(profile, session, captioner is not None)):
+        if n > 0 and time.perf_counter() - t_start > budget_s:
+            say("budget spent: the remaining drafting variants are left unprobed")
+            break
+        say(f"acceptance of {method} {inputs}")
+        engine = SpeculativeEngine(session.target, _drafter(session, captioner, method, inputs, policy),
+                                   probe_gamma, session.sampling)
+        stats, _, _ = _decode(engine, requests)
+        rows = len(inputs) if method == "tabed" else 1
+        for g in gammas:
+            tau = tau_for_gamma(stats.accept_len_hist, g)
+            candidates.append(Candidate(method, list(inputs), policy, g, round(tau, 4),
+                                        round(model.predicted_speedup(tau, g, rows), 4)))
+    candidates.sort(key=lambda c: (-c.predicted, c.label))
+    own_key = (profile.method, tuple(profile.drafting.inputs),
+               profile.ensemble.policy if profile.method == "tabed" else None)
+    default = next((c for c in candidates if c.key() == own_key and c.gamma == profile.drafting.gamma), None)
+    finalists = candidates[:top] + ([default] if default is not None and default not in candidates[:top] else [])
+    for i, cand in enumerate(finalists):
+        if i > 0 and time.perf_counter() - t_start > budget_s:
+            say("budget spent: the remaining finalists are left unmeasured")
+            break
+        say(f"measuring {cand.label}")
+        engine = SpeculativeEngine(session.target, _drafter(session, captioner, cand.method, cand.inputs, cand.policy),
+                                   cand.gamma, session.sampling)
+        _decode(engine, requests[:1])  # warm-up
+        stats, wall, outputs = _decode(engine, requests)
+        cand.tau = round(stats.mean_accept_len, 4)
+        cand.speedup = round(base_wall / wall, 4) if wall > 0 else None
+        cand.tokens_per_s = round(stats.new_tokens / wall, 2) if wall > 0 else None
+        if session.sampling.greedy:
+            cand.mismatches = sum(a != b for a, b in zip(outputs, reference))
+    measured = [c for c in candidates if c.speedup is not None and c.mismatches == 0]
+    winner = measured[0] if measured else candidates[0]
+    fastest = max(measured, key=lambda c: c.speedup, default=winner)
+    if fastest.speedup and winner.speedup and fastest.speedup > winner.speedup * (1 + margin):
+        winner = fastest
+    return candidates, winner
+
+
+def winner_yaml(winner: Candidate, base_source: str, name: str, include: str, table: list[Candidate]) -> str:
+    """A profile that includes the base one and sets the chosen method, inputs and γ."""
+    import yaml
+
+    data: dict = {"include": include, "name": name,
+                  "description": f"calibrated from {base_source}: {winner.label}",
+                  "method": winner.method,
+                  "drafting": {"gamma": winner.gamma, "inputs": list(winner.inputs)}}
+    if winner.method == "tabed":
+        data["ensemble"] = {"policy": winner.policy}
+    lines = ["# written by `vlmspec calibrate`; candidates (τ model, predicted, measured):"]
+    for c in table[:12]:
+        measured = f"{c.speedup:.2f}x" if c.speedup is not None else "-"
+        lines.append(f"#   {c.label:<28} τ≈{c.tau_model:.2f}  pred {c.predicted:.2f}x  meas {measured}")
+    return "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def as_dicts(candidates: list[Candidate]) -> list[dict]:
+    return [dict(dataclasses.asdict(c), label=c.label) for c in candidates]
