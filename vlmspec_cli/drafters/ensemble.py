@@ -44,7 +44,8 @@ class EnsembleState:
     covered: int = 0                 # generated tokens already in the cache
     next_logits: torch.Tensor | None = None   # (m, V) after prefill
     proposed: int = 0                # proposals fed into the cache by the last propose()
-    block_q: list[torch.Tensor] = field(default_factory=list)  # (m, V) per proposal
+    drafted: int = 0                 # proposals made by the last propose()
+    block_q: list[torch.Tensor] = field(default_factory=list)  # (m, V) per proposal, if adaptive
     block_weights: list[list[float]] = field(default_factory=list)
     captions: list[str] | None = None
 
@@ -137,19 +138,25 @@ class EnsembleDrafter:
         tokens: list[int] = []
         mixtures: list[torch.Tensor] = []
         st.block_q = []
+        adaptive = st.weights.policy != "static"
+        # a single member at T = 0 needs no distributions: its argmax is the mixture's
+        need_q = not self.sampling.greedy or len(self.inputs) > 1
         for i in range(max_tokens):
-            member_q = self._member_probs(logits)              # (m, V)
-            q = w @ member_q                                   # the mixture (V,)
-            if self.sampling.greedy:
-                tok = int(q.argmax())
-            else:
+            if need_q:
+                member_q = self._member_probs(logits)          # (m, V)
+                q = w @ member_q                               # the mixture (V,)
+            if not self.sampling.greedy:
                 tok = int(torch.multinomial(q.cpu(), 1, generator=state.draft_generator))
                 mixtures.append(q)
+            else:
+                tok = int((q if need_q else logits[0]).argmax())
             tokens.append(tok)
-            st.block_q.append(member_q)
+            if adaptive:  # kept for observe() once the target has verified them
+                st.block_q.append(member_q)
             if i + 1 < max_tokens:
                 logits = self._extend(st, [tok])[:, -1]
         st.proposed = max(0, len(tokens) - 1)
+        st.drafted = len(tokens)
         st.next_logits = None
         return Draft(tokens, torch.stack(mixtures) if mixtures else None)
 
@@ -158,20 +165,21 @@ class EnsembleDrafter:
         # verified positions with both p and the members' q: the accepted proposals and the
         # first rejected one (its prefix was accepted too); the bonus position has no q
         seen = min(n_accepted + 1, len(st.block_q))
-        if target_logits is not None and seen and st.weights.policy != "static":
+        if target_logits is not None and seen:
             params = _UNIT if self.sampling.greedy else self.sampling
             p = probabilities(target_logits[:seen].float(), params)
             st.weights.observe(p.to(st.block_q[0].device), torch.stack(st.block_q[:seen]))
-        if self.trace is not None and len(self.inputs) > 1 and st.block_q:
+        if self.trace is not None and len(self.inputs) > 1 and st.drafted:
             self.trace({"request": state.request.request_id, "block": len(st.block_weights) - 1,
                         "inputs": self.inputs, "weights": st.block_weights[-1] if st.block_weights else None,
                         # verified proposals (the engine cuts a draft at EOS)
-                        "drafted": len(target_logits) - 1 if target_logits is not None else len(st.block_q),
+                        "drafted": len(target_logits) - 1 if target_logits is not None else st.drafted,
                         "accepted": n_accepted})
         keep = min(n_accepted, st.proposed)
         truncate_cache(st.cache, st.width + st.covered + keep)
         st.covered += keep
         st.proposed = 0
+        st.drafted = 0
         st.block_q = []
 
     def finish(self, state: DecodeState) -> None:

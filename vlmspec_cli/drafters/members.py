@@ -44,15 +44,23 @@ def replace_images(prompt: str, image_token: str | None, replacements: list[str]
     return parts[0] + "".join(r + rest for r, rest in zip(replacements, parts[1:]))
 
 
+def image_replacements(variant: str, n_images: int, captions: list[str]) -> list[str]:
+    """What each image placeholder becomes for the text-reading inputs (T and C). The zoo
+    build trains the draft on exactly these strings."""
+    if variant == "text":
+        return ["\n"] * n_images
+    if variant == "caption":
+        return [f"{CAPTION_PREFIX}{c}\n" for c in captions]
+    raise ValueError(f"drafting input '{variant}' keeps its images")
+
+
 def member_prompt(prompt: str, images: list, variant: str, image_token: str | None,
                   captions: list[str]) -> str:
     """The draft's prompt text under ``variant`` (images stay placeholders for M and P)."""
     if variant in ("multimodal", "pooled"):
         return prompt
-    if variant == "text":
-        return replace_images(prompt, image_token, ["\n"] * len(images))
-    if variant == "caption":
-        return replace_images(prompt, image_token, [f"{CAPTION_PREFIX}{c}\n" for c in captions])
+    if variant in ("text", "caption"):
+        return replace_images(prompt, image_token, image_replacements(variant, len(images), captions))
     raise ValueError(f"unknown drafting input '{variant}'")
 
 

@@ -29,6 +29,7 @@ from transformers import (
     LlavaProcessor,
 )
 
+from vlmspec_cli.drafters.members import image_replacements, replace_images
 from vlmspec_cli.zoo import world
 from vlmspec_cli.zoo.tokenizer import train_tokenizer
 
@@ -83,12 +84,6 @@ def make_model(tok, text: dict, vision: dict, seed: int) -> LlavaForConditionalG
 DRAFT_INPUT_MIX = {"multimodal": 0.6, "text": 0.2, "caption": 0.2}
 
 
-def _replace_images(text: str, image_token: str, replacements: list[str]) -> str:
-    parts = text.split(image_token)
-    assert len(parts) - 1 == len(replacements)
-    return parts[0] + "".join(r + rest for r, rest in zip(replacements, parts[1:]))
-
-
 def encode_example(tok, turns, variant: str = "multimodal", rng: random.Random | None = None
                    ) -> tuple[list[int], list[int], list]:
     """Token ids, labels (assistant text + </s> only) and images of one conversation, read
@@ -105,16 +100,15 @@ def encode_example(tok, turns, variant: str = "multimodal", rng: random.Random |
         if turn.role == "user":
             if variant == "multimodal":
                 images.extend(turn.images)
-            elif variant == "text":
-                pending += ["\n"] * len(turn.images)
             else:
-                pending += [f"image: {world.caption(sc, rng)}\n" for sc in turn.scenes]
+                captions = [world.caption(sc, rng) for sc in turn.scenes] if variant == "caption" else []
+                pending += image_replacements(variant, len(turn.images), captions)
             continue
         prefix = tok.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
         full = tok.apply_chat_template(msgs, tokenize=False)
         head_text = prefix[len(rendered):]
         if pending:
-            head_text = _replace_images(head_text, tok.image_token, pending)
+            head_text = replace_images(head_text, tok.image_token, pending)
             pending = []
         head = tok(head_text, add_special_tokens=False)["input_ids"]
         answer = tok(full[len(prefix):], add_special_tokens=False)["input_ids"]

@@ -7,8 +7,6 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-# TABED App. I.2: text-only drafting replaces each image placeholder by "\n".
-TEXT_ONLY_IMAGE_REPLACEMENT = "\n"
 
 
 class ModelAdapter:
@@ -48,11 +46,6 @@ class ModelAdapter:
             head = "USER: " if m.role == "user" else "ASSISTANT: "
             parts.append(head + "".join(f"{image}\n" for _ in m.images) + m.text)
         return " ".join(parts) + (" ASSISTANT:" if add_generation_prompt else "")
-
-    def text_only_prompt(self, prompt: str, image_token: str | None) -> str:
-        if not image_token:
-            return prompt
-        return prompt.replace(image_token, TEXT_ONLY_IMAGE_REPLACEMENT)
 
     def encode(self, lm, prompt: str, images: list | None) -> dict[str, torch.Tensor]:
         """Token ids (and pixel inputs) for one request, batch dimension 1, on lm.device."""
