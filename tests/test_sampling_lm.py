@@ -63,17 +63,13 @@ def _exact_distribution(target, prompt_ids, params):
     return seqs, per_step.prod(-1)
 
 
-@pytest.mark.parametrize("params,gamma", [(SamplingParams(1.0), 2), (SamplingParams(0.8, top_p=0.9), 3)])
-def test_first_tokens_follow_target_distribution(tiny_pair, params, gamma):
-    target, draft = tiny_pair
-    drafter = create_drafter("chain", draft=draft, sampling=params, variant="text")
-    engine = SpeculativeEngine(target, drafter, gamma, params)
+def _assert_samples_follow_target(engine, target, params, n: int = 2000):
+    """Decode the first tokens with n seeds; chi-square against the exact distribution.
+    Returns the exact distribution (to compare the draft's with)."""
     prompt = "t1 t3 t0 t2"
     prompt_ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     seqs, exact = _exact_distribution(target, prompt_ids, params)
     index = {s: i for i, s in enumerate(seqs)}
-
-    n = 2000
     counts = torch.zeros(len(seqs))
     rejected = 0
     for seed in range(n):
@@ -95,7 +91,30 @@ def test_first_tokens_follow_target_distribution(tiny_pair, params, gamma):
         exp[exp.argmax()] += expected[~big].sum()
     exp = exp * obs.sum() / exp.sum()
     assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-3
+    return prompt_ids, exact
 
+
+@pytest.mark.parametrize("params,gamma", [(SamplingParams(1.0), 2), (SamplingParams(0.8, top_p=0.9), 3)])
+def test_first_tokens_follow_target_distribution(tiny_pair, params, gamma):
+    target, draft = tiny_pair
+    drafter = create_drafter("chain", draft=draft, sampling=params, variant="text")
+    engine = SpeculativeEngine(target, drafter, gamma, params)
+    prompt_ids, exact = _assert_samples_follow_target(engine, target, params)
     # the draft's own distribution is clearly different (so the test could fail)
     _, draft_exact = _exact_distribution(draft, prompt_ids, params)
     assert (exact - draft_exact).abs().sum() > 0.3
+
+
+@pytest.mark.parametrize("with_twig", [False, True])
+def test_twig_first_tokens_follow_target_distribution(tiny_pair, with_twig):
+    """Self-speculation at T > 0: the draft is layers[:1] of the 2-layer target + its head
+    (layer-skip) or + a random 1-layer twig; its q must be what the tokens were drawn from."""
+    target, _ = tiny_pair
+    params = SamplingParams(1.0)
+    twig = None
+    if with_twig:
+        torch.manual_seed(11)
+        cfg = LlamaConfig(**{**target.model.config.to_dict(), "num_hidden_layers": 1})
+        twig = LlamaForCausalLM(cfg).eval()
+    drafter = create_drafter("twig", target=target, sampling=params, layers=1, twig=twig, threshold=0.0)
+    _assert_samples_follow_target(SpeculativeEngine(target, drafter, 2, params), target, params, n=1500)

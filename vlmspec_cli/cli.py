@@ -18,6 +18,8 @@ Examples:
   vlmspec caption img.png --method chain --inputs text --compare
   vlmspec caption imgs/ --method tabed --inputs M,T,C,P --trace weights.jsonl
   vlmspec caption --chat conversations.jsonl --json     # next assistant turn of each
+  vlmspec caption imgs/ --profile tinyworld-twig        # self-speculation, no draft model
+  vlmspec caption imgs/ -p tinyworld-twig --set prune.keep=3 --set prune.final_wipe=6  # lossy
   vlmspec caption img.png --profile llava15-7b --dry-run
 
 Exit codes: 0 all inputs done, 1 some input failed (the rest were still
@@ -64,8 +66,9 @@ set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.argument("inputs", nargs=-1, metavar="INPUTS...")
 @click.option("--prompt", help="Question or instruction for every image [profile: generation.prompt].")
 @profile_option
-@click.option("--method", "-m", help="none (target only), chain (one drafting input) or tabed "
-                                     "(adaptive ensemble of inputs) [profile: method].")
+@click.option("--method", "-m", help="none (target only), chain (one drafting input), tabed "
+                                     "(adaptive ensemble of inputs) or twig (self-speculation "
+                                     "on the target's first layers) [profile: method].")
 @click.option("--inputs", "drafting_inputs", metavar="LIST",
               help="Drafting inputs, comma-separated: multimodal,text,caption,pooled "
                    "(or letters M,T,C,P) [profile: drafting.inputs].")
@@ -134,8 +137,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
         return
     if not quiet:
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
-                + (f", draft {prof.draft.model} {list(prof.drafting.inputs)} γ={prof.drafting.gamma}"
-                   if prof.method != "none" else ""))
+                + _draft_summary(prof))
     trace = None
     if trace_file:
         trace_stream = open(trace_file, "a", encoding="utf-8")  # closed at exit
@@ -168,6 +170,20 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     if summary.mismatches:
         ui.error(f"{summary.mismatches} output(s) differ from target-only greedy decoding")
     sys.exit(1 if summary.failures or summary.mismatches else 0)
+
+
+def _draft_summary(prof) -> str:
+    if prof.method == "none":
+        return ""
+    if prof.method == "twig":
+        twig = prof.twig
+        text = (f", twig {twig.model} on layers[:{twig.layers or 'K'}] δ={prof.drafting.gamma} "
+                f"θ={twig.threshold}")
+        if prof.prune.active:
+            text += (f", pruning keep={prof.prune.keep} layer={prof.prune.layer} "
+                     f"final_wipe={prof.prune.final_wipe} (lossy)")
+        return text
+    return f", draft {prof.draft.model} {list(prof.drafting.inputs)} γ={prof.drafting.gamma}"
 
 
 _INPUT_LETTERS = {"m": "multimodal", "t": "text", "c": "caption", "p": "pooled"}

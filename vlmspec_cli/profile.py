@@ -87,6 +87,34 @@ class EnsembleSpec:
 
 
 @dataclass
+class TwigSpec:
+    """Self-speculation (method ``twig``, TwigVLM): the draft is the target's first K
+    layers + a twig (T trained layers, norm, head). ``model: none`` = plain layer-skip
+    (first K layers + the target's own head, training-free)."""
+
+    model: str | None = "zoo:tinyworld/llava-twig"
+    # K: target layers the draft shares; default: the layer the twig was trained on
+    layers: int | None = field(default=None, metadata=_rule(ge=1))
+    # θ: stop drafting early after a token whose draft probability is below this (0: off);
+    # the number of tokens per draft is capped by drafting.gamma (δ)
+    threshold: float = field(default=0.6, metadata=_rule(ge=0, le=1))
+
+
+@dataclass
+class PruneSpec:
+    """Twig-guided visual-token pruning (TwigVLM TTP, method ``twig``). Opt-in and LOSSY:
+    setting keep or final_wipe makes records say lossless: false."""
+
+    keep: int | None = field(default=None, metadata=_rule(ge=0))        # R visual tokens
+    layer: int | None = field(default=None, metadata=_rule(ge=1))       # first pruned layer (default K)
+    final_wipe: int | None = field(default=None, metadata=_rule(ge=1))  # K_f: no visual tokens from here
+
+    @property
+    def active(self) -> bool:
+        return self.keep is not None or self.final_wipe is not None
+
+
+@dataclass
 class SamplingSpec:
     temperature: float = field(default=0.0, metadata=_rule(ge=0))
     top_p: float = field(default=1.0, metadata=_rule(gt=0, le=1))
@@ -129,6 +157,8 @@ class Profile:
     method: str = "chain"
     drafting: DraftingSpec = field(default_factory=DraftingSpec)
     ensemble: EnsembleSpec = field(default_factory=EnsembleSpec)
+    twig: TwigSpec = field(default_factory=TwigSpec)
+    prune: PruneSpec = field(default_factory=PruneSpec)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     generation: GenerationSpec = field(default_factory=GenerationSpec)
     hardware: HardwareSpec = field(default_factory=HardwareSpec)
@@ -138,9 +168,9 @@ class Profile:
 
     @property
     def lossless(self) -> bool:
-        # No lossy option exists yet. Any future option that can change the
-        # output distribution (e.g. relaxed acceptance) must make this False.
-        return True
+        # Every option that can change the output distribution makes this False:
+        # visual-token pruning changes the target that drafts are verified against.
+        return not self.prune.active
 
 
 # ------------------------------------------------------------ schema helpers

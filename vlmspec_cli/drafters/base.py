@@ -43,7 +43,11 @@ class Drafter(Protocol):
         target's verified logits at the proposed positions, for adaptive drafters.
 
     Optional hooks: ``prepare(state)`` runs before the target's prefill (work that can
-    overlap it, e.g. captioning); ``finish(state)`` after the last round (report to stats)."""
+    overlap it, e.g. captioning); ``finish(state)`` after the last round (report to stats).
+    A drafter with ``runs_target = True`` shares layers with the target (twig): its
+    ``prefill`` also prefills the target (sets ``state.target_cache`` and
+    ``state.target_next_logits``) and ``extend_target(state, ids)`` replaces the target's
+    cached forward, returning logits (1, n, V)."""
 
 
 DrafterFactory = Callable[..., Drafter]

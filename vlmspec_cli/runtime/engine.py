@@ -45,6 +45,9 @@ class SpeculativeEngine:
         self.drafter = drafter
         self.gamma = gamma
         self.sampling = sampling
+        # self-speculative drafters (twig) run the target's forwards themselves, reusing
+        # the layers they share with it: prefill(state) and extend_target(state, ids)
+        self.runs_target = bool(getattr(drafter, "runs_target", False))
         tok = target.tokenizer
         eos = tok.eos_token_id
         gen_eos = getattr(target.model.generation_config, "eos_token_id", None)
@@ -59,6 +62,12 @@ class SpeculativeEngine:
         state = DecodeState(request=request, prompt=lm.adapter.prompt_text(lm, request.messages))
         state.target_generator, state.draft_generator = make_generators(request.seed)
         t0 = time.perf_counter()
+        if self.runs_target:
+            # a self-speculative drafter shares layers with the target and runs its
+            # prefill itself (setting target_cache and target_next_logits)
+            self.drafter.prefill(state)
+            state.stats.prefill_s = time.perf_counter() - t0
+            return state
         inputs = lm.adapter.encode(lm, state.prompt, request.images or None)
         if hasattr(self.drafter, "prepare"):  # e.g. start the captioner alongside the prefill
             self.drafter.prepare(state)
@@ -84,7 +93,10 @@ class SpeculativeEngine:
             rows.append(state.target_next_logits[None])
         if feed:
             ids = torch.tensor([feed], device=lm.device)
-            logits = lm.adapter.extend(lm, ids, state.target_cache)[0]
+            if self.runs_target:
+                logits = self.drafter.extend_target(state, ids)[0]
+            else:
+                logits = lm.adapter.extend(lm, ids, state.target_cache)[0]
             rows.append(logits[len(state.target_pending) - 1 if state.target_pending else 0:])
         target_logits = torch.cat(rows, dim=0)[: len(draft) + 1]
 

@@ -178,6 +178,22 @@ def load_model(spec, role: str = "target") -> LoadedModel:
     return LoadedModel(spec.model, model, processor, tokenizer, adapter, device, dtype)
 
 
+def load_twig(name: str, target: LoadedModel):
+    """A twig block (TwigVLM): a small ``*ForCausalLM`` whose layers run on the target's
+    layer-K hidden states; loaded with from_pretrained onto the target's device and dtype."""
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_model_source(name)
+    if not Path(source).is_dir() and not _hub_reachable():
+        raise ModelLoadError(f"twig '{name}' is not a local directory and the hub is unreachable "
+                             "(offline?); set twig.model to a directory, or to none for layer-skip")
+    try:
+        twig = AutoModelForCausalLM.from_pretrained(source, dtype=target.dtype, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load twig '{name}': {exc}") from exc
+    return twig.to(target.device).eval()
+
+
 def check_compatible(target: LoadedModel, draft: LoadedModel, needs_images: bool) -> None:
     """Fail before decoding when draft and target cannot speculate together."""
     t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()

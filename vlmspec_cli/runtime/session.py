@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from vlmspec_cli.drafters import create_drafter, drafter_names
 from vlmspec_cli.runtime.captioner import Captioner
 from vlmspec_cli.runtime.engine import SpeculativeEngine
-from vlmspec_cli.runtime.models import LoadedModel, ModelLoadError, check_compatible, load_model
+from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible, load_model,
+                                        load_twig)
 from vlmspec_cli.runtime.verify import SamplingParams
 
 class SessionError(Exception):
@@ -63,6 +64,37 @@ def validate_method(profile) -> None:
         raise SessionError(f"drafting.inputs lists an input twice: {inputs}")
     if profile.method in ("chain", "tabed") and "caption" in inputs and not profile.captioner.model:
         raise SessionError("drafting input 'caption' needs a captioner: set captioner.model")
+    if profile.prune.active and profile.method != "twig":
+        raise SessionError(f"prune (visual-token pruning) works with method 'twig' only, not "
+                           f"'{profile.method}'; remove prune.keep / prune.final_wipe")
+    if profile.method == "twig":
+        if _no_twig(profile.twig.model) and profile.twig.layers is None:
+            raise SessionError("twig.model: none (layer-skip) needs twig.layers: K, the number "
+                               "of target layers the draft runs")
+        if _no_twig(profile.twig.model) and profile.prune.active:
+            raise SessionError("prune needs a twig (its attention ranks the visual tokens); "
+                               "set twig.model")
+
+
+def _no_twig(model: str | None) -> bool:
+    return model is None or str(model).lower() == "none"
+
+
+def _twig_drafter(profile, target, sampling):
+    """Self-speculation: the twig (if any) loads next to the target, on its device/dtype."""
+    from vlmspec_cli.drafters.twig import PrunePlan
+
+    twig = None if _no_twig(profile.twig.model) else load_twig(profile.twig.model, target)
+    layers = profile.twig.layers
+    if layers is None:
+        layers = getattr(twig.config, "twig_from_layer", None)
+        if layers is None:
+            raise SessionError(f"twig '{profile.twig.model}' does not say which target layer it "
+                               "grows from (config twig_from_layer); set twig.layers: K")
+    p = profile.prune
+    plan = PrunePlan(keep=p.keep, layer=p.layer, final_wipe=p.final_wipe)
+    return create_drafter("twig", target=target, sampling=sampling, layers=int(layers), twig=twig,
+                          threshold=profile.twig.threshold, prune=plan)
 
 
 def build_session(profile, trace=None) -> Session:
@@ -74,6 +106,11 @@ def build_session(profile, trace=None) -> Session:
     draft = captioner_lm = None
     if profile.method == "none":
         drafter = create_drafter("none")
+    elif profile.method == "twig":
+        try:
+            drafter = _twig_drafter(profile, target, sampling)
+        except ValueError as exc:
+            raise SessionError(str(exc)) from None
     else:
         inputs = list(profile.drafting.inputs)
         draft = load_model(profile.draft, "draft")

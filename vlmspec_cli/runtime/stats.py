@@ -23,6 +23,8 @@ class SpecStats:
     caption_s: float = 0.0    # captioner time (caption drafting), overlapping the prefill
     # tabed: {"inputs": [...], "policy": ..., "block_weights": [[w_1..w_m] per block]}
     ensemble: dict | None = None
+    # twig-guided pruning: visual tokens, kept R, layer, final_wipe, mean_retained (Eq. 6)
+    pruning: dict | None = None
 
     def record_round(self, drafted: int, accepted: int, emitted: int) -> None:
         """One draft→verify round: ``drafted`` proposals, ``accepted`` of them kept, and
@@ -64,7 +66,7 @@ class SpecStats:
     def from_dict(cls, d: dict) -> "SpecStats":
         names = ("new_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
                  "accepted_per_pos", "accept_len_hist", "prefill_s", "wall_s", "caption_s",
-                 "ensemble")
+                 "ensemble", "pruning")
         return cls(**{k: d[k] for k in names if k in d})
 
     def to_dict(self) -> dict:
@@ -75,8 +77,9 @@ class SpecStats:
         d["wall_s"] = round(self.wall_s, 4)
         d["prefill_s"] = round(self.prefill_s, 4)
         d["caption_s"] = round(self.caption_s, 4)
-        if self.ensemble is None:
-            del d["ensemble"]
+        for optional in ("ensemble", "pruning"):
+            if d[optional] is None:
+                del d[optional]
         return d
 
 

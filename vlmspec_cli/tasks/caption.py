@@ -105,7 +105,7 @@ def base_record(session, item: Job, prompt: str) -> dict:
         "output": None,
         "profile": p.name,
         "method": p.method,
-        "drafting_inputs": list(p.drafting.inputs) if p.method != "none" else [],
+        "drafting_inputs": list(p.drafting.inputs) if p.method not in ("none", "twig") else [],
         "gamma": p.drafting.gamma if p.method != "none" else 0,
         "lossless": session.lossless,
         "temperature": p.sampling.temperature,

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
+
+@dataclass
+class TextStack:
+    """The decoder under a model's LM head, as parts that can be run layer by layer
+    (self-speculation runs the first K layers and the rest separately)."""
+
+    embed: Any          # token embedding
+    layers: Any         # ModuleList of decoder layers
+    norm: Any           # final norm before the head
+    rotary: Any         # rotary embedding: (hidden, position_ids) -> (cos, sin)
+    head: Any           # lm_head
+    config: Any         # the text config
 
 
 class ModelAdapter:
@@ -56,8 +69,27 @@ class ModelAdapter:
     def embed(self, lm, prompt: str, images: list | None, pool: int = 1) -> torch.Tensor:
         """The prompt as input embeddings (1, L, H): what ``encode`` feeds the model, with
         image features already in place (so rows of different kinds can share a batch)."""
+        return self.prompt_embeds(lm, prompt, images, pool)[0]
+
+    def prompt_embeds(self, lm, prompt: str, images: list | None,
+                      pool: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """``embed`` and a bool mask (L,) of the positions that hold image features."""
         ids = self.encode(lm, prompt, None)["input_ids"]
-        return lm.model.get_input_embeddings()(ids)
+        embeds = lm.model.get_input_embeddings()(ids)
+        return embeds, torch.zeros(ids.shape[1], dtype=torch.bool, device=ids.device)
+
+    def text_stack(self, lm) -> TextStack:
+        """Llama-style decoders (Llama, Qwen2, Mistral …) directly under the head, or under
+        a multimodal wrapper's ``language_model``. Families with other position schemes
+        (Qwen2-VL's 3-D rope) override this or are not supported by layer-wise methods."""
+        inner = lm.model.model
+        text = getattr(inner, "language_model", inner)
+        missing = [a for a in ("embed_tokens", "layers", "norm", "rotary_emb") if not hasattr(text, a)]
+        if missing:
+            raise ValueError(f"model '{lm.name}' has no Llama-style decoder stack (no {missing[0]}); "
+                             "layer-wise methods (twig) cannot run on it")
+        return TextStack(text.embed_tokens, text.layers, text.norm, text.rotary_emb,
+                         lm.model.get_output_embeddings(), text.config)
 
     # -- forwards --------------------------------------------------------------------
     def new_cache(self, lm) -> DynamicCache:

@@ -61,9 +61,10 @@ class LlavaAdapter(ModelAdapter):
         return model.multi_modal_projector(pooled.flatten(2).transpose(1, 2))
 
     @torch.inference_mode()
-    def embed(self, lm, prompt: str, images: list | None, pool: int = 1) -> torch.Tensor:
+    def prompt_embeds(self, lm, prompt: str, images: list | None,
+                      pool: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         if not images:
-            return super().embed(lm, prompt, None)
+            return super().prompt_embeds(lm, prompt, None)
         image_id = self.image_token_id(lm)
         ids = lm.tokenizer(prompt, return_tensors="pt")["input_ids"][0]
         slots = (ids == image_id).nonzero().flatten().tolist()
@@ -78,4 +79,4 @@ class LlavaAdapter(ModelAdapter):
         embeds = lm.model.get_input_embeddings()(ids)
         mask = ids[0] == image_id
         embeds[0, mask] = features.reshape(-1, features.shape[-1]).to(embeds.dtype)
-        return embeds
+        return embeds, mask

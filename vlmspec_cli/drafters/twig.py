@@ -1,0 +1,290 @@
+"""``twig``: self-speculation on the target's own first K layers (TwigVLM, Alg. 1).
+
+The draft is layers[:K] of the target + a small *twig* (T decoder layers, trained on top
+of X^(K) with the LM loss, its own norm and head) — or, with ``twig.model: none``, plain
+layer-skip: layers[:K] + the target's own norm and head (training-free).
+
+Sharing (trunk.py): every token runs through layers[:K] once. While drafting, the pending
+token and x_1..x_{n-1} go through layers[:K] (into the target's cache) and the twig; at
+verification only x_n still needs layers[:K], then layers[K:] run on the stored X^(K) of
+pending, x_1..x_n. After verification the engine crops every target layer back to the
+accepted prefix; the twig's own cache is cropped to match, and an accepted x_n that the
+twig never read is fed to it (from its stored X^(K)) with the next token.
+
+Drafting stops after δ = drafting.gamma tokens, or early (θ = twig.threshold) after a
+token whose draft probability is below θ. The stop depends only on the draft, so
+verification stays exact: without pruning the output is the target's, token for token
+at T = 0 and in distribution at T > 0.
+
+Twig-guided pruning (TTP, opt-in, lossy): at prefill the last twig layer's attention
+from text rows to visual rows picks the R visual tokens that layers[P:] keep (P >= K);
+layers[K_f:] keep none (FinalWipe). The target being verified against is then the
+pruned one, so records say ``lossless: false``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vlmspec_cli.drafters.base import Draft, register
+from vlmspec_cli.runtime.request import DecodeState
+from vlmspec_cli.runtime.trunk import SplitTarget, mean_retained_tokens, run_layers
+from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+
+_UNIT = SamplingParams(temperature=1.0, top_p=1.0)
+
+
+@dataclass
+class PrunePlan:
+    keep: int | None = None          # R: visual tokens kept from layer `layer` on
+    layer: int | None = None         # P (0-based index of the first pruned layer; default K)
+    final_wipe: int | None = None    # K_f: layers from here on see no visual tokens
+
+    @property
+    def active(self) -> bool:
+        return self.keep is not None or self.final_wipe is not None
+
+
+@dataclass
+class TwigState:
+    twig_cache: Any                              # the twig layers' own cache (None: layer-skip)
+    next_logits: torch.Tensor | None = None      # draft logits for the first proposal
+    lowered: list[int] | None = None             # tokens through layers[:K] since verification
+    lowered_states: torch.Tensor | None = None   # their X^(K), (1, n, H)
+    verified_states: torch.Tensor | None = None  # X^(K) of the last verified feed
+    verified_start: int = 0                      # position of its first row
+    unread: torch.Tensor | None = None           # committed X^(K) the twig has not read yet
+    pruning: dict | None = None                  # what pruning kept (for the record)
+
+
+def select_visual_rows(attention: torch.Tensor, visual: torch.Tensor, keep: int) -> torch.Tensor:
+    """TwigVLM Eq. 3/5: rank visual tokens by the attention the text rows pay them,
+    sum_i A[i, v] over text rows i (and heads), keep the top ``keep``.
+    ``attention``: (1, heads, S, S) of the last twig layer; ``visual``: bool (S,).
+    Returns a bool (S,) mask of the rows that go on: all text rows + the kept visual ones."""
+    text = ~visual
+    after = torch.arange(visual.shape[0], device=visual.device) > int(visual.nonzero()[0])
+    # the text rows after the first image (the instruction); earlier rows cannot see images
+    score = attention[0].float().sum(0)[text & after][:, visual].sum(0)      # (M,)
+    kept = visual.clone()
+    if keep < int(visual.sum()):
+        order = score.argsort(descending=True)
+        chosen = torch.zeros_like(score, dtype=torch.bool)
+        chosen[order[:keep]] = True
+        kept[visual] = chosen
+    return text | kept
+
+
+class TwigDrafter:
+    name = "twig"
+    needs_target_hidden = True
+    runs_target = True     # the engine lets this drafter run the target's forwards
+
+    def __init__(self, target, sampling: SamplingParams, layers: int, twig=None,
+                 threshold: float = 0.0, prune: PrunePlan | None = None, **_: object) -> None:
+        self.target = target
+        self.sampling = sampling
+        self.split = SplitTarget(target, layers)
+        self.twig = twig                       # a *ForCausalLM with T layers, or None
+        self.threshold = float(threshold)
+        self.prune = prune if prune is not None and prune.active else None
+        if twig is not None:
+            hidden = self.split.stack.config.hidden_size
+            if twig.config.hidden_size != hidden:
+                raise ValueError(f"twig hidden size {twig.config.hidden_size} does not match the "
+                                 f"target's {hidden}")
+            trained_on = getattr(twig.config, "twig_from_layer", None)
+            if trained_on is not None and int(trained_on) != layers:
+                raise ValueError(f"the twig was trained on layer {trained_on} of its target, but "
+                                 f"twig.layers is {layers}; set twig.layers: {trained_on}")
+        if self.prune is not None:
+            self._check_prune(self.prune)
+        self.lossless = self.prune is None
+
+    def _check_prune(self, plan: PrunePlan) -> None:
+        k, n = self.split.k, self.split.num_layers
+        if self.twig is None:
+            raise ValueError("prune needs a twig (its last layer's attention ranks the visual "
+                             "tokens); set twig.model")
+        if plan.layer is None:
+            plan.layer = k
+        if not k <= plan.layer < n:
+            raise ValueError(f"prune.layer must be in [{k}, {n - 1}] (pruning needs the twig's "
+                             f"attention, computed on layer K={k}), got {plan.layer}")
+        if plan.keep is not None and plan.keep < 0:
+            raise ValueError(f"prune.keep must be >= 0, got {plan.keep}")
+        if plan.final_wipe is not None and not plan.layer <= plan.final_wipe <= n:
+            raise ValueError(f"prune.final_wipe must be in [{plan.layer}, {n}], got {plan.final_wipe}")
+        # the twig must return its attention map: eager attention (twig layers only)
+        self.twig.set_attn_implementation("eager")
+
+    # -- target forwards (called by the engine) --------------------------------------
+    def prefill(self, state: DecodeState) -> None:
+        """Prompt → layers[:K] → (twig, for the first draft) and → layers[K:] (pruned as
+        planned) for the target's first-token logits."""
+        lm, split = self.target, self.split
+        embeds, visual = lm.adapter.prompt_embeds(lm, state.prompt, state.request.images or None)
+        positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
+        state.target_cache = lm.adapter.new_cache(lm)
+        hidden_k = split.lower(embeds, positions, state.target_cache)
+        st = TwigState(twig_cache=None)
+        attention = None
+        if self.twig is not None:
+            st.twig_cache = lm.adapter.new_cache(_TwigLM(self.twig))
+            logits, attention = self._twig_forward(st, hidden_k, positions,
+                                                   want_attention=self.prune is not None)
+            st.next_logits = logits[0, -1]
+        else:
+            st.next_logits = split.head(hidden_k[:, -1:])[0, -1]
+        keep_from, st.pruning = self._prune_rows(attention, visual)
+        state.target_next_logits = split.upper(hidden_k, positions, state.target_cache,
+                                               keep_from)[0, -1]
+        state.drafter_state = st
+
+    def extend_target(self, state: DecodeState, ids: torch.Tensor) -> torch.Tensor:
+        """Target logits (1, n, V) for the fed tokens (pending + proposals), reusing the
+        X^(K) the drafting already computed and running layers[:K] only on the rest."""
+        st: TwigState = state.drafter_state
+        split, cache = self.split, state.target_cache
+        feed = ids[0].tolist()
+        have = st.lowered or []
+        if have[: len(feed)] != feed[: len(have)]:
+            raise RuntimeError("twig: verification feed does not continue the drafted tokens")
+        if len(have) > len(feed):  # the engine cut the draft (EOS): forget the extra rows
+            extra = len(have) - len(feed)
+            for layer in split.lower_layers:
+                cache.layers[layer.self_attn.layer_idx].crop(-extra)
+            st.lowered_states = st.lowered_states[:, : len(feed)]
+            have = have[: len(feed)]
+        rest = feed[len(have):]
+        if rest:
+            h = split.lower(split.embed_tokens(rest), split.next_positions(cache, len(rest), self.target.device), cache)
+            st.lowered_states = h if st.lowered_states is None else torch.cat([st.lowered_states, h], 1)
+        states = st.lowered_states
+        start = int(cache.get_seq_length(0)) - len(feed)
+        positions = torch.arange(start, start + len(feed), device=self.target.device)[None]
+        st.verified_states, st.verified_start = states, start
+        st.lowered, st.lowered_states = None, None
+        return split.upper(states, positions, cache)
+
+    # -- drafting ---------------------------------------------------------------------
+    def propose(self, state: DecodeState, max_tokens: int) -> Draft:
+        st: TwigState = state.drafter_state
+        feed = list(state.target_pending)
+        logits = st.next_logits
+        st.next_logits = None
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        greedy = self.sampling.greedy
+        while len(tokens) < max_tokens:
+            if feed:
+                logits = self._draft_step(st, state, feed)
+            q = probabilities(logits, _UNIT if greedy else self.sampling)
+            if greedy:
+                tok = int(logits.argmax())
+            else:
+                tok = int(torch.multinomial(q.cpu(), 1, generator=state.draft_generator))
+                qs.append(q)
+            tokens.append(tok)
+            # early exit: stop after a token the draft itself is unsure of (top prob < θ)
+            if self.threshold > 0 and float(q.max()) < self.threshold:
+                break
+            feed = [tok]
+        return Draft(tokens, torch.stack(qs) if qs else None)
+
+    def _draft_step(self, st: TwigState, state: DecodeState, feed: list[int]) -> torch.Tensor:
+        """Run ``feed`` through the shared layers[:K] (kept for verification) and the twig;
+        the draft's logits (V,) for the token after it."""
+        split, cache = self.split, state.target_cache
+        positions = split.next_positions(cache, len(feed), self.target.device)
+        h = split.lower(split.embed_tokens(feed), positions, cache)
+        st.lowered = (st.lowered or []) + feed
+        st.lowered_states = h if st.lowered_states is None else torch.cat([st.lowered_states, h], 1)
+        if self.twig is None:
+            return split.head(h[:, -1:])[0, -1]
+        if st.unread is not None:  # committed tokens the twig has not read: feed them first
+            h = torch.cat([st.unread, h], 1)
+            st.unread = None
+        # the twig's cache holds every token it read, so its length is the next position
+        positions = split.next_positions(st.twig_cache, h.shape[1], self.target.device)
+        logits, _ = self._twig_forward(st, h, positions)
+        return logits[0, -1]
+
+    @torch.inference_mode()
+    def _twig_forward(self, st: TwigState, hidden_k: torch.Tensor, positions: torch.Tensor,
+                      want_attention: bool = False):
+        twig = self.twig
+        captured = {}
+        hook = None
+        if want_attention:
+            def grab(_module, _args, output):
+                captured["attention"] = output[1]
+            hook = twig.model.layers[-1].self_attn.register_forward_hook(grab)
+        try:
+            hidden = run_layers(twig.model.layers, self.split.stack.rotary, hidden_k, positions,
+                                st.twig_cache)
+        finally:
+            if hook is not None:
+                hook.remove()
+        return twig.lm_head(twig.model.norm(hidden)), captured.get("attention")
+
+    def accept(self, state: DecodeState, n_accepted: int, target_logits=None) -> None:
+        st: TwigState = state.drafter_state
+        if self.twig is None or st.verified_states is None:
+            return
+        # the engine has cropped the target cache to the accepted prefix; the twig must
+        # hold the same tokens: crop what it read beyond, queue what it has not read
+        committed = int(state.target_cache.get_seq_length(0))
+        have = int(st.twig_cache.get_seq_length(0))
+        if have > committed:
+            st.twig_cache.crop(-(have - committed))
+            st.unread = None
+        elif have < committed:
+            # verified rows still committed: positions verified_start .. committed - 1
+            rows = st.verified_states[:, : committed - st.verified_start]
+            pool = rows if st.unread is None else torch.cat([st.unread, rows], 1)
+            st.unread = pool[:, pool.shape[1] - (committed - have):]
+        st.verified_states = None
+
+    def finish(self, state: DecodeState) -> None:
+        st = state.drafter_state
+        if isinstance(st, TwigState) and st.pruning is not None:
+            state.stats.pruning = st.pruning
+
+    # -- pruning ------------------------------------------------------------------------
+    def _prune_rows(self, attention, visual: torch.Tensor):
+        """Rows each pruned layer keeps ({layer index: bool mask over the prompt}) and the
+        report for the record (Eq. 6's R̄ included)."""
+        plan = self.prune
+        if plan is None:
+            return None, None
+        n_layers = self.split.num_layers
+        m = int(visual.sum())
+        keep_from: dict[int, torch.Tensor] = {}
+        kept = m
+        if plan.keep is not None and m:
+            keep_from[plan.layer] = select_visual_rows(attention, visual, plan.keep)
+            kept = min(plan.keep, m)
+        wipe = plan.final_wipe if plan.final_wipe is not None else n_layers
+        if wipe < n_layers and m:
+            keep_from[wipe] = ~visual
+        report = {"visual_tokens": m, "kept": kept, "layer": plan.layer, "final_wipe": wipe,
+                  "num_layers": n_layers,
+                  "mean_retained": round(mean_retained_tokens(m, kept, plan.layer, wipe, n_layers), 3)}
+        return keep_from or None, report
+
+
+class _TwigLM:
+    """Just enough of a LoadedModel for ``adapter.new_cache``."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+
+@register("twig")
+def make_twig(target, sampling: SamplingParams, layers: int, twig=None, threshold: float = 0.0,
+              prune: PrunePlan | None = None, **_: object) -> TwigDrafter:
+    return TwigDrafter(target, sampling, layers, twig=twig, threshold=threshold, prune=prune)
