@@ -300,8 +300,13 @@ def main(argv=None) -> None:
     ap.add_argument("--vision-steps", type=int, default=1500)
     ap.add_argument("--eval-only", action="store_true",
                     help="only evaluate the built models in --out and update the report")
-    ap.add_argument("--only", nargs="+", choices=("llava-draft", "llava-target", "captioner"),
+    ap.add_argument("--only", nargs="+", choices=("llava-draft", "llava-target", "captioner", "llava-twig"),
                     help="rebuild only these models (the others' weights are kept)")
+    ap.add_argument("--twig-steps", type=int, default=600)
+    ap.add_argument("--twig-ablation", action="store_true",
+                    help="also train the other twig inits, T = 1..4 and K = 1, 3 and report their TokAR")
+    ap.add_argument("--twig-variants", type=Path, metavar="DIR",
+                    help="with --twig-ablation: save every variant there (for bench/twig.py)")
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--eval-scenes", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
@@ -329,7 +334,8 @@ def main(argv=None) -> None:
             print(f"[{name}] {json.dumps(report[name])}", flush=True)
         report_path.write_text(json.dumps(report, indent=2) + "\n")
         return
-    for name in args.only or list(models):
+    wanted = args.only or [*models, "llava-twig"]
+    for name in [n for n in wanted if n in models]:
         text, vision, steps, lr, mix = models[name]
         if mix not in datasets:
             weights = {mix: 1.0} if mix == "caption" else None
@@ -351,6 +357,13 @@ def main(argv=None) -> None:
                         "text_layers": text["num_hidden_layers"], "vision_steps": args.vision_steps,
                         "vision_probe": vision_metrics, **metrics}
         print(f"[{name}] {json.dumps(report[name])}", flush=True)
+        report_path.write_text(json.dumps(report, indent=2) + "\n")
+    if "llava-twig" in wanted:  # grown on the built target, from its training mix
+        from vlmspec_cli.zoo.twig import build_twig
+
+        data = datasets.get("mix") or make_dataset(processor, args.examples, args.seed + 1)
+        build_twig(args.out, processor, data, report, args.twig_steps, args.seed,
+                   args.batch_tokens, args.twig_ablation, variants_dir=args.twig_variants)
         report_path.write_text(json.dumps(report, indent=2) + "\n")
 
 

@@ -1,0 +1,157 @@
+"""Grow a twig on the tinyworld Llava target (TwigVLM §3.1, App. A).
+
+The twig is T decoder layers + a norm + an LM head on top of the frozen target's first K
+layers. Only the twig trains, with the plain autoregressive loss on the target's own
+training conversations; its layers start as copies of the target's layers[K:K+T]
+(``init="next"``, the paper's choice), of layers[L−T:L] (``"last"``) or random
+(``"random"``); norm and head start as the target's. It is saved as a T-layer
+``LlamaForCausalLM`` whose config records ``twig_from_layer: K``, so it loads with a plain
+``from_pretrained`` (its embedding table is unused: tokens enter through the target).
+
+``build_twig`` trains the shipped twig and, with ``ablation``, the paper's Table 7
+comparison: token acceptance rate (TokAR) for each init and for T = 1..4.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from vlmspec_cli.zoo import world
+
+TWIG_K = 2          # shared target layers
+TWIG_T = 1          # twig layers (chosen from the ablation: see BUILD_REPORT.json)
+INITS = ("next", "last", "random")
+
+
+def make_twig(target, k: int, t: int, init: str, seed: int) -> LlamaForCausalLM:
+    text = target.model.language_model
+    layers = text.layers
+    n = len(layers)
+    if not 1 <= k < n or k + t > n:
+        raise ValueError(f"twig K={k}, T={t} does not fit a {n}-layer target")
+    config = LlamaConfig(**{**text.config.to_dict(), "num_hidden_layers": t,
+                            "tie_word_embeddings": False, "architectures": ["LlamaForCausalLM"]})
+    config.twig_from_layer = k
+    config.twig_init = init
+    torch.manual_seed(seed)
+    twig = LlamaForCausalLM(config)
+    if init != "random":
+        source = range(k, k + t) if init == "next" else range(n - t, n)
+        for i, j in enumerate(source):
+            twig.model.layers[i].load_state_dict(layers[j].state_dict())
+    twig.model.norm.load_state_dict(text.norm.state_dict())
+    twig.lm_head.load_state_dict(target.lm_head.state_dict())
+    twig.model.embed_tokens.load_state_dict(text.embed_tokens.state_dict())
+    return twig
+
+
+def train_twig(target, twig, data, k: int, steps: int, lr: float, batch_tokens: int, seed: int,
+               pad_id: int, label: str):
+    """Only the twig's layers, norm and head learn; X^(K) comes from the frozen target."""
+    from vlmspec_cli.zoo.build import batches, collate
+
+    target.eval().requires_grad_(False)
+    twig.model.embed_tokens.requires_grad_(False)
+    twig.train()
+    params = [p for p in twig.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    warmup = max(1, int(steps * 0.03))   # App. A: linear warm-up 3%, cosine decay
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    it = batches(data, batch_tokens, seed)
+    t0 = time.time()
+    for step in range(steps):
+        ids, labels, mask, pix = collate(data, next(it), pad_id)
+        kwargs = {"pixel_values": pix} if pix is not None else {}
+        with torch.no_grad():
+            hidden_k = target(input_ids=ids, attention_mask=mask, output_hidden_states=True,
+                              logits_to_keep=1, **kwargs).hidden_states[k]
+        loss = twig(inputs_embeds=hidden_k, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if step % 100 == 0 or step == steps - 1:
+            print(f"[{label}] step {step:5d}/{steps} loss {loss.item():.4f} "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+    twig.eval()
+    return twig
+
+
+def eval_requests(n: int, seed: int):
+    """Fresh single-image requests, half caption prompts, half questions."""
+    from vlmspec_cli.runtime.request import Message, Request
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        scene = world.sample_scene(rng)
+        prompt = rng.choice(world.CAPTION_PROMPTS) if i % 2 == 0 else rng.choice(world.qa_pairs(scene, rng))[0]
+        out.append(Request([Message("user", prompt, (world.render(scene),))], max_new_tokens=48))
+    return out
+
+
+def measure_tokar(target_lm, twig, k: int, requests, gamma: int = 5) -> dict:
+    """TokAR (accepted / drafted) and mean acceptance length of greedy twig drafting with
+    no early exit, so every round drafts γ tokens (Table 7's setting)."""
+    from vlmspec_cli.drafters import create_drafter
+    from vlmspec_cli.runtime.engine import SpeculativeEngine
+    from vlmspec_cli.runtime.stats import SpecStats
+    from vlmspec_cli.runtime.verify import SamplingParams
+
+    greedy = SamplingParams(0.0)
+    engine = SpeculativeEngine(target_lm, create_drafter("twig", target=target_lm, sampling=greedy,
+                                                         layers=k, twig=twig), gamma, greedy)
+    total = SpecStats()
+    for req in requests:
+        total.merge(engine.generate(req).state.stats)
+    return {"tokar": round(total.draft_accept_rate, 4), "mean_accept_len": round(total.mean_accept_len, 3)}
+
+
+def build_twig(out, processor, data, report: dict, steps: int, seed: int, batch_tokens: int,
+               ablation: bool, eval_requests_n: int = 40, variants_dir=None) -> None:
+    """Train and save ``llava-twig`` (K = TWIG_K, T = TWIG_T, init next); with
+    ``ablation``, also train and measure the other inits, T = 1..4 and K = 1, 3 (saved
+    under ``variants_dir`` as K{k}-T{t}-{init} when given, for bench/twig.py)."""
+    from vlmspec_cli.profile import ModelSpec
+    from vlmspec_cli.runtime.models import load_model
+
+    target_lm = load_model(ModelSpec(model=str(out / "llava-target"), device="cpu"), "target")
+    target = target_lm.model
+    pad_id = processor.tokenizer.pad_token_id
+    requests = eval_requests(eval_requests_n, seed=20_000 + seed)
+    variants = [(TWIG_K, TWIG_T, "next")]
+    if ablation:
+        variants += [(TWIG_K, t, "next") for t in (1, 2, 3, 4) if t != TWIG_T]
+        variants += [(TWIG_K, TWIG_T, init) for init in INITS if init != "next"]
+        variants += [(k, TWIG_T, "next") for k in (1, 3) if k != TWIG_K]
+    rows = []
+    layer_skip = {k: measure_tokar(target_lm, None, k, requests) for k in sorted({v[0] for v in variants})}
+    for k, t, init in variants:
+        twig = make_twig(target, k, t, init, seed)
+        before = measure_tokar(target_lm, twig, k, requests)
+        train_twig(target, twig, data, k, steps, 1e-3, batch_tokens, seed, pad_id,
+                   f"twig K={k} T={t} {init}")
+        after = measure_tokar(target_lm, twig, k, requests)
+        rows.append({"K": k, "T": t, "init": init, "untrained": before, **after})
+        print(f"[twig] {json.dumps(rows[-1])}", flush=True)
+        dests = [out / "llava-twig"] if (k, t, init) == (TWIG_K, TWIG_T, "next") else []
+        if variants_dir is not None:
+            dests.append(variants_dir / f"K{k}-T{t}-{init}")
+        for dest in dests:
+            dest.mkdir(parents=True, exist_ok=True)
+            copy.deepcopy(twig).save_pretrained(dest)
+    entry = report.setdefault("llava-twig", {})
+    entry.update({"K": TWIG_K, "T": TWIG_T, "init": "next", "steps": steps,
+                  "eval_requests": eval_requests_n,
+                  "layer_skip": {f"K={k}": v for k, v in layer_skip.items()}, **rows[0]})
+    if ablation:
+        entry["ablation"] = rows
