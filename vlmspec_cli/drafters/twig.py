@@ -24,6 +24,7 @@ pruned one, so records say ``lossless: false``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +91,7 @@ class TwigDrafter:
         self.split = SplitTarget(target, layers)
         self.twig = twig                       # a *ForCausalLM with T layers, or None
         self.threshold = float(threshold)
-        self.prune = prune if prune is not None and prune.active else None
+        self.prune = dataclasses.replace(prune) if prune is not None and prune.active else None
         if twig is not None:
             hidden = self.split.stack.config.hidden_size
             if twig.config.hidden_size != hidden:
@@ -159,10 +160,8 @@ class TwigDrafter:
                 cache.layers[layer.self_attn.layer_idx].crop(-extra)
             st.lowered_states = st.lowered_states[:, : len(feed)]
             have = have[: len(feed)]
-        rest = feed[len(have):]
-        if rest:
-            h = split.lower(split.embed_tokens(rest), split.next_positions(cache, len(rest), self.target.device), cache)
-            st.lowered_states = h if st.lowered_states is None else torch.cat([st.lowered_states, h], 1)
+        if len(feed) > len(have):
+            self._lower(st, state, feed[len(have):])
         states = st.lowered_states
         start = int(cache.get_seq_length(0)) - len(feed)
         positions = torch.arange(start, start + len(feed), device=self.target.device)[None]
@@ -198,11 +197,8 @@ class TwigDrafter:
     def _draft_step(self, st: TwigState, state: DecodeState, feed: list[int]) -> torch.Tensor:
         """Run ``feed`` through the shared layers[:K] (kept for verification) and the twig;
         the draft's logits (V,) for the token after it."""
-        split, cache = self.split, state.target_cache
-        positions = split.next_positions(cache, len(feed), self.target.device)
-        h = split.lower(split.embed_tokens(feed), positions, cache)
-        st.lowered = (st.lowered or []) + feed
-        st.lowered_states = h if st.lowered_states is None else torch.cat([st.lowered_states, h], 1)
+        split = self.split
+        h = self._lower(st, state, feed)
         if self.twig is None:
             return split.head(h[:, -1:])[0, -1]
         if st.unread is not None:  # committed tokens the twig has not read: feed them first
@@ -212,6 +208,16 @@ class TwigDrafter:
         positions = split.next_positions(st.twig_cache, h.shape[1], self.target.device)
         logits, _ = self._twig_forward(st, h, positions)
         return logits[0, -1]
+
+    def _lower(self, st: TwigState, state: DecodeState, tokens: list[int]) -> torch.Tensor:
+        """X^(K) of new tokens: the shared layers[:K] (writing the target's cache), kept
+        until verification runs layers[K:] on them."""
+        split, cache = self.split, state.target_cache
+        positions = split.next_positions(cache, len(tokens), self.target.device)
+        h = split.lower(split.embed_tokens(tokens), positions, cache)
+        st.lowered = (st.lowered or []) + tokens
+        st.lowered_states = h if st.lowered_states is None else torch.cat([st.lowered_states, h], 1)
+        return h
 
     @torch.inference_mode()
     def _twig_forward(self, st: TwigState, hidden_k: torch.Tensor, positions: torch.Tensor,
