@@ -235,22 +235,16 @@ def pretrain_vision(model, processor, steps: int, lr: float, seed: int, label: s
             "scenes_all_cells_right": round(hit.all(-1).all(-1).float().mean().item(), 4)}
 
 
-def train(model, data, steps: int, lr: float, batch_tokens: int, seed: int, pad_id: int, label: str):
-    """Stage 2: the language model and projector learn to talk about what the tower sees."""
-    torch.manual_seed(seed)
-    model.model.vision_tower.requires_grad_(False)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, steps // 20)
+def optimize(params, steps: int, lr: float, weight_decay: float, warmup: int, batch_loss,
+             label: str) -> None:
+    """AdamW (β = 0.9, 0.98), linear warm-up then cosine decay, gradients clipped at 1.0;
+    ``batch_loss()`` returns the loss of the next batch."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    it = batches(data, batch_tokens, seed)
     t0 = time.time()
     for step in range(steps):
-        ids, labels, mask, pix = collate(data, next(it), pad_id)
-        kwargs = {"pixel_values": pix} if pix is not None else {}
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels, **kwargs).loss
+        loss = batch_loss()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -259,6 +253,22 @@ def train(model, data, steps: int, lr: float, batch_tokens: int, seed: int, pad_
         if step % 100 == 0 or step == steps - 1:
             print(f"[{label}] step {step:5d}/{steps} loss {loss.item():.4f} "
                   f"({time.time() - t0:.0f}s)", flush=True)
+
+
+def train(model, data, steps: int, lr: float, batch_tokens: int, seed: int, pad_id: int, label: str):
+    """Stage 2: the language model and projector learn to talk about what the tower sees."""
+    torch.manual_seed(seed)
+    model.model.vision_tower.requires_grad_(False)
+    model.train()
+    it = batches(data, batch_tokens, seed)
+
+    def batch_loss():
+        ids, labels, mask, pix = collate(data, next(it), pad_id)
+        kwargs = {"pixel_values": pix} if pix is not None else {}
+        return model(input_ids=ids, attention_mask=mask, labels=labels, **kwargs).loss
+
+    optimize([p for p in model.parameters() if p.requires_grad], steps, lr, 0.01,
+             max(1, steps // 20), batch_loss, label)
     model.eval()
     return model
 

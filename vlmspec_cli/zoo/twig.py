@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import random
-import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -55,33 +53,24 @@ def make_twig(target, k: int, t: int, init: str, seed: int) -> LlamaForCausalLM:
 def train_twig(target, twig, data, k: int, steps: int, lr: float, batch_tokens: int, seed: int,
                pad_id: int, label: str):
     """Only the twig's layers, norm and head learn; X^(K) comes from the frozen target."""
-    from vlmspec_cli.zoo.build import batches, collate
+    from vlmspec_cli.zoo.build import batches, collate, optimize
 
     target.eval().requires_grad_(False)
     twig.model.embed_tokens.requires_grad_(False)
     twig.train()
-    params = [p for p in twig.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warmup = max(1, int(steps * 0.03))   # App. A: linear warm-up 3%, cosine decay
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     it = batches(data, batch_tokens, seed)
-    t0 = time.time()
-    for step in range(steps):
+
+    def batch_loss():
         ids, labels, mask, pix = collate(data, next(it), pad_id)
         kwargs = {"pixel_values": pix} if pix is not None else {}
         with torch.no_grad():
             hidden_k = target(input_ids=ids, attention_mask=mask, output_hidden_states=True,
                               logits_to_keep=1, **kwargs).hidden_states[k]
-        loss = twig(inputs_embeds=hidden_k, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        if step % 100 == 0 or step == steps - 1:
-            print(f"[{label}] step {step:5d}/{steps} loss {loss.item():.4f} "
-                  f"({time.time() - t0:.0f}s)", flush=True)
+        return twig(inputs_embeds=hidden_k, attention_mask=mask, labels=labels).loss
+
+    # App. A: AdamW, no weight decay, linear warm-up over 3% of the steps, cosine decay
+    optimize([p for p in twig.parameters() if p.requires_grad], steps, lr, 0.0,
+             max(1, int(steps * 0.03)), batch_loss, label)
     twig.eval()
     return twig
 
