@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -28,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from machine import machine_info  # noqa: E402  (bench/machine.py)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.drafters.members import member_prompt  # noqa: E402
 from vlmspec_cli.profile import ProfileError, load_profile  # noqa: E402
@@ -162,16 +161,6 @@ def summarize(res: dict, lat: dict, gamma: int) -> dict:
             "stats": r["stats"].to_dict(), "per_input_s": [round(s, 5) for s in r["seconds"]],
         }
     return rows
-
-
-def machine_info(device: torch.device) -> dict:
-    if device.type == "cuda":
-        hw = torch.cuda.get_device_name(device)
-    else:
-        hw = f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
-    return {"device": str(device), "hardware": hw, "torch": torch.__version__,
-            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "python": platform.python_version()}
 
 
 def print_report(cfg: dict, machine: dict, lat: dict, rows: dict) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import sys
 import time
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from machine import machine_info  # noqa: E402  (bench/machine.py)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.profile import ProfileError, load_profile  # noqa: E402
 from vlmspec_cli.runtime.captioner import Captioner  # noqa: E402
@@ -238,23 +238,6 @@ def claim_check(rows: dict) -> str:
             f"MTCP* has the highest measured speedup of the Table 2 rows in {len(fastest)}/"
             f"{len(SCENARIOS)} columns. On these models and inputs the Table 1 claim "
             f"{'holds' if verdict else 'does not hold'} for MT*.")
-
-
-def machine_info(device: torch.device) -> dict:
-    if device.type == "cuda":
-        hw = torch.cuda.get_device_name(device)
-    else:
-        hw = platform.processor() or platform.machine()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    hw = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-    return {"device": str(device), "hardware": hw, "torch": torch.__version__,
-            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "python": platform.python_version()}
 
 
 def main() -> None:

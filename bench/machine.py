@@ -1,0 +1,29 @@
+"""What machine a benchmark ran on (shared by the bench scripts; they run as scripts, so
+this directory is on sys.path)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import torch
+import transformers
+
+
+def machine_info(device: torch.device) -> dict:
+    if device.type == "cuda":
+        hw = torch.cuda.get_device_name(device)
+    else:
+        hw = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    hw = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        hw = f"{hw} ({os.cpu_count()} CPUs)"
+    return {"device": str(device), "hardware": hw, "torch": torch.__version__,
+            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+            "python": platform.python_version()}
