@@ -160,6 +160,19 @@ def test_pruning_keeps_r_tokens_and_wipes_after_kf(zoo_target, zoo_twig, corpus)
     assert res.tokens, "pruned decoding still produces output"
 
 
+def test_turning_pruning_off_restores_losslessness(zoo_target, zoo_twig, corpus):
+    """After a pruned run on the same twig (which switched it to eager attention), an empty
+    prune plan is lossless again and decodes exactly the target's greedy output."""
+    pruned = create_drafter("twig", target=zoo_target, sampling=GREEDY, layers=2, twig=zoo_twig,
+                            prune=PrunePlan(keep=2, final_wipe=5))
+    req, ref = corpus[0]
+    assert SpeculativeEngine(zoo_target, pruned, 5, GREEDY).generate(req).tokens != ref
+    off = create_drafter("twig", target=zoo_target, sampling=GREEDY, layers=2, twig=zoo_twig,
+                         threshold=0.6, prune=PrunePlan())
+    assert off.lossless is True
+    _run(SpeculativeEngine(zoo_target, off, 5, GREEDY), corpus)
+
+
 def _pruned_target_greedy(drafter, target, req) -> list[int]:
     """The pruned target decoding alone, one token per forward: the drafter's pruned
     prefill, then layers[:K] and layers[K:] on each new token — no drafts."""
