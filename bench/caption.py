@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from machine import machine_info  # noqa: E402  (bench/machine.py)
+from benchlib import machine_info  # noqa: E402  (bench/benchlib.py)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.drafters.members import member_prompt  # noqa: E402
 from vlmspec_cli.profile import ProfileError, load_profile  # noqa: E402

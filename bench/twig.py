@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from machine import machine_info  # noqa: E402  (bench/machine.py)
+from benchlib import machine_info, print_table  # noqa: E402  (bench/benchlib.py)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.drafters.twig import PrunePlan  # noqa: E402
 from vlmspec_cli.profile import ModelSpec  # noqa: E402
@@ -317,21 +317,6 @@ def summarize(rows: list[Row], raw: dict, items: list[Item], lat: dict) -> dict:
 
 
 # -- reporting -----------------------------------------------------------------------
-def print_table(title: str, header: list[str], lines: list[list[str]], markdown: bool) -> None:
-    print(title)
-    if markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for cells in lines:
-            print("| " + " | ".join(cells) + " |")
-    else:
-        widths = [max(len(str(r[i])) for r in [header] + lines) for i in range(len(header))]
-        for cells in [header] + lines:
-            print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                            for i, (c, w) in enumerate(zip(cells, widths))))
-    print()
-
-
 def fmt(v, spec: str, suffix: str = "") -> str:
     return "–" if v is None else f"{v:{spec}}{suffix}"
 

@@ -1,5 +1,5 @@
-"""What machine a benchmark ran on (shared by the bench scripts; they run as scripts, so
-this directory is on sys.path)."""
+"""What the bench scripts share: the machine a run was on, and plain/markdown tables.
+(They run as scripts, so this directory is on sys.path.)"""
 
 from __future__ import annotations
 
@@ -27,3 +27,18 @@ def machine_info(device: torch.device) -> dict:
     return {"device": str(device), "hardware": hw, "torch": torch.__version__,
             "transformers": transformers.__version__, "threads": torch.get_num_threads(),
             "python": platform.python_version()}
+
+
+def print_table(title: str, header: list[str], lines: list[list[str]], markdown: bool) -> None:
+    print(title)
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for cells in lines:
+            print("| " + " | ".join(cells) + " |")
+    else:
+        widths = [max(len(str(r[i])) for r in [header] + lines) for i in range(len(header))]
+        for cells in [header] + lines:
+            print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                            for i, (c, w) in enumerate(zip(cells, widths))))
+    print()
