@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from vlmspec_cli.drafters.base import Draft, register
 from vlmspec_cli.runtime.request import DecodeState
@@ -134,7 +135,7 @@ class TwigDrafter:
         st = TwigState(twig_cache=None)
         attention = None
         if self.twig is not None:
-            st.twig_cache = lm.adapter.new_cache(_TwigLM(self.twig))
+            st.twig_cache = DynamicCache(config=self.twig.config)
             logits, attention = self._twig_forward(st, hidden_k, positions,
                                                    want_attention=self.prune is not None)
             st.next_logits = logits[0, -1]
@@ -178,10 +179,13 @@ class TwigDrafter:
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         greedy = self.sampling.greedy
+        early_exit = self.threshold > 0
         while len(tokens) < max_tokens:
             if feed:
                 logits = self._draft_step(st, state, feed)
-            q = probabilities(logits, _UNIT if greedy else self.sampling)
+            # greedy without early exit needs no distribution, only the argmax
+            q = None if greedy and not early_exit else probabilities(
+                logits, _UNIT if greedy else self.sampling)
             if greedy:
                 tok = int(logits.argmax())
             else:
@@ -189,7 +193,7 @@ class TwigDrafter:
                 qs.append(q)
             tokens.append(tok)
             # early exit: stop after a token the draft itself is unsure of (top prob < θ)
-            if self.threshold > 0 and float(q.max()) < self.threshold:
+            if early_exit and float(q.max()) < self.threshold:
                 break
             feed = [tok]
         return Draft(tokens, torch.stack(qs) if qs else None)
@@ -281,13 +285,6 @@ class TwigDrafter:
                   "num_layers": n_layers,
                   "mean_retained": round(mean_retained_tokens(m, kept, plan.layer, wipe, n_layers), 3)}
         return keep_from or None, report
-
-
-class _TwigLM:
-    """Just enough of a LoadedModel for ``adapter.new_cache``."""
-
-    def __init__(self, model) -> None:
-        self.model = model
 
 
 @register("twig")
