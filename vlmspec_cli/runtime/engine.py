@@ -48,11 +48,7 @@ class SpeculativeEngine:
         # self-speculative drafters (twig) run the target's forwards themselves, reusing
         # the layers they share with it: prefill(state) and extend_target(state, ids)
         self.runs_target = bool(getattr(drafter, "runs_target", False))
-        tok = target.tokenizer
-        eos = tok.eos_token_id
-        gen_eos = getattr(target.model.generation_config, "eos_token_id", None)
-        ids = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {eos}
-        self.eos_ids = {int(i) for i in ids if i is not None}
+        self.eos_ids = eos_token_ids(target)
 
     # -- one request -----------------------------------------------------------------
     def start(self, request: Request) -> DecodeState:
@@ -133,7 +129,16 @@ class SpeculativeEngine:
         if hasattr(self.drafter, "finish"):
             self.drafter.finish(state)
         state.stats.wall_s = time.perf_counter() - t0
-        text = self.target.tokenizer.decode(
-            [t for t in state.tokens if t not in self.eos_ids], skip_special_tokens=True
-        ).strip()
-        return Result(list(state.tokens), text, state)
+        return Result(list(state.tokens), decode_text(self.target, state.tokens, self.eos_ids), state)
+
+
+def eos_token_ids(lm: LoadedModel) -> set[int]:
+    """The tokens that end a generation: the tokenizer's EOS and the generation config's."""
+    gen_eos = getattr(lm.model.generation_config, "eos_token_id", None)
+    ids = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {lm.tokenizer.eos_token_id}
+    return {int(i) for i in ids if i is not None}
+
+
+def decode_text(lm: LoadedModel, tokens: list[int], eos_ids: set[int]) -> str:
+    return lm.tokenizer.decode([t for t in tokens if t not in eos_ids],
+                               skip_special_tokens=True).strip()

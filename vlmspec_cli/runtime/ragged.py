@@ -1,0 +1,165 @@
+"""A KV cache shared by B requests that each keep their own length (batched decoding).
+
+Rows of one ``DynamicCache`` must have the same physical width W, but speculative decoding
+gives every row its own accepted length each round. So the cache is *ragged*: next to the
+keys and values it keeps
+
+* ``valid`` (B, W) bool — which slots hold a token of that row (prompt, committed tokens);
+  left padding, feed padding and rejected proposals are invalid slots;
+* ``next_pos`` (B,)   — each row's next position id (its number of valid slots).
+
+Invalid slots are masked out of attention by the 2-D attention mask, and every fed token
+gets its row's own position id, so a row attends to exactly the keys, at exactly the
+positions, it would see decoded alone. Rolling back a row only marks slots invalid;
+``trim`` drops columns that are invalid for every row and ``compact`` (a gather, run when
+enough space is wasted) packs each row's valid slots to the right.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class RaggedCache:
+    def __init__(self, lm) -> None:
+        self.lm = lm
+        self.cache = lm.adapter.new_cache(lm)
+        self.valid = torch.zeros((0, 0), dtype=torch.bool, device=lm.device)
+        self.next_pos = torch.zeros(0, dtype=torch.long, device=lm.device)
+
+    @property
+    def rows(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.valid.shape[1]
+
+    def _layers(self):
+        return [layer for layer in self.cache.layers if layer.is_initialized and layer.keys.numel()]
+
+    # -- rows joining and leaving ----------------------------------------------------
+    def add_row(self, single: DynamicCache, length: int) -> int:
+        """Append a request prefilled alone (a batch-1 cache of ``length`` positions);
+        returns its row index. Whichever side is shorter is left-padded."""
+        width = max(self.width, length) if self.rows else length
+        layers = [layer for layer in single.layers if layer.is_initialized]
+        if self.rows == 0:
+            merged = [(layer.keys, layer.values) for layer in layers]
+        else:
+            mine = self._layers()
+            if len(mine) != len(layers):
+                raise ValueError("caches of different depth cannot share a batch")
+            merged = [(torch.cat([_pad_left(a.keys, width), _pad_left(b.keys, width)]),
+                       torch.cat([_pad_left(a.values, width), _pad_left(b.values, width)]))
+                      for a, b in zip(mine, layers)]
+        self._set(merged)
+        row_valid = torch.zeros((1, width), dtype=torch.bool, device=self.valid.device)
+        row_valid[0, width - length:] = True
+        old = torch.zeros((self.rows, width), dtype=torch.bool, device=self.valid.device)
+        old[:, width - self.width:] = self.valid
+        self.valid = torch.cat([old, row_valid])
+        self.next_pos = torch.cat([self.next_pos, self.next_pos.new_tensor([length])])
+        return self.rows - 1
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Drop every row not in ``rows`` (finished requests leave the batch)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
+        self._set([(layer.keys.index_select(0, index), layer.values.index_select(0, index))
+                   for layer in self._layers()])
+        self.valid = self.valid.index_select(0, index)
+        self.next_pos = self.next_pos.index_select(0, index)
+        self.trim()
+
+    # -- forwards --------------------------------------------------------------------
+    def feed(self, feeds: list[list[int]]) -> list[torch.Tensor]:
+        """Run each row's new tokens (rows may feed different numbers, or none) through the
+        model in one forward; returns per row the logits (len(feed), V) of its tokens.
+        Shorter feeds are left-padded with invalid slots."""
+        lm = self.lm
+        t = max(len(f) for f in feeds)
+        if t == 0:
+            return [torch.empty(0) for _ in feeds]
+        ids = torch.zeros((self.rows, t), dtype=torch.long, device=lm.device)
+        new_valid = torch.zeros((self.rows, t), dtype=torch.bool, device=lm.device)
+        for b, f in enumerate(feeds):
+            if f:
+                ids[b, t - len(f):] = torch.tensor(f, device=lm.device)
+                new_valid[b, t - len(f):] = True
+        # each fed token at its row's next position; padding slots get a harmless position
+        positions = self.next_pos[:, None] + new_valid.long().cumsum(-1) - 1
+        positions = positions.clamp_min(0)
+        mask = torch.cat([self.valid, new_valid], dim=1).long()
+        logits = lm.adapter.extend(lm, ids, self.cache, attention_mask=mask, position_ids=positions)
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
+        self.next_pos = self.next_pos + new_valid.sum(-1)
+        return [logits[b, t - len(f):] for b, f in enumerate(feeds)]
+
+    def rollback(self, drop: list[int]) -> None:
+        """Forget the last ``drop[b]`` tokens of row b (rejected proposals): mark its last
+        valid slots invalid. Nothing is copied; ``trim``/``compact`` reclaim the space."""
+        for b, n in enumerate(drop):
+            if n <= 0:
+                continue
+            slots = self.valid[b].nonzero().flatten()
+            if n > len(slots):
+                raise ValueError(f"row {b} holds {len(slots)} tokens, cannot drop {n}")
+            self.valid[b, slots[-n:]] = False
+            self.next_pos[b] -= n
+        self.trim()
+        self.compact()
+
+    # -- reclaiming space ------------------------------------------------------------
+    def trim(self) -> None:
+        """Drop columns at either end that no row uses (a slice, no copy of the rest)."""
+        if self.rows == 0:
+            self.cache = self.lm.adapter.new_cache(self.lm)
+            self.valid = self.valid[:, :0]
+            return
+        used = self.valid.any(0).nonzero().flatten()
+        first, last = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 0)
+        if first == 0 and last == self.width:
+            return
+        self._set([(layer.keys[:, :, first:last], layer.values[:, :, first:last])
+                   for layer in self._layers()])
+        self.valid = self.valid[:, first:last]
+
+    def compact(self, waste: float = 0.25) -> None:
+        """When more than ``waste`` of the width is not needed by the longest row, gather
+        every row's valid slots to the right end (order kept) and shrink the width."""
+        if self.rows == 0:
+            return
+        counts = self.valid.sum(-1)
+        width = int(counts.max())
+        if self.width - width <= waste * self.width:
+            return
+        # for each row: the column of its k-th valid slot, right-aligned into `width`
+        index = torch.zeros((self.rows, width), dtype=torch.long, device=self.valid.device)
+        valid = torch.zeros((self.rows, width), dtype=torch.bool, device=self.valid.device)
+        for b in range(self.rows):
+            slots = self.valid[b].nonzero().flatten()
+            index[b, width - len(slots):] = slots
+            valid[b, width - len(slots):] = True
+
+        def gather(x: torch.Tensor) -> torch.Tensor:
+            i = index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3])
+            return x.gather(2, i)
+
+        self._set([(gather(layer.keys), gather(layer.values)) for layer in self._layers()])
+        self.valid = valid
+
+    def _set(self, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        fresh = self.lm.adapter.new_cache(self.lm)
+        for i, (k, v) in enumerate(tensors):
+            fresh.update(k, v, i)
+        self.cache = fresh
+
+
+def _pad_left(x: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, H, S, D) → (B, H, width, D) with zeros before the S columns."""
+    missing = width - x.shape[2]
+    if missing <= 0:
+        return x
+    pad = x.new_zeros(x.shape[0], x.shape[1], missing, x.shape[3])
+    return torch.cat([pad, x], dim=2)
