@@ -63,8 +63,9 @@ def _exact_distribution(target, prompt_ids, params):
     return seqs, per_step.prod(-1)
 
 
-def _assert_samples_follow_target(engine, target, params, n: int = 2000):
+def _assert_samples_follow_target(engine, target, params, n: int = 2000, decode=None):
     """Decode the first tokens with n seeds; chi-square against the exact distribution.
+    ``decode(requests) -> results`` replaces one-by-one ``engine.generate`` (batching).
     Returns the exact distribution (to compare the draft's with)."""
     prompt = "t1 t3 t0 t2"
     prompt_ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -72,9 +73,9 @@ def _assert_samples_follow_target(engine, target, params, n: int = 2000):
     index = {s: i for i, s in enumerate(seqs)}
     counts = torch.zeros(len(seqs))
     rejected = 0
-    for seed in range(n):
-        req = Request([Message("user", prompt)], max_new_tokens=NEW_TOKENS, seed=seed)
-        res = engine.generate(req)
+    requests = [Request([Message("user", prompt)], max_new_tokens=NEW_TOKENS, seed=seed)
+                for seed in range(n)]
+    for res in (decode(requests) if decode else map(engine.generate, requests)):
         counts[index[tuple(res.tokens)]] += 1
         s = res.state.stats
         rejected += s.num_draft_tokens - s.num_accepted_tokens
@@ -118,3 +119,21 @@ def test_twig_first_tokens_follow_target_distribution(tiny_pair, with_twig):
         twig = LlamaForCausalLM(cfg).eval()
     drafter = create_drafter("twig", target=target, sampling=params, layers=1, twig=twig, threshold=0.0)
     _assert_samples_follow_target(SpeculativeEngine(target, drafter, 2, params), target, params, n=1500)
+
+
+@pytest.mark.parametrize("batch_size,gamma", [(4, 2), (7, 3)])
+def test_batched_first_tokens_follow_target_distribution(tiny_pair, batch_size, gamma):
+    """Batched speculative sampling (runtime/batch.py): every row's samples follow the
+    target's distribution, with rows at different accepted lengths in one batch."""
+    from vlmspec_cli.runtime.batch import BatchDrafter, BatchedEngine
+
+    target, draft = tiny_pair
+    params = SamplingParams(1.0)
+    engine = BatchedEngine(target, BatchDrafter(draft, "text"), gamma, params, batch_size)
+
+    def decode(requests):
+        for _, res in engine.run(requests, lambda r: r):
+            assert not isinstance(res, Exception), res
+            yield res
+
+    _assert_samples_follow_target(None, target, params, n=1500, decode=decode)

@@ -125,6 +125,7 @@ class SamplingSpec:
 class GenerationSpec:
     max_new_tokens: int = field(default=64, metadata=_rule(ge=1))
     prompt: str = "describe the image."
+    batch_size: int = field(default=1, metadata=_rule(ge=1))   # requests decoded together
 
 
 @dataclass

@@ -98,7 +98,9 @@ def summary_table(summary, method: str, gamma: int) -> None:
         rates = " ".join(f"{c / s.num_drafts:.2f}" for c in s.accepted_per_pos)
         table.add_row("acceptance per position", rates)
     table.add_row("new tokens", str(s.new_tokens))
-    table.add_row("tokens/s", f"{s.tokens_per_s:.1f}")
+    table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
+    if summary.batched_s is not None:
+        table.add_row("batch size", f"{summary.batch_size} (decoded together in {summary.batched_s:.2f}s)")
     if s.caption_s:
         table.add_row("captioner time", f"{s.caption_s:.2f}s (overlaps the target prefill)")
     if summary.speedup is not None:

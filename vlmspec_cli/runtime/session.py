@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlmspec_cli.drafters import create_drafter, drafter_names
+from vlmspec_cli.runtime.batch import BatchDrafter, BatchedEngine
 from vlmspec_cli.runtime.captioner import Captioner
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible, load_model,
@@ -35,6 +36,19 @@ class Session:
         if getattr(self, "_baseline", None) is None:
             self._baseline = SpeculativeEngine(self.target, create_drafter("none"), 1, self.sampling)
         return self._baseline
+
+    def batched_engine(self) -> BatchedEngine:
+        """generation.batch_size requests decoded together (methods none and chain)."""
+        p = self.profile
+        drafter = None
+        if p.method == "chain":
+            d = self.engine.drafter
+            drafter = BatchDrafter(self.draft, d.inputs[0], d.image_token, d.captioner)
+        return BatchedEngine(self.target, drafter, p.drafting.gamma, self.sampling,
+                             p.generation.batch_size)
+
+
+BATCHED_METHODS = ("none", "chain")
 
 
 def chain_variant(profile) -> str:
@@ -67,6 +81,10 @@ def validate_method(profile) -> None:
     if profile.prune.active and profile.method != "twig":
         raise SessionError(f"prune (visual-token pruning) works with method 'twig' only, not "
                            f"'{profile.method}'; remove prune.keep / prune.final_wipe")
+    if profile.generation.batch_size > 1 and profile.method not in BATCHED_METHODS:
+        raise SessionError(f"generation.batch_size > 1 (--batch-size) works with methods "
+                           f"{' and '.join(BATCHED_METHODS)}; '{profile.method}' decodes one "
+                           "request at a time (use --batch-size 1)")
     if profile.method == "twig":
         if _no_twig(profile.twig.model) and profile.twig.layers is None:
             raise SessionError("twig.model: none (layer-skip) needs twig.layers: K, the number "

@@ -10,6 +10,7 @@ inputs already recorded without error are skipped on a rerun.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -87,13 +88,26 @@ class BatchSummary:
     baseline_wall_s: float = 0.0
     compared: int = 0
     mismatches: int = 0
+    batch_size: int = 1
+    batched_s: float | None = None   # wall time of batched decoding (rows overlap in time)
+
+    @property
+    def decode_s(self) -> float:
+        """Time spent decoding: the batch's wall time when inputs were decoded together
+        (their per-record wall times overlap), else the sum over inputs."""
+        return self.batched_s if self.batched_s is not None else self.stats.wall_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.stats.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
     def speedup(self) -> float | None:
-        """Target-only wall time ÷ speculative wall time, over the compared inputs."""
-        if not self.compared or self.stats.wall_s <= 0:
+        """Target-only wall time (one input at a time) ÷ decoding wall time, over the
+        compared inputs."""
+        if not self.compared or self.decode_s <= 0:
             return None
-        return self.baseline_wall_s / self.stats.wall_s
+        return self.baseline_wall_s / self.decode_s
 
 
 def base_record(session, item: Job, prompt: str) -> dict:
@@ -114,18 +128,18 @@ def base_record(session, item: Job, prompt: str) -> dict:
     }
 
 
-def caption_one(session, item: Job, compare: bool,
-                on_tokens: Callable[[int, int], None] | None = None) -> dict:
-    """Decode one job; raises InputError for input problems."""
+def make_request(session, item: Job) -> Request:
+    """The job's decoding request (loads its images; raises InputError for input problems)."""
     if item.error:
         raise InputError(item.path, item.error)
-    prompt = item.prompt
     p = session.profile
-    request = Request(item.load(), max_new_tokens=p.generation.max_new_tokens,
-                      seed=p.sampling.seed, request_id=item.path)
-    progress = (lambda st: on_tokens(len(st.tokens), request.max_new_tokens)) if on_tokens else None
-    result = session.engine.generate(request, progress=progress)
-    record = base_record(session, item, prompt)
+    return Request(item.load(), max_new_tokens=p.generation.max_new_tokens,
+                   seed=p.sampling.seed, request_id=item.path)
+
+
+def result_record(session, item: Job, request: Request, result, compare: bool) -> dict:
+    p = session.profile
+    record = base_record(session, item, item.prompt)
     record["output"] = result.text
     record["stats"] = result.state.stats.to_dict()
     if compare:
@@ -134,7 +148,10 @@ def caption_one(session, item: Job, compare: bool,
         record["compare"] = {
             "target_only_wall_s": round(wall, 4),
             "target_only_tokens_per_s": round(base.state.stats.tokens_per_s, 2),
-            "speedup": round(wall / result.state.stats.wall_s, 4) if result.state.stats.wall_s else None,
+            # decoded in a batch, a row's wall time overlaps the others': only the
+            # summary's batch wall time compares with target-only decoding
+            "speedup": (round(wall / result.state.stats.wall_s, 4)
+                        if result.state.stats.wall_s and p.generation.batch_size == 1 else None),
             # at temperature 0 the outputs must be identical (lossless); at T>0 they are
             # two samples from the same distribution and may differ
             "identical": base.tokens == result.tokens,
@@ -142,9 +159,24 @@ def caption_one(session, item: Job, compare: bool,
     return record
 
 
+def caption_one(session, item: Job, compare: bool,
+                on_tokens: Callable[[int, int], None] | None = None) -> dict:
+    """Decode one job; raises InputError for input problems."""
+    request = make_request(session, item)
+    progress = (lambda st: on_tokens(len(st.tokens), request.max_new_tokens)) if on_tokens else None
+    result = session.engine.generate(request, progress=progress)
+    return result_record(session, item, request, result, compare)
+
+
+def _failure_reason(exc: Exception) -> str:
+    return exc.reason if isinstance(exc, InputError) else f"failed: {type(exc).__name__}: {exc}"
+
+
 def run_batch(session, items: list[Job], events: CaptionEvents,
               sink: JsonlSink | None = None, compare: bool = False,
               emit: Callable[[dict], None] | None = None) -> BatchSummary:
+    """Caption every job not yet in ``sink``: one at a time, or ``generation.batch_size``
+    together (runtime/batch.py); records come out as jobs finish."""
     summary = BatchSummary(items=len(items))
     done = sink.done_keys() if sink is not None else set()
     todo = []
@@ -154,22 +186,19 @@ def run_batch(session, items: list[Job], events: CaptionEvents,
         else:
             todo.append(item)
     events.batch_started(len(todo), summary.skipped)
-    for item in todo:
-        events.item_started(item)
-        try:
-            record = caption_one(session, item, compare,
-                                 on_tokens=lambda n, limit, it=item: events.tokens(it, n, limit))
-        except Exception as exc:  # one input's failure never stops the batch
-            reason = exc.reason if isinstance(exc, InputError) else f"failed: {type(exc).__name__}: {exc}"
-            record = base_record(session, item, item.prompt)
-            record["error"] = reason
-            summary.failures += 1
-            if sink is not None:
-                sink.append(record)
-            events.item_failed(item, reason, record)
-            if emit is not None:
-                emit(record)
-            continue
+
+    def failed(item: Job, exc: Exception) -> None:  # one input's failure never stops the batch
+        reason = _failure_reason(exc)
+        record = base_record(session, item, item.prompt)
+        record["error"] = reason
+        summary.failures += 1
+        if sink is not None:
+            sink.append(record)
+        events.item_failed(item, reason, record)
+        if emit is not None:
+            emit(record)
+
+    def finished(record: dict) -> None:
         summary.done += 1
         summary.stats.merge(SpecStats.from_dict(record["stats"]))
         if "compare" in record:
@@ -182,4 +211,57 @@ def run_batch(session, items: list[Job], events: CaptionEvents,
         events.item_done(record)
         if emit is not None:
             emit(record)
+
+    if session.profile.generation.batch_size > 1:
+        summary.batch_size = session.profile.generation.batch_size
+        summary.batched_s = _run_batched(session, todo, events, compare, failed, finished)
+        return summary
+    for item in todo:
+        events.item_started(item)
+        try:
+            record = caption_one(session, item, compare,
+                                 on_tokens=lambda n, limit, it=item: events.tokens(it, n, limit))
+        except Exception as exc:
+            failed(item, exc)
+            continue
+        finished(record)
     return summary
+
+
+def _run_batched(session, todo: list[Job], events: CaptionEvents, compare: bool,
+                 failed: Callable, finished: Callable) -> float:
+    """Decode the jobs generation.batch_size at a time; returns the wall time spent in the
+    batched engine (not counting --compare's target-only runs between rows)."""
+    requests: dict[int, Request] = {}
+    live: list[Job] = []            # admitted, unfinished; the oldest drives the token bar
+
+    def admit(item: Job) -> Request:
+        events.item_started(item)
+        requests[id(item)] = request = make_request(session, item)
+        live.append(item)
+        return request
+
+    def progress(item: Job, state) -> None:
+        if live and item is live[0]:
+            events.tokens(item, len(state.tokens), state.request.max_new_tokens)
+
+    outcomes = session.batched_engine().run(todo, admit, progress)
+    elapsed = 0.0
+    while True:
+        t0 = time.perf_counter()
+        step = next(outcomes, None)
+        elapsed += time.perf_counter() - t0
+        if step is None:
+            return elapsed
+        item, outcome = step
+        live[:] = [job for job in live if job is not item]
+        request = requests.pop(id(item), None)
+        if isinstance(outcome, Exception):
+            failed(item, outcome)
+            continue
+        try:
+            record = result_record(session, item, request, outcome, compare)
+        except Exception as exc:
+            failed(item, exc)
+            continue
+        finished(record)
