@@ -21,6 +21,7 @@ Examples:
   vlmspec caption imgs/ --profile tinyworld-twig        # self-speculation, no draft model
   vlmspec caption imgs/ -p tinyworld-twig --set prune.keep=3 --set prune.final_wipe=6  # lossy
   vlmspec caption img.png --profile llava15-7b --dry-run
+  vlmspec caption shots/ --executor ray --workers 4 --out caps.jsonl  # Ray actor pool
 
 Exit codes: 0 all inputs done, 1 some input failed (the rest were still
 done and written), 2 usage, profile or model-loading error.
@@ -89,8 +90,17 @@ set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.option("--compare", is_flag=True, help="Also decode with the target alone and report the speedup.")
 @click.option("--dry-run", is_flag=True, help="Show the resolved profile and the inputs; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: decode here; ray: shard over a Ray actor pool, one session per GPU "
+                   "(or --workers CPU actors), same records and resume (needs "
+                   "pip install 'vlmspec[ray]'; not with --chat, --compare or --trace).")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="ray: actors in the pool (at most one per GPU).")
+@click.option("--ray-address", metavar="ADDR",
+              help="ray: an existing cluster (auto, ray://HOST:10001); default a local Ray.")
 def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_file, sets,
-            max_new_tokens, temperature, seed, device, out, as_json, compare, dry_run, quiet):
+            max_new_tokens, temperature, seed, device, out, as_json, compare, dry_run, quiet,
+            executor, workers, ray_address):
     """Caption images or answer a question about each one, or continue conversations.
 
     INPUTS are image files, directories (searched recursively), glob patterns,
@@ -110,6 +120,9 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
                                "and no --chat FILE")
     if inputs and chat_file:
         raise click.UsageError("give either INPUTS or --chat FILE, not both")
+    if executor == "ray" and (chat_file or compare or trace_file):
+        raise click.UsageError("--executor ray captions image INPUTS only: drop --chat, "
+                               "--compare and --trace, or use --executor local")
     cli_values = {
         "method": method, "drafting.inputs": _parse_inputs(drafting_inputs),
         "generation.prompt": prompt, "generation.max_new_tokens": max_new_tokens,
@@ -145,7 +158,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
             trace_stream.write(json.dumps(block) + "\n")
             trace_stream.flush()
     try:
-        session = build_session(prof, trace=trace)
+        session = build_session(prof, trace=trace) if executor == "local" else None
     except (SessionError, ModelLoadError, ValueError) as exc:
         _fail(str(exc))
 
@@ -161,7 +174,15 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
             for w in sink.warnings:
                 ui.warning(w)
         with ui.BatchUI(quiet=quiet) as events:
-            summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
+            if executor == "ray":  # the workers load the models, not this process
+                from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray
+                try:
+                    summary = run_ray(prof, items, events, sink=sink, emit=emit,
+                                      workers=workers, address=ray_address)
+                except RayExecutorError as exc:
+                    _fail(str(exc))
+            else:
+                summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
     finally:
         if sink is not None:
             sink.close()
