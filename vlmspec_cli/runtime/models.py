@@ -102,7 +102,10 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _quantization_config(quantize: str):
+def _quantization_config(quantize: str, adapter):
+    """bitsandbytes settings for ``quantize`` (int8 | nf4 | fp4): the decoder's linear
+    layers are quantized; the adapter's ``quant_skip_modules`` (vision tower, projector,
+    LM head) stay in the model's dtype, as is usual for LLaVA-class models."""
     if quantize == "none":
         return None
     try:
@@ -114,9 +117,17 @@ def _quantization_config(quantize: str):
             f"quantize: {quantize} needs bitsandbytes and accelerate ({exc}); "
             "install them with: pip install 'vlmspec[quant]'"
         ) from exc
+    import logging
+    import warnings
+
+    # per-forward chatter on CPU (fp32 inputs cast to fp16 for int8; optional kernels)
+    warnings.filterwarnings("ignore", message=".*MatMul8bitLt.*")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    skip = list(adapter.quant_skip_modules)
     if quantize == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quantize)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quantize,
+                              llm_int8_skip_modules=skip)
 
 
 def load_model(spec, role: str = "target") -> LoadedModel:
@@ -156,7 +167,7 @@ def load_model(spec, role: str = "target") -> LoadedModel:
         config = AutoConfig.from_pretrained(source, **common)
         adapter = adapter_for(config, role)
         kwargs: dict[str, Any] = dict(common, dtype=dtype)
-        qconf = _quantization_config(getattr(spec, "quantize", "none"))
+        qconf = _quantization_config(getattr(spec, "quantize", "none"), adapter)
         if qconf is not None:
             kwargs["quantization_config"] = qconf
             kwargs["device_map"] = {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}

@@ -26,6 +26,7 @@ class ModelAdapter:
     model_types: tuple[str, ...] = ()
     model_class: Any = None
     takes_images: bool = False
+    quant_skip_modules: tuple[str, ...] = ("lm_head",)   # kept unquantized (bitsandbytes)
 
     def supports(self, config) -> bool:
         return config.model_type in self.model_types

@@ -16,6 +16,10 @@ class LlavaAdapter(ModelAdapter):
     model_types = ("llava",)
     model_class = LlavaForConditionalGeneration
     takes_images = True
+    # bitsandbytes keeps these in the model's dtype (the vision tower is small and its
+    # widths need not fit 4-bit blocks); ".*x" matches x at any depth of the module path
+    quant_skip_modules = ("vision_tower", ".*vision_tower", "multi_modal_projector",
+                          ".*multi_modal_projector", "lm_head")
 
     def image_token_id(self, lm) -> int | None:
         return int(lm.model.config.image_token_id)
