@@ -17,6 +17,7 @@ Examples:
   find . -name '*.png' | vlmspec caption - --json | jq .stats.mean_accept_len
   vlmspec caption img.png --method chain --inputs text --compare
   vlmspec caption imgs/ --method tabed --inputs M,T,C,P --trace weights.jsonl
+  vlmspec caption imgs/ --batch-size 8 --out caps.jsonl  # 8 inputs decoded together
   vlmspec caption --chat conversations.jsonl --json     # next assistant turn of each
   vlmspec caption imgs/ --profile tinyworld-twig        # self-speculation, no draft model
   vlmspec caption imgs/ -p tinyworld-twig --set prune.keep=3 --set prune.final_wipe=6  # lossy
@@ -81,6 +82,9 @@ set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                                          "(weights, drafted, accepted) for plots.")
 @set_option
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per input.")
+@click.option("--batch-size", "-b", type=click.IntRange(min=1),
+              help="Decode B inputs together (methods none and chain); each output is the one "
+                   "decoded alone [profile: generation.batch_size, default 1].")
 @click.option("--temperature", "-t", type=click.FloatRange(min=0), help="0 = greedy (default); >0 samples.")
 @click.option("--seed", type=int, help="Sampling seed (recorded in every record).")
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
@@ -99,7 +103,7 @@ set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.option("--ray-address", metavar="ADDR",
               help="ray: an existing cluster (auto, ray://HOST:10001); default a local Ray.")
 def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_file, sets,
-            max_new_tokens, temperature, seed, device, out, as_json, compare, dry_run, quiet,
+            max_new_tokens, batch_size, temperature, seed, device, out, as_json, compare, dry_run, quiet,
             executor, workers, ray_address):
     """Caption images or answer a question about each one, or continue conversations.
 
@@ -126,6 +130,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     cli_values = {
         "method": method, "drafting.inputs": _parse_inputs(drafting_inputs),
         "generation.prompt": prompt, "generation.max_new_tokens": max_new_tokens,
+        "generation.batch_size": batch_size,
         "sampling.temperature": temperature, "sampling.seed": seed,
         "target.device": device, "draft.device": device,
     }
