@@ -19,6 +19,7 @@ completes. Ray is imported lazily: local runs never need it. No click or rich he
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import os
@@ -170,12 +171,16 @@ def _worker_class(profile, shard_dir: str, cwd: str):
     return CaptionWorker
 
 
-def _pythonpath_env() -> dict:
-    """Workers import vlmspec_cli; from a source checkout that is not installed, point
-    them at it (harmless elsewhere: a missing directory on PYTHONPATH is skipped)."""
-    root = str(Path(__file__).resolve().parents[2])
-    old = os.environ.get("PYTHONPATH")
-    return {"env_vars": {"PYTHONPATH": root + (os.pathsep + old if old else "")}}
+def _runtime_env() -> dict | None:
+    """Workers import vlmspec_cli. When it is not installed (a source checkout), put the
+    checkout in front of each worker's own PYTHONPATH (a folder that a remote node lacks
+    is skipped by Python); an installed vlmspec needs nothing."""
+    try:
+        importlib.metadata.distribution("vlmspec")
+        return None
+    except importlib.metadata.PackageNotFoundError:
+        root = str(Path(__file__).resolve().parents[2])
+        return {"env_vars": {"PYTHONPATH": f"{root}{os.pathsep}${{PYTHONPATH}}"}}
 
 
 def run_ray(profile, items: list[Job], events: CaptionEvents, sink: JsonlSink | None = None,
@@ -305,7 +310,7 @@ def _dataset(ray, profile, todo: list[Job], workers: int, shard_dir: str):
     return dataset.map_batches(
         _worker_class(profile, shard_dir, os.getcwd()), batch_size=rows_per_call,
         batch_format="numpy", compute=ActorPoolStrategy(size=size, max_tasks_in_flight_per_actor=1),
-        runtime_env=_pythonpath_env(), max_restarts=-1, max_task_retries=1, **resources)
+        runtime_env=_runtime_env(), max_restarts=-1, max_task_retries=1, **resources)
 
 
 @contextmanager
