@@ -51,6 +51,12 @@ class ModelSpec:
     device: str = field(default="auto", metadata=_rule(
         pattern=r"auto|cpu|cuda|cuda:\d+|mps", allowed="auto, cpu, cuda, cuda:N, mps"))
     quantize: str = field(default="none", metadata=_rule(choices=("none", "int8", "nf4", "fp4")))
+    # int8 only. 0: plain int8 with per-token activation scales, so a token's result does
+    # not depend on the other tokens of a forward and speculative/batched decoding equals
+    # the int8 model's own decoding. > 0 (LLM.int8's 6.0): outlier columns, picked over
+    # all tokens of a forward, run in fp16 -- better quality on large models, but the
+    # int8 target's output then depends on how many tokens it sees at once (lossy).
+    int8_threshold: float = field(default=0.0, metadata=_rule(ge=0))
     revision: str | None = None
     trust_remote_code: bool = False
 
@@ -170,8 +176,11 @@ class Profile:
     @property
     def lossless(self) -> bool:
         # Every option that can change the output distribution makes this False:
-        # visual-token pruning changes the target that drafts are verified against.
-        return not self.prune.active
+        # visual-token pruning changes the target that drafts are verified against, and an
+        # int8 target with outlier decomposition computes a token differently depending on
+        # the other tokens verified (or batched) with it.
+        t = self.target
+        return not self.prune.active and not (t.quantize == "int8" and t.int8_threshold > 0)
 
 
 # ------------------------------------------------------------ schema helpers

@@ -102,7 +102,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _quantization_config(quantize: str, adapter):
+def _quantization_config(quantize: str, adapter, int8_threshold: float = 0.0):
     """bitsandbytes settings for ``quantize`` (int8 | nf4 | fp4): the decoder's linear
     layers are quantized; the adapter's ``quant_skip_modules`` (vision tower, projector,
     LM head) stay in the model's dtype, as is usual for LLaVA-class models."""
@@ -125,7 +125,8 @@ def _quantization_config(quantize: str, adapter):
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     skip = list(adapter.quant_skip_modules)
     if quantize == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip,
+                                  llm_int8_threshold=float(int8_threshold))
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quantize,
                               llm_int8_skip_modules=skip)
 
@@ -167,7 +168,8 @@ def load_model(spec, role: str = "target") -> LoadedModel:
         config = AutoConfig.from_pretrained(source, **common)
         adapter = adapter_for(config, role)
         kwargs: dict[str, Any] = dict(common, dtype=dtype)
-        qconf = _quantization_config(getattr(spec, "quantize", "none"), adapter)
+        qconf = _quantization_config(getattr(spec, "quantize", "none"), adapter,
+                                     getattr(spec, "int8_threshold", 0.0))
         if qconf is not None:
             kwargs["quantization_config"] = qconf
             kwargs["device_map"] = {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}
