@@ -137,3 +137,16 @@ def test_batched_first_tokens_follow_target_distribution(tiny_pair, batch_size, 
             yield res
 
     _assert_samples_follow_target(None, target, params, n=1500, decode=decode)
+
+
+@pytest.mark.parametrize("top_k,total,depth", [(2, 6, 3), (3, 12, 3), (4, 30, 2)])
+def test_tree_first_tokens_follow_target_distribution(tiny_pair, top_k, total, depth):
+    """Multi-candidate speculative sampling over draft trees (siblings drawn without
+    replacement, recursive rejection): the emitted tokens follow the target's distribution
+    for several branching factors."""
+    target, draft = tiny_pair
+    params = SamplingParams(1.0)
+    drafter = create_drafter("tree", draft=draft, sampling=params, variant="text", depth=depth,
+                             top_k=top_k, total_tokens=total)
+    _assert_samples_follow_target(SpeculativeEngine(target, drafter, depth, params), target,
+                                  params, n=1500)

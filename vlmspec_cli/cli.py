@@ -18,6 +18,7 @@ Examples:
   vlmspec caption img.png --method chain --inputs text --compare
   vlmspec caption imgs/ --method tabed --inputs M,T,C,P --trace weights.jsonl
   vlmspec caption imgs/ --batch-size 8 --out caps.jsonl  # 8 inputs decoded together
+  vlmspec caption imgs/ -m tree --set tree.top_k=2 --set tree.total_tokens=16  # draft trees
   vlmspec caption --chat conversations.jsonl --json     # next assistant turn of each
   vlmspec caption imgs/ --profile tinyworld-twig        # self-speculation, no draft model
   vlmspec caption imgs/ -p tinyworld-twig --set prune.keep=3 --set prune.final_wipe=6  # lossy
@@ -68,7 +69,8 @@ set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.argument("inputs", nargs=-1, metavar="INPUTS...")
 @click.option("--prompt", help="Question or instruction for every image [profile: generation.prompt].")
 @profile_option
-@click.option("--method", "-m", help="none (target only), chain (one drafting input), tabed "
+@click.option("--method", "-m", help="none (target only), chain (one drafting input), tree "
+                                     "(EAGLE-2 draft trees, profile section tree:), tabed "
                                      "(adaptive ensemble of inputs) or twig (self-speculation "
                                      "on the target's first layers) [profile: method].")
 @click.option("--inputs", "drafting_inputs", metavar="LIST",
@@ -192,7 +194,12 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
         if sink is not None:
             sink.close()
     if not quiet:
-        ui.summary_table(summary, prof.method, prof.drafting.gamma)
+        if prof.method == "tree":
+            t = prof.tree
+            ui.summary_table(summary, f"tree (depth={t.depth}, top_k={t.top_k}, "
+                                      f"total_tokens={t.total_tokens})", None)
+        else:
+            ui.summary_table(summary, prof.method, prof.drafting.gamma)
     if summary.mismatches:
         ui.error(f"{summary.mismatches} output(s) differ from target-only greedy decoding")
     sys.exit(1 if summary.failures or summary.mismatches else 0)
@@ -209,6 +216,10 @@ def _draft_summary(prof) -> str:
             text += (f", pruning keep={prof.prune.keep} layer={prof.prune.layer} "
                      f"final_wipe={prof.prune.final_wipe} (lossy)")
         return text
+    if prof.method == "tree":
+        t = prof.tree
+        return (f", draft {prof.draft.model} {list(prof.drafting.inputs)} tree depth={t.depth} "
+                f"top_k={t.top_k} total_tokens={t.total_tokens}")
     return f", draft {prof.draft.model} {list(prof.drafting.inputs)} γ={prof.drafting.gamma}"
 
 

@@ -69,6 +69,15 @@ class DraftingSpec:
 
 
 @dataclass
+class TreeSpec:
+    """method: tree — EAGLE-2 dynamic draft trees (runtime/tree.py)."""
+
+    depth: int = field(default=5, metadata=_rule(ge=1))          # expansion levels
+    top_k: int = field(default=4, metadata=_rule(ge=1))          # children per node, frontier size
+    total_tokens: int = field(default=20, metadata=_rule(ge=1))  # nodes verified per round
+
+
+@dataclass
 class CaptionerSpec(ModelSpec):
     """The lightweight image-to-text model behind caption drafting (C)."""
 
@@ -163,6 +172,7 @@ class Profile:
         default_factory=lambda: CaptionerSpec(model="zoo:tinyworld/captioner"))
     method: str = "chain"
     drafting: DraftingSpec = field(default_factory=DraftingSpec)
+    tree: TreeSpec = field(default_factory=TreeSpec)
     ensemble: EnsembleSpec = field(default_factory=EnsembleSpec)
     twig: TwigSpec = field(default_factory=TwigSpec)
     prune: PruneSpec = field(default_factory=PruneSpec)

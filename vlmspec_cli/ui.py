@@ -91,7 +91,7 @@ def summary_table(summary, method: str, gamma: int) -> None:
     table.add_column("value", justify="right")
     table.add_row("items", f"{summary.items} ({summary.done} done, {summary.skipped} skipped)")
     table.add_row("failures", str(summary.failures), style="red" if summary.failures else None)
-    table.add_row("method", f"{method} (γ={gamma})" if method != "none" else method)
+    table.add_row("method", f"{method} (γ={gamma})" if method != "none" and gamma else method)
     if s.num_drafts and method != "none":
         table.add_row("mean acceptance length", f"{s.mean_accept_len:.3f}")
         table.add_row("draft acceptance rate", f"{s.draft_accept_rate:.3f}")

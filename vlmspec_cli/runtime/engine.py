@@ -20,10 +20,11 @@ from typing import Callable
 import torch
 
 from vlmspec_cli.drafters.base import Draft, Drafter
-from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
+from vlmspec_cli.runtime.adapters.base import cache_length, select_cache_positions, truncate_cache
 from vlmspec_cli.runtime.models import LoadedModel
 from vlmspec_cli.runtime.request import DecodeState, Request, make_generators
-from vlmspec_cli.runtime.verify import SamplingParams, next_token, verify_chain
+from vlmspec_cli.runtime.tree import DraftTree, tree_mask
+from vlmspec_cli.runtime.verify import SamplingParams, next_token, verify_chain, verify_tree
 
 
 @dataclass
@@ -80,6 +81,9 @@ class SpeculativeEngine:
         # at most remaining - 1 proposals: the target always adds one token of its own
         budget = min(self.gamma, remaining - 1)
         draft = self.drafter.propose(state, budget) if budget > 0 else Draft([])
+        if isinstance(draft, DraftTree):
+            self._step_tree(state, draft)
+            return
         draft = self._cut_at_eos(draft)
 
         # p_1..p_{n+1}: one target forward over the pending token and the proposals
@@ -108,6 +112,43 @@ class SpeculativeEngine:
         state.tokens.append(tok)
         self.drafter.accept(state, n_acc, target_logits)
         state.stats.record_round(len(draft), n_acc, n_acc + 1)
+        if tok in self.eos_ids or len(state.tokens) >= state.request.max_new_tokens:
+            state.done = True
+
+    def _step_tree(self, state: DecodeState, tree: DraftTree) -> None:
+        """A tree round: one target forward over the pending token and every node (4-D
+        mask: a node sees the cache, the pending token, its ancestors and itself; node i at
+        position base + depth_i), ``verify_tree`` picks the accepted path, and the target
+        cache keeps only that path (index_select)."""
+        lm = self.target
+        past = cache_length(state.target_cache)
+        lead = len(state.target_pending)
+        if len(tree):
+            ids = torch.tensor([state.target_pending + tree.tokens], device=lm.device)
+            positions = torch.tensor([list(range(past, past + lead)) +
+                                      [past + lead + d for d in tree.depth]], device=lm.device)
+            mask = tree_mask(tree, past, lead, lm.dtype, lm.device)
+            logits = lm.adapter.extend(lm, ids, state.target_cache, attention_mask=mask,
+                                       position_ids=positions)[0]
+            root = logits[lead - 1] if lead else state.target_next_logits
+            node_logits = logits[lead:]
+        else:  # nothing drafted: an ordinary step of the pending token
+            root = (lm.adapter.extend(lm, torch.tensor([state.target_pending], device=lm.device),
+                                      state.target_cache)[0, -1]
+                    if lead else state.target_next_logits)
+            node_logits = None
+        path, tok = verify_tree(tree, root, node_logits, self.sampling, state.target_generator)
+        select_cache_positions(state.target_cache,
+                               list(range(past + lead)) + [past + lead + n for n in path])
+        tree.accepted = path
+        accepted = [tree.tokens[n] for n in path]
+        state.target_pending = [tok]
+        state.target_next_logits = None
+        state.tokens.extend(accepted)
+        state.tokens.append(tok)
+        verified = torch.cat([root[None]] + ([node_logits[path]] if path else []))
+        self.drafter.accept(state, len(path), verified)
+        state.stats.record_round(len(tree), len(path), len(path) + 1, positions=tree.max_depth)
         if tok in self.eos_ids or len(state.tokens) >= state.request.max_new_tokens:
             state.done = True
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from vlmspec_cli.drafters import create_drafter, drafter_names
 from vlmspec_cli.runtime.batch import BatchDrafter, BatchedEngine
 from vlmspec_cli.runtime.captioner import Captioner
-from vlmspec_cli.runtime.engine import SpeculativeEngine
+from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible, load_model,
                                         load_twig)
 from vlmspec_cli.runtime.verify import SamplingParams
@@ -55,7 +55,7 @@ def chain_variant(profile) -> str:
     inputs = list(profile.drafting.inputs)
     if len(inputs) != 1:
         raise SessionError(
-            f"method 'chain' drafts from one input, but drafting.inputs is {inputs}; "
+            f"method '{profile.method}' drafts from one input, but drafting.inputs is {inputs}; "
             "to ensemble several inputs use method 'tabed'"
         )
     return inputs[0]
@@ -72,7 +72,7 @@ def validate_method(profile) -> None:
             f"unknown method '{profile.method}'{hint}; available: {', '.join(drafter_names())}"
         )
     inputs = list(profile.drafting.inputs)
-    if profile.method == "chain":
+    if profile.method in ("chain", "tree"):
         chain_variant(profile)
     if len(set(inputs)) != len(inputs):
         raise SessionError(f"drafting.inputs lists an input twice: {inputs}")
@@ -143,6 +143,11 @@ def build_session(profile, trace=None) -> Session:
         try:
             if profile.method == "chain":
                 drafter = create_drafter("chain", variant=chain_variant(profile), **common)
+            elif profile.method == "tree":
+                t = profile.tree
+                drafter = create_drafter("tree", variant=chain_variant(profile), depth=t.depth,
+                                         top_k=t.top_k, total_tokens=t.total_tokens,
+                                         eos_ids=eos_token_ids(target), **common)
             else:
                 e = profile.ensemble
                 drafter = create_drafter(profile.method, inputs=inputs, policy=e.policy,
@@ -150,7 +155,9 @@ def build_session(profile, trace=None) -> Session:
                                          temperature=e.temperature, **common)
         except ValueError as exc:
             raise SessionError(str(exc)) from None
-    engine = SpeculativeEngine(target, drafter, profile.drafting.gamma, sampling)
+    # a tree's depth bounds the tokens a round can accept, as γ bounds a chain's
+    gamma = profile.tree.depth if profile.method == "tree" else profile.drafting.gamma
+    engine = SpeculativeEngine(target, drafter, gamma, sampling)
     return Session(profile, target, draft, captioner_lm, engine, sampling)
 
 

@@ -26,15 +26,18 @@ class SpecStats:
     # twig-guided pruning: visual tokens, kept R, layer, final_wipe, mean_retained (Eq. 6)
     pruning: dict | None = None
 
-    def record_round(self, drafted: int, accepted: int, emitted: int) -> None:
+    def record_round(self, drafted: int, accepted: int, emitted: int,
+                     positions: int | None = None) -> None:
         """One draft→verify round: ``drafted`` proposals, ``accepted`` of them kept, and
-        ``emitted`` tokens added to the output (accepted + the target's own token)."""
+        ``emitted`` tokens added to the output (accepted + the target's own token).
+        ``positions``: how deep the proposals reach (a tree's depth; a chain's length)."""
         self.num_drafts += 1
         self.num_draft_tokens += drafted
         self.num_accepted_tokens += accepted
         self.new_tokens += emitted
-        if len(self.accepted_per_pos) < drafted:
-            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
+        positions = drafted if positions is None else positions
+        if len(self.accepted_per_pos) < positions:
+            self.accepted_per_pos.extend([0] * (positions - len(self.accepted_per_pos)))
         for i in range(accepted):
             self.accepted_per_pos[i] += 1
         if len(self.accept_len_hist) <= accepted:

@@ -131,3 +131,58 @@ def verify_chain(
     if draft_tokens and draft_probs is None:
         raise ValueError("speculative sampling needs the draft probabilities q")
     return verify_sampling(draft_tokens, draft_probs, target_logits, params, generator)
+
+
+def verify_tree(tree, root_logits: torch.Tensor, node_logits: torch.Tensor,
+                params: SamplingParams, generator: torch.Generator | None) -> tuple[list[int], int]:
+    """Walk a draft tree (runtime/tree.py) from the root. ``root_logits`` (V,) is p at the
+    root, ``node_logits`` (N, V) p after each node. Returns the accepted root-to-node path
+    (node indices) and the token the target adds after it.
+
+    * Greedy: at each node follow the child whose token is argmax p; stop where none is.
+    * Sampling — multi-candidate speculative sampling (SpecInfer/EAGLE's recursive
+      rejection), for children x_1..x_m of a node drawn from q *without replacement*: with
+      q_1 = q and p_1 = p, accept x_j with probability min(1, p_j(x_j) / q_j(x_j)); on
+      rejection p_{j+1} = norm(max(0, p_j − q_j)) and q_{j+1} = q_j with x_j removed,
+      renormalised (x_{j+1} was drawn from exactly that). Each step is a chain speculative
+      sampling step with proposal q_j, so the token emitted at a node is distributed as p.
+      If every child is rejected (or there is none) the token comes from the last p_j.
+    """
+    path: list[int] = []
+    node = -1
+    while True:
+        p_logits = root_logits if node < 0 else node_logits[node]
+        kids = tree.children(node)
+        if params.greedy:
+            choice = int(p_logits.argmax())
+            nxt = next((c for c in kids if tree.tokens[c] == choice), None)
+            if nxt is None:
+                return path, choice
+            path.append(nxt)
+            node = nxt
+            continue
+        p = probabilities(p_logits, params)
+        if not kids:
+            return path, sample(p, generator)
+        q = align_vocab(tree.q[node].float().to(p.device), p.shape[-1])
+        accepted = None
+        for c in kids:
+            x = tree.tokens[c]
+            u = float(torch.rand(1, generator=generator))
+            if u * float(q[x]) <= float(p[x]):
+                accepted = c
+                break
+            residual = (p - q).clamp_min(0.0)
+            total = residual.sum()
+            # p == q up to rounding: rejection had probability 0; keep p
+            p = residual / total if total > 0 else p
+            q = q.clone()
+            q[x] = 0.0
+            mass = q.sum()
+            if mass <= 0:
+                break
+            q = q / mass
+        if accepted is None:
+            return path, sample(p, generator)
+        path.append(accepted)
+        node = accepted

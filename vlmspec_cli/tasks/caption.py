@@ -120,12 +120,13 @@ def base_record(session, item: Job, prompt: str) -> dict:
         "profile": p.name,
         "method": p.method,
         "drafting_inputs": list(p.drafting.inputs) if p.method not in ("none", "twig") else [],
-        "gamma": p.drafting.gamma if p.method != "none" else 0,
+        "gamma": p.drafting.gamma if p.method not in ("none", "tree") else 0,
         "lossless": session.lossless,
         "temperature": p.sampling.temperature,
         "seed": p.sampling.seed,
         "error": None,
-    }
+    } | ({"tree": {"depth": p.tree.depth, "top_k": p.tree.top_k,
+                   "total_tokens": p.tree.total_tokens}} if p.method == "tree" else {})
 
 
 def make_request(session, item: Job) -> Request:

@@ -122,3 +122,15 @@ def truncate_cache(cache, length: int) -> None:
         raise ValueError(f"cannot grow a cache by truncation ({cache_length(cache)} -> {length})")
     if extra:
         cache.crop(-extra)
+
+
+def select_cache_positions(cache, keep: list[int]) -> None:
+    """Keep only the cached positions ``keep`` (in that order) in every layer: a tree
+    round's accepted branch is not contiguous in the cache (index_select along the
+    sequence dimension)."""
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", False) or layer.keys is None or not layer.keys.numel():
+            continue
+        index = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)

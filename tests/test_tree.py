@@ -1,0 +1,183 @@
+"""Draft trees (runtime/tree.py, verify.verify_tree, drafters/tree.py): the tree
+structure and masks, EAGLE-2 expansion, multi-candidate speculative sampling (exact
+distribution), and T=0 equality with target greedy decoding through the real models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from scipy.stats import chisquare
+
+from conftest import fresh_scenes
+from vlmspec_cli.cli import cli
+from vlmspec_cli.drafters import create_drafter
+from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
+from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.tree import DraftTree, expand_tree, path_to, tree_mask
+from vlmspec_cli.runtime.verify import SamplingParams, verify_tree
+from vlmspec_cli.zoo import world
+
+GREEDY = SamplingParams(0.0)
+
+
+# -- structure ------------------------------------------------------------------------
+def _sample_tree() -> DraftTree:
+    #        root
+    #       /    \
+    #      0(5)   1(7)
+    #     /   \     \
+    #   2(8)  3(9)   4(5)
+    return DraftTree([5, 7, 8, 9, 5], [-1, -1, 0, 0, 1], [0, 0, 1, 1, 1])
+
+
+def test_ancestry_mask_and_paths():
+    tree = _sample_tree()
+    anc = tree.ancestry()
+    assert anc.tolist()[3] == [True, False, False, True, False]
+    assert anc.tolist()[4] == [False, True, False, False, True]
+    assert path_to(tree, 3) == [0, 3] and tree.children(0) == [2, 3] and tree.max_depth == 2
+    mask = tree_mask(tree, past=4, lead=1, dtype=torch.float32, device="cpu")
+    assert mask.shape == (1, 1, 6, 10)
+    seen = mask[0, 0] == 0
+    assert seen[:, :4].all()                       # the cache: everyone
+    assert seen[:, 4].all()                        # the pending token: everyone
+    assert seen[0, 5:].sum() == 0                  # pending sees no node
+    assert seen[4, 5:].tolist() == [True, False, False, True, False]   # node 3: 0 and itself
+
+
+def test_eagle2_expansion_ranks_by_path_probability():
+    """Scripted draft: every node proposes children with probabilities .6 .3 .1 …; the
+    frontier is the best nodes by product of probabilities, and the final rerank keeps the
+    best total_tokens (ancestor-closed)."""
+    vocab = 8
+    logits = torch.log(torch.tensor([0.6, 0.3, 0.1] + [1e-6] * (vocab - 3)))
+    fed: list[list[int]] = []
+
+    def step(tree, nodes):
+        fed.append(list(nodes))
+        return logits.expand(len(nodes), vocab)
+
+    tree = expand_tree(logits, step, depth=3, top_k=2, total_tokens=5, sampling=GREEDY,
+                       generator=None)
+    assert len(tree) == 5
+    # level 0: tokens 0 (.6) and 1 (.3); frontier after level 1: (0,0)=.36 and (0,1)=.18
+    # — ahead of (1,0)=.18? ties break towards earlier creation — then the rerank keeps
+    # .6 .36 .3 .216 .18
+    assert fed[0] == [0, 1]
+    kept = sorted(zip(tree.depth, tree.tokens))
+    assert kept[:2] == [(0, 0), (0, 1)] and (2, 0) in kept
+    for i, p in enumerate(tree.parents):             # ancestor-closed, parents first
+        assert p < i
+
+
+def test_sampled_trees_keep_every_drawn_child_and_respect_the_budget():
+    vocab = 10
+    gen = torch.Generator().manual_seed(0)
+
+    def step(tree, nodes):
+        return torch.randn(len(nodes), vocab, generator=gen)
+
+    for total in (3, 7, 20, 60):
+        tree = expand_tree(torch.randn(vocab, generator=gen), step, depth=4, top_k=3,
+                           total_tokens=total, sampling=SamplingParams(1.0),
+                           generator=torch.Generator().manual_seed(total))
+        assert 1 <= len(tree) <= total
+        for u in [-1] + list(range(len(tree))):
+            kids = tree.children(u)
+            if kids:   # siblings are distinct draws, and q is recorded for their parent
+                assert len({tree.tokens[c] for c in kids}) == len(kids) and u in tree.q
+        if total >= 20:
+            assert tree.max_depth == 4
+
+
+# -- multi-candidate speculative sampling ---------------------------------------------
+@pytest.mark.parametrize("k", [1, 2, 3, 6])
+def test_verify_tree_emits_the_target_distribution(k):
+    """Children drawn from q without replacement, verified by recursive rejection: the
+    emitted token is distributed as p, for every branching factor."""
+    vocab, trials = 6, 8000
+    gen = torch.Generator().manual_seed(100 + k)   # fixed: the test is deterministic
+    p_logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 0.3])
+    q = torch.softmax(torch.tensor([0.0, 2.0, 1.5, 1.0, 0.5, -1.0]), -1)
+    counts = torch.zeros(vocab)
+    params = SamplingParams(1.0)
+    for _ in range(trials):
+        picks = torch.multinomial(q, k, replacement=False, generator=gen).tolist()
+        tree = DraftTree(picks, [-1] * k, [0] * k, {-1: q})
+        path, tok = verify_tree(tree, p_logits, torch.zeros(k, vocab), params, gen)
+        first = tree.tokens[path[0]] if path else tok
+        counts[first] += 1
+    p = torch.softmax(p_logits, -1)
+    assert chisquare(counts.numpy(), (p * trials).numpy()).pvalue > 1e-3
+    # q differs enough from p that rejections happen
+    assert (p - q).abs().sum() > 0.5
+
+
+# -- the real models ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corpus(zoo_target):
+    reqs = []
+    prompts = [world.CAPTION_PROMPTS[0], "What colour is the background?",
+               world.CAPTION_PROMPTS[2], "how many shapes are there?"]
+    for i, (_, image) in enumerate(fresh_scenes(8, seed=9090)):
+        images = (image, image) if i == 3 else (image,)
+        reqs.append(Request([Message("user", prompts[i % 4], images)],
+                            max_new_tokens=32 if i % 3 else 7))   # 7: the limit cuts a tree
+    reqs.append(Request([Message("user", "say something about shapes.")], max_new_tokens=16))
+    base = SpeculativeEngine(zoo_target, create_drafter("none"), 1, GREEDY)
+    return [(r, base.generate(r).tokens) for r in reqs]
+
+
+@pytest.mark.parametrize("variant,depth,top_k,total", [
+    ("multimodal", 5, 4, 20), ("multimodal", 6, 2, 10), ("multimodal", 3, 3, 60),
+    ("multimodal", 4, 1, 4), ("text", 5, 3, 16)])
+def test_tree_equals_target_greedy(zoo_target, zoo_draft, corpus, variant, depth, top_k, total):
+    drafter = create_drafter("tree", draft=zoo_draft, sampling=GREEDY, variant=variant,
+                             depth=depth, top_k=top_k, total_tokens=total,
+                             image_token=zoo_target.adapter.image_token(zoo_target),
+                             eos_ids=eos_token_ids(zoo_target))
+    engine = SpeculativeEngine(zoo_target, drafter, depth, GREEDY)
+    accepted = 0
+    for i, (req, ref) in enumerate(corpus):
+        res = engine.generate(req)
+        assert res.tokens == ref, f"request {i} differs from target greedy"
+        s = res.state.stats
+        assert s.new_tokens == s.num_accepted_tokens + s.num_drafts == len(ref)
+        assert len(s.accepted_per_pos) <= depth and sum(s.accept_len_hist) == s.num_drafts
+        # both caches were cut back to the committed tokens (the last one is pending)
+        prompt_len = res.state.target_cache.get_seq_length() - (len(ref) - 1)
+        assert prompt_len > 0
+        accepted += s.num_accepted_tokens
+    assert accepted > 0
+
+
+def test_a_wider_tree_accepts_more_than_its_chain(zoo_target, zoo_draft, corpus):
+    def tau(top_k, total):
+        drafter = create_drafter("tree", draft=zoo_draft, sampling=GREEDY, variant="multimodal",
+                                 depth=5, top_k=top_k, total_tokens=total,
+                                 image_token=zoo_target.adapter.image_token(zoo_target),
+                                 eos_ids=eos_token_ids(zoo_target))
+        engine = SpeculativeEngine(zoo_target, drafter, 5, GREEDY)
+        stats = [engine.generate(r).state.stats for r, _ in corpus]
+        return sum(s.num_accepted_tokens for s in stats) / sum(s.num_drafts for s in stats)
+
+    assert tau(4, 40) > tau(1, 5)
+
+
+def test_cli_tree(tmp_path):
+    path = tmp_path / "a.png"
+    fresh_scenes(1, seed=3)[0][1].save(path)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["caption", str(path), "-m", "tree", "--compare", "--json", "-q",
+                              "--set", "tree.top_k=2", "--set", "tree.total_tokens=8"])
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.stdout)
+    assert rec["method"] == "tree" and rec["lossless"] and rec["compare"]["identical"]
+    assert rec["tree"] == {"depth": 5, "top_k": 2, "total_tokens": 8}
+    bad = runner.invoke(cli, ["caption", str(path), "-m", "tree", "--set", "tree.top_k=0"])
+    assert bad.exit_code == 2 and "tree.top_k" in bad.output
+    two = runner.invoke(cli, ["caption", str(path), "-m", "tree", "--inputs", "M,T"])
+    assert two.exit_code == 2 and "one input" in two.output

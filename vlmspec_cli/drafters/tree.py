@@ -1,0 +1,124 @@
+"""``tree``: a separate draft model proposes a draft *tree* (EAGLE-2 dynamic expansion,
+runtime/tree.py) instead of a chain; the target verifies every branch in one forward.
+
+The draft reads the request through one drafting input (members.py: M, T, C or P) and keeps
+its own KV cache: the prompt and the committed tokens it has read. Each expansion level
+feeds the frontier nodes in one forward, at positions base + depth, with a 4-D mask that
+lets a node see the cache, its ancestors and itself. After verification the cache is cut
+back to the prompt, the committed tokens and the accepted path's nodes it fed (an
+index_select along the sequence), so the next round starts from a plain prefix again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vlmspec_cli.drafters.base import register
+from vlmspec_cli.drafters.members import MEMBER_INPUTS, check_members, member_embeds
+from vlmspec_cli.runtime.adapters.base import cache_length, select_cache_positions
+from vlmspec_cli.runtime.request import DecodeState
+from vlmspec_cli.runtime.tree import DraftTree, expand_tree, tree_mask
+from vlmspec_cli.runtime.verify import SamplingParams
+
+
+@dataclass
+class TreeState:
+    cache: Any
+    covered: int = 0                          # committed tokens in the cache
+    next_logits: torch.Tensor | None = None   # after prefill
+    prefix: int = 0                           # cache length before this round's tree
+    slots: dict[int, int] = field(default_factory=dict)   # fed node -> cache slot
+    tree: DraftTree | None = None
+
+
+class TreeDrafter:
+    needs_target_hidden = False
+    lossless = True
+    name = "tree"
+
+    def __init__(self, draft, sampling: SamplingParams, variant: str = "multimodal",
+                 depth: int = 5, top_k: int = 4, total_tokens: int = 20,
+                 image_token: str | None = None, captioner=None, eos_ids=(), **_: object) -> None:
+        check_members([variant], draft, captioner)
+        if min(depth, top_k, total_tokens) < 1:
+            raise ValueError("tree.depth, tree.top_k and tree.total_tokens must be >= 1")
+        self.draft = draft
+        self.sampling = sampling
+        self.variant = variant
+        self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        self.image_token = image_token
+        self.captioner = captioner
+        self.eos_ids = set(eos_ids)
+
+    def prefill(self, state: DecodeState) -> None:
+        lm = self.draft
+        captions: list[str] = []
+        if self.variant == "caption" and state.request.images:
+            captions, seconds = self.captioner.submit(state.request.images).result()
+            state.stats.caption_s += seconds
+        embeds = member_embeds(lm, state.prompt, state.request.images, self.variant,
+                               self.image_token, captions)
+        cache = lm.adapter.new_cache(lm)
+        logits = lm.adapter.prefill(lm, {"inputs_embeds": embeds}, cache)[0]
+        state.drafter_state = TreeState(cache, next_logits=logits)
+
+    def propose(self, state: DecodeState, max_tokens: int) -> DraftTree:
+        st: TreeState = state.drafter_state
+        lm = self.draft
+        unseen = state.tokens[st.covered:]
+        if unseen:  # committed tokens the draft has not read (last round's target token …)
+            ids = torch.tensor([unseen], device=lm.device)
+            root = lm.adapter.extend(lm, ids, st.cache)[0, -1]
+            st.covered = len(state.tokens)
+        else:
+            root = st.next_logits
+        st.next_logits = None
+        st.prefix = cache_length(st.cache)
+        st.slots = {}
+
+        def step(tree: DraftTree, nodes: list[int]) -> torch.Tensor:
+            # feed the frontier nodes; they see the prefix, their fed ancestors and themselves
+            past = cache_length(st.cache)
+            fed = sorted(st.slots, key=st.slots.get)
+            sub = DraftTree([tree.tokens[i] for i in fed + nodes],
+                            [(fed + nodes).index(tree.parents[i]) if tree.parents[i] >= 0 else -1
+                             for i in fed + nodes], [tree.depth[i] for i in fed + nodes])
+            allowed = tree_mask(sub, st.prefix, 0, lm.dtype, lm.device)[..., -len(nodes):, :]
+            ids = torch.tensor([[tree.tokens[i] for i in nodes]], device=lm.device)
+            pos = torch.tensor([[st.prefix + tree.depth[i] for i in nodes]], device=lm.device)
+            for i, node in enumerate(nodes):
+                st.slots[node] = past + i
+            return lm.adapter.extend(lm, ids, st.cache, attention_mask=allowed, position_ids=pos)[0]
+
+        depth = min(self.depth, max_tokens)
+        tree = expand_tree(root, step, depth, self.top_k, self.total_tokens, self.sampling,
+                           state.draft_generator, self.eos_ids)
+        # the final rerank renumbers nodes: follow them to their slots (pruned fed nodes
+        # stay in the cache until accept() cuts it back)
+        if tree.origin is not None:
+            st.slots = {new: st.slots[old] for new, old in enumerate(tree.origin) if old in st.slots}
+        st.tree = tree
+        return tree
+
+    def accept(self, state: DecodeState, n_accepted: int,
+               target_logits: torch.Tensor | None = None) -> None:
+        st: TreeState = state.drafter_state
+        tree = st.tree
+        if tree is None:  # no tree this round (the token budget allowed no proposal)
+            return
+        # keep the prefix and the accepted nodes the draft fed, in path order
+        fed_path = [st.slots[n] for n in tree.accepted if n in st.slots]
+        keep = list(range(st.prefix)) + fed_path
+        select_cache_positions(st.cache, keep)
+        st.covered += len(fed_path)
+        st.slots, st.tree = {}, None
+
+
+@register("tree")
+def make_tree(draft, sampling: SamplingParams, variant: str = "multimodal", **kwargs) -> TreeDrafter:
+    if variant not in MEMBER_INPUTS:
+        raise ValueError(f"tree drafting supports inputs {MEMBER_INPUTS}, not '{variant}'")
+    return TreeDrafter(draft, sampling, variant, **kwargs)
