@@ -71,3 +71,15 @@ def member_embeds(draft, prompt: str, images: list, variant: str, image_token: s
     with_images = variant in ("multimodal", "pooled") and bool(images)
     return draft.adapter.embed(draft, text, list(images) if with_images else None,
                                pool=POOL if variant == "pooled" else 1)
+
+
+def prefill_member(draft, state, variant: str, image_token: str | None, captioner=None):
+    """Prefill a fresh draft cache with one request read through ``variant`` (captioning
+    the images first for C). Returns (cache, logits of the last position (V,))."""
+    captions: list[str] = []
+    if variant == "caption" and state.request.images:
+        captions, seconds = captioner.submit(state.request.images).result()
+        state.stats.caption_s += seconds
+    embeds = member_embeds(draft, state.prompt, state.request.images, variant, image_token, captions)
+    cache = draft.adapter.new_cache(draft)
+    return cache, draft.adapter.prefill(draft, {"inputs_embeds": embeds}, cache)[0]

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from vlmspec_cli.drafters.base import register
-from vlmspec_cli.drafters.members import MEMBER_INPUTS, check_members, member_embeds
+from vlmspec_cli.drafters.members import MEMBER_INPUTS, check_members, prefill_member
 from vlmspec_cli.runtime.adapters.base import cache_length, select_cache_positions
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.tree import DraftTree, expand_tree, tree_mask
+from vlmspec_cli.runtime.tree import DraftTree, additive_mask, expand_tree
 from vlmspec_cli.runtime.verify import SamplingParams
 
 
@@ -54,15 +54,8 @@ class TreeDrafter:
         self.eos_ids = set(eos_ids)
 
     def prefill(self, state: DecodeState) -> None:
-        lm = self.draft
-        captions: list[str] = []
-        if self.variant == "caption" and state.request.images:
-            captions, seconds = self.captioner.submit(state.request.images).result()
-            state.stats.caption_s += seconds
-        embeds = member_embeds(lm, state.prompt, state.request.images, self.variant,
-                               self.image_token, captions)
-        cache = lm.adapter.new_cache(lm)
-        logits = lm.adapter.prefill(lm, {"inputs_embeds": embeds}, cache)[0]
+        cache, logits = prefill_member(self.draft, state, self.variant, self.image_token,
+                                       self.captioner)
         state.drafter_state = TreeState(cache, next_logits=logits)
 
     def propose(self, state: DecodeState, max_tokens: int) -> DraftTree:
@@ -80,18 +73,23 @@ class TreeDrafter:
         st.slots = {}
 
         def step(tree: DraftTree, nodes: list[int]) -> torch.Tensor:
-            # feed the frontier nodes; they see the prefix, their fed ancestors and themselves
+            # feed the frontier nodes: each sees the prefix, its ancestors (all fed at
+            # earlier levels) and itself
             past = cache_length(st.cache)
-            fed = sorted(st.slots, key=st.slots.get)
-            sub = DraftTree([tree.tokens[i] for i in fed + nodes],
-                            [(fed + nodes).index(tree.parents[i]) if tree.parents[i] >= 0 else -1
-                             for i in fed + nodes], [tree.depth[i] for i in fed + nodes])
-            allowed = tree_mask(sub, st.prefix, 0, lm.dtype, lm.device)[..., -len(nodes):, :]
+            allowed = torch.zeros((len(nodes), past + len(nodes)), dtype=torch.bool)
+            allowed[:, :st.prefix] = True
+            for i, node in enumerate(nodes):
+                allowed[i, past + i] = True
+                parent = tree.parents[node]
+                while parent >= 0:
+                    allowed[i, st.slots[parent]] = True
+                    parent = tree.parents[parent]
             ids = torch.tensor([[tree.tokens[i] for i in nodes]], device=lm.device)
             pos = torch.tensor([[st.prefix + tree.depth[i] for i in nodes]], device=lm.device)
             for i, node in enumerate(nodes):
                 st.slots[node] = past + i
-            return lm.adapter.extend(lm, ids, st.cache, attention_mask=allowed, position_ids=pos)[0]
+            mask = additive_mask(allowed, lm.dtype, lm.device)
+            return lm.adapter.extend(lm, ids, st.cache, attention_mask=mask, position_ids=pos)[0]
 
         depth = min(self.depth, max_tokens)
         tree = expand_tree(root, step, depth, self.top_k, self.total_tokens, self.sampling,

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import torch
 
 from vlmspec_cli.drafters.base import Draft
-from vlmspec_cli.drafters.members import member_embeds
+from vlmspec_cli.drafters.members import prefill_member
 from vlmspec_cli.runtime.adapters.base import cache_length
 from vlmspec_cli.runtime.engine import Result, decode_text, eos_token_ids
 from vlmspec_cli.runtime.models import LoadedModel
@@ -136,14 +136,8 @@ class BatchedEngine:
         row = _Row(item, state, t0)
         if self.drafter is not None:
             d = self.drafter
-            captions = []
-            if d.variant == "caption" and request.images:
-                captions, seconds = d.captioner.submit(request.images).result()
-                state.stats.caption_s += seconds
-            embeds = member_embeds(d.draft, state.prompt, request.images, d.variant,
-                                   d.image_token, captions)
-            single = d.draft.adapter.new_cache(d.draft)
-            row.draft_logits = d.draft.adapter.prefill(d.draft, {"inputs_embeds": embeds}, single)[0]
+            single, row.draft_logits = prefill_member(d.draft, state, d.variant, d.image_token,
+                                                      d.captioner)
             self._dcache.add_row(single, cache_length(single))
         state.stats.prefill_s = time.perf_counter() - t0
         return row

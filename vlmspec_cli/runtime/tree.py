@@ -159,6 +159,12 @@ def tree_mask(tree: DraftTree, past: int, lead: int, dtype: torch.dtype,
     allowed[:, past:past + lead] = torch.tril(torch.ones((q, lead), dtype=torch.bool), diagonal=0)
     allowed[lead:, past:past + lead] = True
     allowed[lead:, past + lead:] = tree.ancestry()
+    return additive_mask(allowed, dtype, device)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """(q, kv) bool → the (1, 1, q, kv) additive float mask transformers passes through
+    as is (0 where allowed, finfo.min elsewhere; a bool 4-D mask is wrong with eager)."""
     mask = torch.zeros(allowed.shape, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)
