@@ -75,6 +75,45 @@ class TreeSpec:
     depth: int = field(default=5, metadata=_rule(ge=1))          # expansion levels
     top_k: int = field(default=4, metadata=_rule(ge=1))          # children per node, frontier size
     total_tokens: int = field(default=20, metadata=_rule(ge=1))  # nodes verified per round
+    # dynamic: EAGLE-2 (expand the best-scoring nodes, rerank at T = 0); static: a fixed
+    # shape (a spine of depth nodes, top_k - 1 alternatives per level)
+    policy: str = field(default="dynamic", metadata=_rule(choices=("dynamic", "static")))
+
+
+@dataclass
+class AdaptiveTreeSpec:
+    """method: adt — ADT-Tree (runtime/tree_shape.py): each tree's depth and top_k start
+    from a neighbouring image token's tree (init) and move by Eq. 2: deeper and narrower
+    (+step_depth, -step_top_k) when that tree's acceptance rate α = accepted / depth
+    reached beta, else shallower and wider; the first tree uses tree.depth / tree.top_k."""
+
+    init: str = field(default="horizontal", metadata=_rule(
+        choices=("horizontal", "vertical", "random")))
+    beta: float = field(default=1.0, metadata=_rule(gt=0))
+    step_depth: int = field(default=1, metadata=_rule(ge=0))
+    step_top_k: int = field(default=2, metadata=_rule(ge=0))
+    min_depth: int = field(default=1, metadata=_rule(ge=1))
+    max_depth: int = field(default=8, metadata=_rule(ge=1))
+    min_top_k: int = field(default=1, metadata=_rule(ge=1))
+    max_top_k: int = field(default=10, metadata=_rule(ge=1))
+
+
+@dataclass
+class RelaxedSpec:
+    """acceptance: relaxed — LANTERN-style latent proximity (LOSSY): a draft image token's
+    target probability is raised by the target mass of its nearest VQ codes, nearest
+    first, up to delta in total."""
+
+    neighbours: int = field(default=8, metadata=_rule(ge=1))     # k nearest codes
+    delta: float = field(default=0.3, metadata=_rule(ge=0, le=1))
+
+
+@dataclass
+class ImageSpec:
+    """generate-image: classifier-free guidance and images per prompt."""
+
+    cfg: float | None = field(default=None, metadata=_rule(ge=0))   # None: the model's own
+    images_per_prompt: int = field(default=1, metadata=_rule(ge=1))
 
 
 @dataclass
@@ -173,6 +212,11 @@ class Profile:
     method: str = "chain"
     drafting: DraftingSpec = field(default_factory=DraftingSpec)
     tree: TreeSpec = field(default_factory=TreeSpec)
+    adaptive_tree: AdaptiveTreeSpec = field(default_factory=AdaptiveTreeSpec)
+    # exact: speculative decoding's own test (lossless); relaxed: see RelaxedSpec (lossy)
+    acceptance: str = field(default="exact", metadata=_rule(choices=("exact", "relaxed")))
+    relaxed: RelaxedSpec = field(default_factory=RelaxedSpec)
+    image: ImageSpec = field(default_factory=ImageSpec)
     ensemble: EnsembleSpec = field(default_factory=EnsembleSpec)
     twig: TwigSpec = field(default_factory=TwigSpec)
     prune: PruneSpec = field(default_factory=PruneSpec)
@@ -188,9 +232,11 @@ class Profile:
         # Every option that can change the output distribution makes this False:
         # visual-token pruning changes the target that drafts are verified against, and an
         # int8 target with outlier decomposition computes a token differently depending on
-        # the other tokens verified (or batched) with it.
+        # the other tokens verified (or batched) with it; relaxed acceptance accepts
+        # draft tokens the target would not have emitted.
         t = self.target
-        return not self.prune.active and not (t.quantize == "int8" and t.int8_threshold > 0)
+        return (not self.prune.active and self.acceptance == "exact"
+                and not (t.quantize == "int8" and t.int8_threshold > 0))
 
 
 # ------------------------------------------------------------ schema helpers

@@ -21,7 +21,10 @@ from vlmspec_cli.drafters.members import MEMBER_INPUTS, check_members, prefill_m
 from vlmspec_cli.runtime.adapters.base import cache_length, select_cache_positions
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.tree import DraftTree, additive_mask, expand_tree
+from vlmspec_cli.runtime.tree_shape import AdjacencyAdaptive, FixedShape, RoundLog, TreeRound
 from vlmspec_cli.runtime.verify import SamplingParams
+
+TREE_POLICIES = ("dynamic", "static")
 
 
 @dataclass
@@ -32,6 +35,9 @@ class TreeState:
     prefix: int = 0                           # cache length before this round's tree
     slots: dict[int, int] = field(default_factory=dict)   # fed node -> cache slot
     tree: DraftTree | None = None
+    shape: tuple[int, int] = (0, 0)           # this round's (depth, top_k)
+    log: RoundLog = field(default_factory=RoundLog)
+    shape_generator: torch.Generator | None = None   # ADT's random initialisation only
 
 
 class TreeDrafter:
@@ -41,14 +47,23 @@ class TreeDrafter:
 
     def __init__(self, draft, sampling: SamplingParams, variant: str = "multimodal",
                  depth: int = 5, top_k: int = 4, total_tokens: int = 20,
-                 image_token: str | None = None, captioner=None, eos_ids=(), **_: object) -> None:
+                 image_token: str | None = None, captioner=None, eos_ids=(),
+                 policy: str = "dynamic", shape=None, per_token: bool = False,
+                 **_: object) -> None:
         check_members([variant], draft, captioner)
         if min(depth, top_k, total_tokens) < 1:
             raise ValueError("tree.depth, tree.top_k and tree.total_tokens must be >= 1")
+        if policy not in TREE_POLICIES:
+            raise ValueError(f"tree.policy must be one of {TREE_POLICIES}, not '{policy}'")
         self.draft = draft
         self.sampling = sampling
         self.variant = variant
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        self.static = policy == "static"
+        # what sizes each round's tree: FixedShape, or AdjacencyAdaptive (method adt)
+        self.shape = shape or FixedShape(depth, top_k)
+        self.policy = "adt" if isinstance(self.shape, AdjacencyAdaptive) else policy
+        self.per_token = per_token     # report each token's acceptance length (images)
         self.image_token = image_token
         self.captioner = captioner
         self.eos_ids = set(eos_ids)
@@ -56,7 +71,8 @@ class TreeDrafter:
     def prefill(self, state: DecodeState) -> None:
         cache, logits = prefill_member(self.draft, state, self.variant, self.image_token,
                                        self.captioner)
-        state.drafter_state = TreeState(cache, next_logits=logits)
+        shape_gen = torch.Generator(device="cpu").manual_seed(state.request.seed + 0x5EED)
+        state.drafter_state = TreeState(cache, next_logits=logits, shape_generator=shape_gen)
 
     def propose(self, state: DecodeState, max_tokens: int) -> DraftTree:
         st: TreeState = state.drafter_state
@@ -91,9 +107,11 @@ class TreeDrafter:
             mask = additive_mask(allowed, lm.dtype, lm.device)
             return lm.adapter.extend(lm, ids, st.cache, attention_mask=mask, position_ids=pos)[0]
 
-        depth = min(self.depth, max_tokens)
-        tree = expand_tree(root, step, depth, self.top_k, self.total_tokens, self.sampling,
-                           state.draft_generator, self.eos_ids)
+        depth, top_k = self.shape.choose(st.log, len(state.tokens), st.shape_generator)
+        depth = min(depth, max_tokens)
+        st.shape = (depth, top_k)
+        tree = expand_tree(root, step, depth, top_k, self.total_tokens, self.sampling,
+                           state.draft_generator, self.eos_ids, static=self.static)
         # the final rerank renumbers nodes: follow them to their slots (pruned fed nodes
         # stay in the cache until accept() cuts it back)
         if tree.origin is not None:
@@ -113,6 +131,14 @@ class TreeDrafter:
         select_cache_positions(st.cache, keep)
         st.covered += len(fed_path)
         st.slots, st.tree = {}, None
+        depth, top_k = st.shape
+        st.log.add(TreeRound(len(state.tokens) - n_accepted - 1, depth, top_k, n_accepted))
+
+    def finish(self, state: DecodeState) -> None:
+        summary = state.drafter_state.log.summary(len(state.tokens))
+        if not self.per_token:
+            del summary["accept_lengths"]
+        state.stats.trees = {"policy": self.policy, **summary}
 
 
 @register("tree")
@@ -120,3 +146,14 @@ def make_tree(draft, sampling: SamplingParams, variant: str = "multimodal", **kw
     if variant not in MEMBER_INPUTS:
         raise ValueError(f"tree drafting supports inputs {MEMBER_INPUTS}, not '{variant}'")
     return TreeDrafter(draft, sampling, variant, **kwargs)
+
+
+@register("adt")
+def make_adt(draft, sampling: SamplingParams, variant: str = "multimodal", cols: int = 1,
+             adaptive=None, depth: int = 4, top_k: int = 4, **kwargs) -> TreeDrafter:
+    """ADT-Tree: EAGLE-2 dynamic trees whose depth and width follow the image region
+    (tree_shape.AdjacencyAdaptive; ``adaptive``: its keyword settings, ``cols``: tokens
+    per image row)."""
+    shape = AdjacencyAdaptive(cols, depth=depth, top_k=top_k, **(adaptive or {}))
+    kwargs.pop("policy", None)
+    return make_tree(draft, sampling, variant, depth=depth, top_k=top_k, shape=shape, **kwargs)

@@ -50,6 +50,8 @@ class SpeculativeEngine:
         # the layers they share with it: prefill(state) and extend_target(state, ids)
         self.runs_target = bool(getattr(drafter, "runs_target", False))
         self.eos_ids = eos_token_ids(target)
+        # LANTERN relaxed acceptance of tree nodes (verify.Relaxation; lossy, opt-in)
+        self.relax = None
 
     # -- one request -----------------------------------------------------------------
     def start(self, request: Request) -> DecodeState:
@@ -137,7 +139,8 @@ class SpeculativeEngine:
                                       state.target_cache)[0, -1]
                     if lead else state.target_next_logits)
             node_logits = None
-        path, tok = verify_tree(tree, root, node_logits, self.sampling, state.target_generator)
+        path, tok = verify_tree(tree, root, node_logits, self.sampling, state.target_generator,
+                                self.relax)
         select_cache_positions(state.target_cache,
                                list(range(past + lead)) + [past + lead + n for n in path])
         tree.accepted = path
@@ -174,10 +177,9 @@ class SpeculativeEngine:
 
 
 def eos_token_ids(lm: LoadedModel) -> set[int]:
-    """The tokens that end a generation: the tokenizer's EOS and the generation config's."""
-    gen_eos = getattr(lm.model.generation_config, "eos_token_id", None)
-    ids = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {lm.tokenizer.eos_token_id}
-    return {int(i) for i in ids if i is not None}
+    """The tokens that end a generation (the family decides: EOS for text, none for an
+    image grid)."""
+    return lm.adapter.stop_token_ids(lm)
 
 
 def decode_text(lm: LoadedModel, tokens: list[int], eos_ids: set[int]) -> str:

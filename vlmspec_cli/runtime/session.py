@@ -11,7 +11,7 @@ from vlmspec_cli.runtime.captioner import Captioner
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible, load_model,
                                         load_twig)
-from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
 class SessionError(Exception):
     """The profile asks for something this runtime cannot do; the message says what."""
@@ -49,6 +49,8 @@ class Session:
 
 
 BATCHED_METHODS = ("none", "chain")
+IMAGE_METHODS = ("none", "tree", "adt")       # generate-image: tree-shaped drafts only
+TREE_METHODS = ("tree", "adt")
 
 
 def chain_variant(profile) -> str:
@@ -72,7 +74,20 @@ def validate_method(profile) -> None:
             f"unknown method '{profile.method}'{hint}; available: {', '.join(drafter_names())}"
         )
     inputs = list(profile.drafting.inputs)
-    if profile.method in ("chain", "tree"):
+    image = profile.task == "image"
+    if image and profile.method not in IMAGE_METHODS:
+        raise SessionError(f"generate-image supports methods {', '.join(IMAGE_METHODS)}, not "
+                           f"'{profile.method}' (a chain is tree.top_k: 1)")
+    if not image and profile.method == "adt":
+        raise SessionError("method 'adt' adapts trees to an image-token grid: it is for "
+                           "generate-image; use method 'tree' here")
+    if profile.acceptance == "relaxed" and not (image and profile.method in TREE_METHODS):
+        raise SessionError("acceptance: relaxed (LANTERN) compares VQ image codes: it needs "
+                           "generate-image with method tree or adt")
+    a = profile.adaptive_tree
+    if a.min_depth > a.max_depth or a.min_top_k > a.max_top_k:
+        raise SessionError("adaptive_tree: min_depth must be <= max_depth and min_top_k <= max_top_k")
+    if profile.method in ("chain", "tree") and not image:
         chain_variant(profile)
     if len(set(inputs)) != len(inputs):
         raise SessionError(f"drafting.inputs lists an input twice: {inputs}")
@@ -121,6 +136,10 @@ def build_session(profile, trace=None) -> Session:
     validate_method(profile)
     sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
     target = load_model(profile.target, "target")
+    image = profile.task == "image"
+    if image:
+        _check_image_model(target, "target")
+        target.adapter = target.adapter.with_guidance(profile.image.cfg)
     draft = captioner_lm = None
     if profile.method == "none":
         drafter = create_drafter("none")
@@ -130,8 +149,12 @@ def build_session(profile, trace=None) -> Session:
         except ValueError as exc:
             raise SessionError(str(exc)) from None
     else:
-        inputs = list(profile.drafting.inputs)
+        # an image prompt is text: the draft reads it as the target does
+        inputs = ["text"] if image else list(profile.drafting.inputs)
         draft = load_model(profile.draft, "draft")
+        if image:
+            _check_image_model(draft, "draft")
+            draft.adapter = draft.adapter.with_guidance(profile.image.cfg)
         check_compatible(target, draft, needs_images=bool({"multimodal", "pooled"} & set(inputs)))
         captioner = None
         if "caption" in inputs:
@@ -143,11 +166,24 @@ def build_session(profile, trace=None) -> Session:
         try:
             if profile.method == "chain":
                 drafter = create_drafter("chain", variant=chain_variant(profile), **common)
-            elif profile.method == "tree":
+            elif profile.method in TREE_METHODS:
                 t = profile.tree
-                drafter = create_drafter("tree", variant=chain_variant(profile), depth=t.depth,
+                variant = "text" if image else chain_variant(profile)
+                extra = {}
+                if profile.method == "adt":
+                    from dataclasses import asdict
+
+                    from vlmspec_cli.runtime.tree_shape import AdtBounds
+
+                    a = asdict(profile.adaptive_tree)
+                    bounds = AdtBounds(*(a.pop(k) for k in ("min_depth", "max_depth",
+                                                            "min_top_k", "max_top_k")))
+                    extra = dict(cols=target.adapter.image_grid(target)[1],
+                                 adaptive=dict(a, bounds=bounds))
+                drafter = create_drafter(profile.method, variant=variant, depth=t.depth,
                                          top_k=t.top_k, total_tokens=t.total_tokens,
-                                         eos_ids=eos_token_ids(target), **common)
+                                         policy=t.policy, per_token=image,
+                                         eos_ids=eos_token_ids(target), **extra, **common)
             else:
                 e = profile.ensemble
                 drafter = create_drafter(profile.method, inputs=inputs, policy=e.policy,
@@ -156,9 +192,28 @@ def build_session(profile, trace=None) -> Session:
         except ValueError as exc:
             raise SessionError(str(exc)) from None
     # a tree's depth bounds the tokens a round can accept, as γ bounds a chain's
-    gamma = profile.tree.depth if profile.method == "tree" else profile.drafting.gamma
+    gamma = {"tree": profile.tree.depth,
+             "adt": profile.adaptive_tree.max_depth}.get(profile.method, profile.drafting.gamma)
     engine = SpeculativeEngine(target, drafter, gamma, sampling)
+    if profile.acceptance == "relaxed":
+        engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
     return Session(profile, target, draft, captioner_lm, engine, sampling)
+
+
+def _check_image_model(lm: LoadedModel, role: str) -> None:
+    if not getattr(lm.adapter, "generates_images", False):
+        raise SessionError(f"{role} model '{lm.name}' does not generate images (generate-image "
+                           "needs a Janus-family model, e.g. zoo:tinyworld/janus-target)")
+
+
+def relaxation(target: LoadedModel, k: int, delta: float) -> Relaxation:
+    """LANTERN's latent proximity sets: each code's k nearest codes by cosine similarity
+    of the target's VQ codebook (the decoder's normalised vectors)."""
+    codes = target.adapter.codebook(target)
+    sim = codes @ codes.T
+    sim.fill_diagonal_(-float("inf"))
+    k = min(k, codes.shape[0] - 1)
+    return Relaxation(sim.topk(k, dim=-1).indices.cpu(), float(delta))
 
 
 __all__ = ["Session", "SessionError", "ModelLoadError", "build_session", "validate_method"]

@@ -25,6 +25,8 @@ class SpecStats:
     ensemble: dict | None = None
     # twig-guided pruning: visual tokens, kept R, layer, final_wipe, mean_retained (Eq. 6)
     pruning: dict | None = None
+    # draft trees: policy, mean depth d̄ and width, per-round shapes (tree_shape.RoundLog)
+    trees: dict | None = None
 
     def record_round(self, drafted: int, accepted: int, emitted: int,
                      positions: int | None = None) -> None:
@@ -69,7 +71,7 @@ class SpecStats:
     def from_dict(cls, d: dict) -> "SpecStats":
         names = ("new_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
                  "accepted_per_pos", "accept_len_hist", "prefill_s", "wall_s", "caption_s",
-                 "ensemble", "pruning")
+                 "ensemble", "pruning", "trees")
         return cls(**{k: d[k] for k in names if k in d})
 
     def to_dict(self) -> dict:
@@ -80,7 +82,7 @@ class SpecStats:
         d["wall_s"] = round(self.wall_s, 4)
         d["prefill_s"] = round(self.prefill_s, 4)
         d["caption_s"] = round(self.caption_s, 4)
-        for optional in ("ensemble", "pruning"):
+        for optional in ("ensemble", "pruning", "trees"):
             if d[optional] is None:
                 del d[optional]
         return d

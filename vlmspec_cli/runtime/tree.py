@@ -89,9 +89,14 @@ StepFn = Callable[[DraftTree, list[int]], torch.Tensor]
 
 def expand_tree(root_logits: torch.Tensor, step: StepFn, depth: int, top_k: int,
                 total_tokens: int, sampling: SamplingParams, generator: torch.Generator | None,
-                eos_ids: set[int] = frozenset()) -> DraftTree:
+                eos_ids: set[int] = frozenset(), static: bool = False) -> DraftTree:
     """Grow a tree under the root. ``step(tree, nodes)`` runs the draft on those nodes
-    (already in ``tree``) and returns their next-token logits (len(nodes), V)."""
+    (already in ``tree``) and returns their next-token logits (len(nodes), V).
+
+    ``static``: a fixed shape instead of EAGLE-2's dynamic one -- only the first child of
+    each level (the draft's argmax at T = 0, its first draw at T > 0) is expanded, so every
+    tree is a spine of ``depth`` nodes with ``top_k`` - 1 alternatives at each level, and
+    nothing is reranked (the shape never depends on scores)."""
     tree = DraftTree()
     greedy = sampling.greedy
     score: list[float] = []
@@ -130,11 +135,11 @@ def expand_tree(root_logits: torch.Tensor, step: StepFn, depth: int, top_k: int,
                 created.append(len(tree) - 1)
         if level == depth - 1 or not created:
             break
-        frontier = sorted(created, key=lambda i: -score[i])[:top_k]
+        frontier = created[:1] if static else sorted(created, key=lambda i: -score[i])[:top_k]
         logits = step(tree, frontier)
     if len(tree) <= total_tokens:
         return tree
-    if greedy:  # EAGLE-2 rerank: the best nodes by path probability (ancestor-closed,
+    if greedy and not static:  # EAGLE-2 rerank: the best nodes by path probability (ancestor-closed,
         # since a child's score never exceeds its parent's; ties broken towards parents)
         best = sorted(range(len(tree)), key=lambda i: (-score[i], tree.depth[i], i))[:total_tokens]
         keep = set(best)

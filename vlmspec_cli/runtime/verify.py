@@ -133,8 +133,35 @@ def verify_chain(
     return verify_sampling(draft_tokens, draft_probs, target_logits, params, generator)
 
 
+@dataclass(frozen=True)
+class Relaxation:
+    """LANTERN-style relaxed acceptance (opt-in, LOSSY): image tokens whose VQ codes lie
+    close in latent space look alike, so a draft token x is judged by the target mass of
+    its neighbourhood instead of its own,
+
+        p~(x) = p(x) + sum of p(x') over x' in B_{k,δ}(x),
+
+    B_{k,δ}(x) = the longest nearest-first prefix of x's k nearest codes whose mass stays
+    within δ (the distance, in total variation, the relaxation may move p by at x).
+    ``neighbours``: (V, k) code ids, nearest first, excluding the code itself."""
+
+    neighbours: torch.Tensor
+    delta: float
+
+    def raised(self, p: torch.Tensor, x: int) -> float:
+        if x >= self.neighbours.shape[0]:
+            return float(p[x])
+        mass = p[self.neighbours[x].to(p.device)].cumsum(0)
+        within = mass[mass <= self.delta]
+        return float(p[x]) + (float(within[-1]) if within.numel() else 0.0)
+
+
+_UNIT = SamplingParams(temperature=1.0)
+
+
 def verify_tree(tree, root_logits: torch.Tensor, node_logits: torch.Tensor,
-                params: SamplingParams, generator: torch.Generator | None) -> tuple[list[int], int]:
+                params: SamplingParams, generator: torch.Generator | None,
+                relax: Relaxation | None = None) -> tuple[list[int], int]:
     """Walk a draft tree (runtime/tree.py) from the root. ``root_logits`` (V,) is p at the
     root, ``node_logits`` (N, V) p after each node. Returns the accepted root-to-node path
     (node indices) and the token the target adds after it.
@@ -147,6 +174,10 @@ def verify_tree(tree, root_logits: torch.Tensor, node_logits: torch.Tensor,
       renormalised (x_{j+1} was drawn from exactly that). Each step is a chain speculative
       sampling step with proposal q_j, so the token emitted at a node is distributed as p.
       If every child is rejected (or there is none) the token comes from the last p_j.
+    * ``relax`` (lossy): p_j(x_j) in the test becomes p~_j(x_j) (``Relaxation``); at
+      temperature 0 a child is also accepted when p~(x) ≥ max p (its neighbourhood holds
+      as much target mass as the target's own choice). Rejections and the emitted token
+      are unchanged, so only accepted draft tokens can differ from the target's.
     """
     path: list[int] = []
     node = -1
@@ -156,6 +187,10 @@ def verify_tree(tree, root_logits: torch.Tensor, node_logits: torch.Tensor,
         if params.greedy:
             choice = int(p_logits.argmax())
             nxt = next((c for c in kids if tree.tokens[c] == choice), None)
+            if nxt is None and relax is not None and kids:
+                p = probabilities(p_logits, _UNIT)
+                top = float(p[choice])
+                nxt = next((c for c in kids if relax.raised(p, tree.tokens[c]) >= top), None)
             if nxt is None:
                 return path, choice
             path.append(nxt)
@@ -169,7 +204,8 @@ def verify_tree(tree, root_logits: torch.Tensor, node_logits: torch.Tensor,
         for c in kids:
             x = tree.tokens[c]
             u = float(torch.rand(1, generator=generator))
-            if u * float(q[x]) <= float(p[x]):
+            p_x = float(p[x]) if relax is None else relax.raised(p, x)
+            if u * float(q[x]) <= p_x:
                 accepted = c
                 break
             residual = (p - q).clamp_min(0.0)

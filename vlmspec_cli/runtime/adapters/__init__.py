@@ -5,9 +5,10 @@ from __future__ import annotations
 from vlmspec_cli.runtime.adapters.base import ModelAdapter
 from vlmspec_cli.runtime.adapters.causal_lm import CausalLMAdapter
 from vlmspec_cli.runtime.adapters.image_to_text import ImageToTextAdapter
+from vlmspec_cli.runtime.adapters.janus import JanusAdapter
 from vlmspec_cli.runtime.adapters.llava import LlavaAdapter
 
-_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), CausalLMAdapter()]
+_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), JanusAdapter(), CausalLMAdapter()]
 
 
 class UnsupportedModelError(ValueError):

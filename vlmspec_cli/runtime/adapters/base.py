@@ -42,6 +42,12 @@ class ModelAdapter:
     def image_token_id(self, lm) -> int | None:
         return None
 
+    def stop_token_ids(self, lm) -> set[int]:
+        """The tokens that end a generation: the tokenizer's EOS and the generation config's."""
+        gen_eos = getattr(lm.model.generation_config, "eos_token_id", None)
+        ids = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {lm.tokenizer.eos_token_id}
+        return {int(i) for i in ids if i is not None}
+
     def prompt_text(self, lm, messages, add_generation_prompt: bool = True) -> str:
         """Render a conversation (objects with role, text, images) with the chat template."""
         chat = []
