@@ -48,7 +48,7 @@ def test_version_and_help():
     assert "Examples:" in run(["caption", "--help"]).output
 
 
-@pytest.mark.parametrize("command", ["generate-image", "describe-video"])
+@pytest.mark.parametrize("command", ["describe-video"])
 def test_unbuilt_commands_exit_2(command):
     res = run([command, "whatever"])
     assert res.exit_code == 2 and "not built yet" in res.output

@@ -448,7 +448,6 @@ def _not_built(command: str, issue: str):
     return _stub
 
 
-_not_built("generate-image", "Autoregressive image generation with adaptive draft trees (ADT-Tree)")
 _not_built("describe-video", "Describe videos with a text-anchored hidden-state draft (HiViS / Sparrow)")
 
 
@@ -484,6 +483,11 @@ def run_recipe(recipe, var_pairs, state, restart, dry_run):
     from vlmspec_cli.recipes import cli_run
 
     sys.exit(cli_run(cli.commands, recipe, var_pairs, state, restart, dry_run))
+
+
+from vlmspec_cli.cli_image import generate_image  # noqa: E402  (uses the helpers above)
+
+cli.add_command(generate_image)
 
 
 def main() -> None:

@@ -193,3 +193,41 @@ def line_chart(path: str | os.PathLike, panels: list[Panel], title: str | None =
     buffer = io.BytesIO()
     img.save(buffer, format="PNG")
     atomic_write_bytes(path, buffer.getvalue())  # never a partial PNG
+
+
+# viridis at five stops: low values dark purple, high values yellow
+_RAMP = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
+
+
+def _ramp(t: float) -> tuple[int, int, int]:
+    t = min(max(t, 0.0), 1.0) * (len(_RAMP) - 1)
+    i = min(int(t), len(_RAMP) - 2)
+    f = t - i
+    a, b = _RAMP[i], _RAMP[i + 1]
+    return tuple(round(a[c] + (b[c] - a[c]) * f) for c in range(3))
+
+
+def grid_heatmap(grid: list[list[float]], image_size: tuple[int, int] = (0, 0),
+                 min_side: int = 256) -> Image.Image:
+    """A value per cell of a token grid (rows of equal length) as coloured squares, at
+    least ``min_side`` px (and the image's size) on the long side, each cell labelled
+    with its value when there is room; colours span 1 .. the largest value."""
+    rows, cols = len(grid), max(len(r) for r in grid)
+    side = max(min_side, *image_size)
+    cell = max(1, side // max(rows, cols))
+    top = max(max(r) for r in grid)
+    img = Image.new("RGB", (cols * cell, rows * cell), WHITE)
+    draw = ImageDraw.Draw(img)
+    font = _font(max(8, cell // 2))
+    for r, row in enumerate(grid):
+        for c, v in enumerate(row):
+            colour = _ramp((v - 1) / (top - 1) if top > 1 else 0.0)
+            box = (c * cell, r * cell, (c + 1) * cell - 1, (r + 1) * cell - 1)
+            draw.rectangle(box, fill=colour)
+            if cell >= 16:
+                text = _fmt(v)
+                w, h = _text_size(draw, text, font)
+                ink = BLACK if sum(colour) > 380 else WHITE
+                draw.text((box[0] + (cell - w) / 2, box[1] + (cell - h) / 2 - 1), text,
+                          fill=ink, font=font)
+    return img

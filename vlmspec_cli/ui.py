@@ -84,7 +84,7 @@ class BatchUI:
         error(f"{item.path}: {reason}")
 
 
-def summary_table(summary, method: str, gamma: int) -> None:
+def summary_table(summary, method: str, gamma: int | None, extra: dict | None = None) -> None:
     s = summary.stats
     table = Table(title="vlmspec summary", title_justify="left", show_header=False)
     table.add_column("metric", style="bold")
@@ -106,6 +106,8 @@ def summary_table(summary, method: str, gamma: int) -> None:
     if summary.speedup is not None:
         note = f" ({summary.mismatches} mismatching!)" if summary.mismatches else ""
         table.add_row("speedup vs target-only", f"{summary.speedup:.2f}x{note}")
+    for name, value in (extra or {}).items():
+        table.add_row(name, str(value))
     stderr.print(table)
 
 

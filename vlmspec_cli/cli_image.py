@@ -1,0 +1,141 @@
+"""``vlmspec generate-image``: parse, build the run, print (tasks/imagegen.py does the work)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from vlmspec_cli.cli import _fail, _load_profile, profile_option, set_option
+
+DEFAULT_IMAGE_PROFILE = "tinyworld-image"
+
+EPILOG_IMAGE = """\b
+Examples:
+  vlmspec generate-image "a red circle on a blue background"      # tinyworld, ADT-Tree
+  vlmspec generate-image "a red circle above a blue square" -n 4 -t 1 --out-dir imgs/
+  vlmspec generate-image --prompts-file prompts.txt --json > records.jsonl
+  cat prompts.txt | vlmspec generate-image --prompts-file - --skip-existing   # resume
+  vlmspec generate-image "a green square" -m tree --set tree.policy=static --compare
+  vlmspec generate-image "a white diamond" --heatmap      # acceptance length per token
+  vlmspec generate-image "a red circle" --set acceptance=relaxed   # LANTERN, lossy
+
+Files are named NNN-prompt-words-K.png (NNN: the prompt's index, K: the image's
+index); image K of a prompt uses seed --seed + K. Existing files are never
+overwritten without --force. Exit codes: 0 all images written, 1 some image
+failed (the rest were still written), 2 usage, profile or model-loading error.
+"""
+
+
+@click.command("generate-image", epilog=EPILOG_IMAGE)
+@click.argument("prompts", nargs=-1, metavar="PROMPT...")
+@click.option("--prompts-file", type=click.File("r", encoding="utf-8"), metavar="FILE",
+              help="More prompts, one per line (- for stdin; blank and # lines skipped).")
+@click.option("-n", "--images-per-prompt", "n", type=click.IntRange(min=1),
+              help="Images per prompt [profile: image.images_per_prompt, default 1].")
+@click.option("--out-dir", "-o", default="images", show_default=True,
+              type=click.Path(file_okay=False), help="Folder for the PNG files (created).")
+@profile_option
+@set_option
+@click.option("--method", "-m", help="none (target only), tree (EAGLE-2 or static trees, "
+                                     "section tree:) or adt (ADT-Tree) [profile: method].")
+@click.option("--cfg", type=click.FloatRange(min=0),
+              help="Classifier-free guidance scale [profile: image.cfg; default the model's].")
+@click.option("--temperature", "-t", type=click.FloatRange(min=0), help="0 = greedy (default); >0 samples.")
+@click.option("--seed", type=int, help="Seed of the first image of each prompt (+K for image K).")
+@click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
+@click.option("--heatmap", is_flag=True,
+              help="Also write NAME.heatmap.png: each token's acceptance length (tree methods).")
+@click.option("--force", is_flag=True, help="Overwrite existing files.")
+@click.option("--skip-existing", is_flag=True, help="Keep existing files and skip their images (resume).")
+@click.option("--json", "as_json", is_flag=True, help="Write JSONL records to stdout instead of paths.")
+@click.option("--compare", is_flag=True, help="Also decode with the target alone: speedup and identity.")
+@click.option("--dry-run", is_flag=True, help="Show the resolved profile and the planned files; load nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
+def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg, temperature,
+                   seed, device, heatmap, force, skip_existing, as_json, compare, dry_run, quiet):
+    """Generate images from text prompts with an autoregressive image-token model
+    (Janus family), drafted speculatively: lossless unless acceptance is relaxed.
+
+    Each image's tokens are decoded in raster order and turned into pixels by the
+    model's VQ decoder. Paths (or --json records) go to stdout; progress per image
+    token and the summary to stderr.
+    """
+    from vlmspec_cli import ui
+    from vlmspec_cli.profile import profile_to_yaml
+    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
+    from vlmspec_cli.tasks.imagegen import check_out_dir, plan_jobs, read_prompts, run_images
+
+    if force and skip_existing:
+        raise click.UsageError("--force and --skip-existing contradict each other; pick one")
+    texts = list(prompts) + (read_prompts(prompts_file) if prompts_file else [])
+    if not texts:
+        raise click.UsageError("no PROMPT given (arguments or --prompts-file)")
+    cli_values = {"method": method, "image.cfg": cfg, "image.images_per_prompt": n,
+                  "sampling.temperature": temperature, "sampling.seed": seed,
+                  "target.device": device, "draft.device": device}
+    prof = _load_profile(profile or DEFAULT_IMAGE_PROFILE, sets, cli_values)
+    if prof.task != "image":
+        _fail(f"profile '{prof.name}' is for task '{prof.task}'; generate-image needs a profile "
+              f"with task: image (e.g. {DEFAULT_IMAGE_PROFILE})")
+    try:
+        validate_method(prof)
+    except SessionError as exc:
+        _fail(str(exc))
+    jobs = plan_jobs(texts, prof.image.images_per_prompt, prof.sampling.seed, out_dir)
+    if dry_run:
+        click.echo(f"# profile from {prof.source}")
+        click.echo(profile_to_yaml(prof), nl=False)
+        click.echo(f"# {len(jobs)} image(s)")
+        for job in jobs:
+            click.echo(f"# {job.path}  seed={job.seed}" + (f"  ({job.error})" if job.error else ""))
+        return
+    problem = check_out_dir(out_dir)
+    if problem:
+        _fail(problem)
+    if prof.sampling.temperature == 0 and prof.image.images_per_prompt > 1 and not quiet:
+        ui.warning("temperature 0: the images of a prompt are identical; use -t 1 for variety")
+    if not quiet:
+        ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
+                + ("" if prof.method == "none" else f", draft {prof.draft.model}")
+                + (", relaxed acceptance (lossy)" if prof.acceptance == "relaxed" else ""))
+    try:
+        session = build_session(prof)
+    except (SessionError, ModelLoadError, ValueError) as exc:
+        _fail(str(exc))
+
+    depths: list[float] = []
+
+    def emit(record: dict) -> None:
+        trees = (record.get("stats") or {}).get("trees")
+        if trees and trees.get("depths"):
+            depths.extend(trees["depths"])
+        if as_json:
+            click.echo(json.dumps(record, ensure_ascii=False))
+        elif record["error"] is None:
+            click.echo(f"{record['file']}\t{record['prompt']}")
+
+    with ui.BatchUI(quiet=quiet, label="images") as events:
+        summary = run_images(session, jobs, events, force=force, skip_existing=skip_existing,
+                             heatmap=heatmap, compare=compare, emit=emit)
+    if not quiet:
+        extra = {"mean tree depth d̄": f"{sum(depths) / len(depths):.2f}"} if depths else {}
+        if not session.lossless:
+            extra["lossless"] = "no (relaxed acceptance)"
+        ui.summary_table(summary, _method_label(prof), None, extra)
+    if summary.mismatches:
+        ui.error(f"{summary.mismatches} image(s) differ from target-only greedy decoding")
+    sys.exit(1 if summary.failures or summary.mismatches else 0)
+
+
+def _method_label(prof) -> str:
+    t = prof.tree
+    if prof.method == "tree":
+        return f"tree {t.policy} (depth={t.depth}, top_k={t.top_k}, total_tokens={t.total_tokens})"
+    if prof.method == "adt":
+        a = prof.adaptive_tree
+        return (f"adt {a.init} β={a.beta} l_d={a.step_depth} l_k={a.step_top_k} "
+                f"depth {a.min_depth}-{a.max_depth} top_k {a.min_top_k}-{a.max_top_k}")
+    return prof.method
