@@ -150,3 +150,19 @@ def test_tree_first_tokens_follow_target_distribution(tiny_pair, top_k, total, d
                              top_k=top_k, total_tokens=total)
     _assert_samples_follow_target(SpeculativeEngine(target, drafter, depth, params), target,
                                   params, n=1500)
+
+
+@pytest.mark.parametrize("method,kwargs", [
+    ("tree", dict(policy="static", depth=3, top_k=3, total_tokens=9)),
+    ("adt", dict(cols=2, depth=2, top_k=2, total_tokens=12,
+                 adaptive=dict(beta=0.5, step_depth=1, step_top_k=2))),
+])
+def test_tree_shape_policies_follow_target_distribution(tiny_pair, method, kwargs):
+    """Static trees and ADT-Tree (shapes chosen from earlier rounds' acceptance) keep the
+    emitted tokens distributed as the target's."""
+    target, draft = tiny_pair
+    params = SamplingParams(1.0)
+    drafter = create_drafter(method, draft=draft, sampling=params, variant="text", **kwargs)
+    gamma = 8 if method == "adt" else kwargs["depth"]
+    engine = SpeculativeEngine(target, drafter, gamma, params)
+    _assert_samples_follow_target(engine, target, params, n=1500)
