@@ -37,13 +37,19 @@ def _fail(message: str, code: int = 2):
     sys.exit(code)
 
 
-def _load_profile(profile: str | None, sets: tuple[str, ...], cli: dict):
+def _load_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task: str | None = None):
+    """The resolved profile (exit 2 on a profile error); with ``task``, it must be for it."""
     from vlmspec_cli.profile import ProfileError, load_profile
 
     try:
-        return load_profile(profile, overrides=list(sets), cli=cli)
+        prof = load_profile(profile, overrides=list(sets), cli=cli)
     except ProfileError as exc:
         _fail(str(exc))
+    if task is not None and prof.task != task:
+        hint = "vlmspec generate-image" if prof.task == "image" else f"a profile with task: {task}"
+        _fail(f"profile '{prof.name}' is for task '{prof.task}', this command needs task "
+              f"'{task}' (use {hint})")
+    return prof
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -136,7 +142,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
         "sampling.temperature": temperature, "sampling.seed": seed,
         "target.device": device, "draft.device": device,
     }
-    prof = _load_profile(profile, sets, cli_values)
+    prof = _load_profile(profile, sets, cli_values, task="caption")
     try:
         validate_method(prof)
     except SessionError as exc:
@@ -293,7 +299,8 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
     from vlmspec_cli.runtime.session import SessionError, build_session
     from vlmspec_cli.tasks.hwprofile import hardware_yaml, plot_tables, run_profile, write_hardware_yaml
 
-    prof = _load_profile(profile, sets, {"target.device": device, "draft.device": device})
+    prof = _load_profile(profile, sets, {"target.device": device, "draft.device": device},
+                         task="caption")
     try:
         extra = [int(x) for x in contexts.split(",")] if contexts else None
     except ValueError:
@@ -385,7 +392,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_t
                                  param_hint="--gammas") from None
     prof = _load_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
                                          "sampling.seed": seed, "target.device": device,
-                                         "draft.device": device})
+                                         "draft.device": device}, task="caption")
     requests, failed = [], 0
     for item in expand_inputs(samples, stdin=sys.stdin):
         try:

@@ -76,10 +76,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     cli_values = {"method": method, "image.cfg": cfg, "image.images_per_prompt": n,
                   "sampling.temperature": temperature, "sampling.seed": seed,
                   "target.device": device, "draft.device": device}
-    prof = _load_profile(profile or DEFAULT_IMAGE_PROFILE, sets, cli_values)
-    if prof.task != "image":
-        _fail(f"profile '{prof.name}' is for task '{prof.task}'; generate-image needs a profile "
-              f"with task: image (e.g. {DEFAULT_IMAGE_PROFILE})")
+    prof = _load_profile(profile or DEFAULT_IMAGE_PROFILE, sets, cli_values, task="image")
     try:
         validate_method(prof)
     except SessionError as exc:

@@ -204,7 +204,7 @@ class HardwareSpec:
 class Profile:
     name: str = "default"
     description: str = ""
-    task: str = "caption"
+    task: str = field(default="caption", metadata=_rule(choices=("caption", "image")))
     target: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-target"))
     draft: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-draft"))
     captioner: CaptionerSpec = field(
