@@ -1,0 +1,259 @@
+"""generate-image on the tinyworld Janus generator: lossless tree/ADT drafting of image
+tokens, pictures that show the prompt, relaxed acceptance marked lossy, and the CLI's
+file handling (atomic PNGs, no overwrite without --force, resume, bad inputs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from vlmspec_cli.cli import cli
+from vlmspec_cli.profile import load_profile
+from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
+from vlmspec_cli.tasks.imagegen import ImageJob, image_request, render, write_new
+from vlmspec_cli.zoo import imagegen as zoo_image
+
+PROMPTS = ["a red circle on a blue background", "a small yellow square at the top left on a "
+           "green background", "a white triangle on a black background"]
+_SESSIONS: dict[tuple, object] = {}
+
+
+def session_for(*overrides: str):
+    key = tuple(overrides)
+    if key not in _SESSIONS:
+        _SESSIONS[key] = build_session(load_profile("tinyworld-image",
+                                                    overrides=["target.device=cpu",
+                                                               "draft.device=cpu", *overrides]))
+    return _SESSIONS[key]
+
+
+def generate(session, prompt: str, seed: int = 0):
+    return session.engine.generate(image_request(session, ImageJob("t", prompt, 0, 0, seed)))
+
+
+@pytest.fixture(scope="module")
+def greedy_reference():
+    """Target-only greedy image tokens per prompt (vlmspec's own decoding)."""
+    base = session_for("method=none")
+    return {p: generate(base, p).tokens for p in PROMPTS}
+
+
+def test_target_only_equals_hf_janus_generate(greedy_reference):
+    """The adapter's guided logits are Janus' own: HF generate in image mode, greedy, gives
+    the same 64 codes."""
+    lm = session_for("method=none").target
+    ad = lm.adapter
+    lm.model.generation_config.generation_kwargs = {"boi_token_id": ad._special(lm, "boi_token_id")}
+    for prompt in PROMPTS[:2]:
+        ids = ad.prompt_ids(lm, ad.prompt_text(lm, [_user(prompt)]))[:1]
+        hf = lm.model.generate(ids, attention_mask=torch.ones_like(ids), generation_mode="image",
+                               do_sample=False, guidance_scale=ad.guidance_scale(lm))
+        assert hf[0].tolist() == greedy_reference[prompt]
+        assert len(greedy_reference[prompt]) == ad.num_image_tokens(lm) == 64
+
+
+def _user(text):
+    from vlmspec_cli.runtime.request import Message
+
+    return Message("user", text)
+
+
+def test_greedy_images_show_the_prompt(greedy_reference):
+    base = session_for("method=none")
+    for prompt, colour, background in [(PROMPTS[0], "red", "blue"), (PROMPTS[1], "yellow", "green"),
+                                       (PROMPTS[2], "white", "black")]:
+        image = render(base, greedy_reference[prompt])
+        assert image.size == (32, 32)
+        assert zoo_image.image_matches(image, colour, background), prompt
+    # and the check can fail: the red/blue picture is not a yellow-on-green one
+    assert not zoo_image.image_matches(render(base, greedy_reference[PROMPTS[0]]), "yellow", "green")
+
+
+TREE_CASES = [
+    ("method=tree", "tree.depth=4", "tree.top_k=4", "tree.total_tokens=32"),
+    ("method=tree", "tree.depth=2", "tree.top_k=2", "tree.total_tokens=6"),
+    ("method=tree", "tree.depth=6", "tree.top_k=3", "tree.total_tokens=16"),
+    ("method=tree", "tree.policy=static", "tree.depth=5", "tree.top_k=3"),
+    ("method=adt", "adaptive_tree.init=horizontal"),
+    ("method=adt", "adaptive_tree.init=vertical", "adaptive_tree.step_top_k=3"),
+    ("method=adt", "adaptive_tree.init=random"),
+]
+
+
+@pytest.mark.parametrize("overrides", TREE_CASES, ids=lambda o: " ".join(o))
+def test_tree_drafted_images_equal_target_greedy(greedy_reference, overrides):
+    session = session_for(*overrides)
+    assert session.lossless
+    taus = []
+    for prompt in PROMPTS:
+        res = generate(session, prompt)
+        assert res.tokens == greedy_reference[prompt], prompt
+        st = res.state.stats
+        assert st.new_tokens == 64 and st.num_accepted_tokens + st.num_drafts == 64
+        trees = st.trees
+        # one shape per round that drafted (the last round may have had no room for a tree)
+        assert len(trees["accept_lengths"]) == 64
+        assert st.num_drafts - 1 <= len(trees["depths"]) <= st.num_drafts
+        taus.append(st.mean_accept_len)
+        if "method=adt" in overrides:
+            a = session.profile.adaptive_tree
+            # (the last rounds may be cut shorter by the tokens left in the grid)
+            assert all(d <= a.max_depth for d in trees["depths"])
+            assert all(a.min_top_k <= k <= a.max_top_k for k in trees["top_ks"])
+            assert len(set(zip(trees["depths"], trees["top_ks"]))) > 1   # it adapts
+    # the draft is right often enough that the trees are really walked
+    assert sum(taus) / len(taus) > 1.5
+
+
+def test_relaxed_acceptance_is_opt_in_and_marked_lossy(greedy_reference):
+    exact, relaxed = session_for("method=adt"), session_for("method=adt", "acceptance=relaxed",
+                                                            "relaxed.delta=0.5")
+    assert exact.lossless and not relaxed.lossless
+    tau_exact = tau_relaxed = 0.0
+    for prompt in PROMPTS:
+        tau_exact += generate(exact, prompt).state.stats.mean_accept_len
+        tau_relaxed += generate(relaxed, prompt).state.stats.mean_accept_len
+    assert tau_relaxed >= tau_exact
+    # the relaxed image still shows the prompt
+    res = generate(relaxed, PROMPTS[0])
+    assert zoo_image.image_matches(render(relaxed, res.tokens), "red", "blue")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["task=caption", "method=adt"], "generate-image"),
+    (["method=chain"], "tree.top_k: 1"),
+    (["method=none", "acceptance=relaxed"], "relaxed"),
+    (["adaptive_tree.min_depth=5", "adaptive_tree.max_depth=2"], "min_depth"),
+])
+def test_method_checks_before_loading(overrides, message):
+    with pytest.raises(SessionError, match=message):
+        validate_method(load_profile("tinyworld-image", overrides=overrides))
+
+
+# ----------------------------------------------------------------------------- CLI
+
+FAST = ["-q", "--device", "cpu"]
+
+
+def run(args, **kw):
+    return CliRunner().invoke(cli, args, catch_exceptions=False, **kw)
+
+
+def _records(output: str) -> list[dict]:
+    return [json.loads(line) for line in output.splitlines() if line.strip()]
+
+
+def test_cli_writes_pngs_heatmaps_and_records(tmp_path):
+    out = tmp_path / "imgs"
+    res = run(["generate-image", PROMPTS[0], "a green square on a white background", "--json",
+               "--heatmap", "-o", str(out), *FAST])
+    assert res.exit_code == 0, res.output
+    recs = _records(res.stdout)
+    assert [r["prompt"] for r in recs] == [PROMPTS[0], "a green square on a white background"]
+    for r in recs:
+        assert r["error"] is None and r["lossless"] is True and r["method"] == "adt"
+        assert r["seed"] == 0 and len(r["tokens"]) == 64
+        assert Image.open(r["file"]).size == (32, 32)
+        assert Image.open(r["heatmap"]).size[0] >= 256
+        assert r["stats"]["trees"]["policy"] == "adt" and r["stats"]["trees"]["mean_depth"] > 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "000-a-red-circle-on-a-blue-background-0.heatmap.png",
+        "000-a-red-circle-on-a-blue-background-0.png",
+        "001-a-green-square-on-a-white-background-0.heatmap.png",
+        "001-a-green-square-on-a-white-background-0.png"]
+
+
+def test_cli_existing_files_force_and_resume(tmp_path):
+    out = tmp_path / "imgs"
+    first = run(["generate-image", PROMPTS[0], "-n", "2", "-t", "1", "-o", str(out), *FAST])
+    assert first.exit_code == 0, first.output
+    files = sorted(out.glob("*.png"))
+    assert len(files) == 2 and files[0].read_bytes() != files[1].read_bytes()  # seeds 0 and 1
+    before = {f: f.read_bytes() for f in files}
+    # rerun without --force: one error line per file, nothing touched, exit 1
+    again = run(["generate-image", PROMPTS[0], "-n", "2", "-t", "1", "-o", str(out), *FAST])
+    assert again.exit_code == 1
+    assert again.stderr.count("exists") == 2 and str(files[0]) in again.stderr
+    assert {f: f.read_bytes() for f in files} == before
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]   # no temp files left
+    # --skip-existing: resume, nothing to do
+    skip = run(["generate-image", PROMPTS[0], "-n", "3", "-t", "1", "-o", str(out), "--json",
+                "--skip-existing", *FAST])
+    assert skip.exit_code == 0 and len(_records(skip.stdout)) == 1       # only image 2 is new
+    assert {f: f.read_bytes() for f in files} == before
+    # --force overwrites (greedy now, so both images become the greedy one)
+    forced = run(["generate-image", PROMPTS[0], "-n", "2", "-o", str(out), "--force", *FAST])
+    assert forced.exit_code == 0
+    assert files[0].read_bytes() == files[1].read_bytes() != before[files[0]]
+
+
+def test_write_new_never_replaces_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "a.png"
+    target.write_bytes(b"old")
+    with pytest.raises(FileExistsError):
+        write_new(target, b"new", force=False)
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["a.png"]
+    write_new(target, b"new", force=True)
+    assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["a.png"]
+
+
+def test_cli_bad_inputs(tmp_path):
+    out = tmp_path / "imgs"
+    # an empty prompt fails alone; the other image is written
+    res = run(["generate-image", PROMPTS[0], "  ", "-o", str(out), *FAST])
+    assert res.exit_code == 1 and "prompt 2: empty prompt" in res.stderr
+    assert len(list(out.glob("*.png"))) == 1
+    # an --out-dir that cannot be a folder: exit 2 before any model loads, nothing written
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    res = run(["generate-image", PROMPTS[0], "-o", str(blocker / "sub"), *FAST])
+    assert res.exit_code == 2 and str(blocker) in res.stderr
+    res = run(["generate-image", PROMPTS[0], "-o", str(blocker), *FAST])
+    assert res.exit_code == 2 and "is a file" in res.stderr
+    assert blocker.read_text() == "x"
+    # usage and profile errors name the problem
+    assert run(["generate-image", "-o", str(out)]).exit_code == 2
+    res = run(["generate-image", "x", "-m", "tabed", "-o", str(out)])
+    assert res.exit_code == 2 and "generate-image supports methods" in res.stderr
+    res = run(["generate-image", "x", "--set", "adaptive_tree.betta=2", "-o", str(out)])
+    assert res.exit_code == 2 and "adaptive_tree.beta" in res.stderr
+    res = run(["generate-image", "x", "-p", "tinyworld-caption", "-o", str(out)])
+    assert res.exit_code == 2 and "needs task 'image'" in res.stderr
+    res = run(["generate-image", "x", "--force", "--skip-existing", "-o", str(out)])
+    assert res.exit_code == 2
+
+
+def test_cli_prompts_file_stdin_dry_run(tmp_path):
+    out = tmp_path / "imgs"
+    res = run(["generate-image", "--prompts-file", "-", "-n", "2", "-o", str(out), "--dry-run"],
+              input="# a comment\na red circle\n\na blue square\n")
+    assert res.exit_code == 0
+    planned = [line for line in res.stdout.splitlines() if line.startswith("# ") and ".png" in line]
+    assert len(planned) == 4 and "001-a-blue-square-1.png  seed=1" in planned[-1]
+    assert not out.exists()   # a dry run writes nothing
+
+
+def test_cli_relaxed_records_say_lossy(tmp_path):
+    res = run(["generate-image", PROMPTS[0], "--set", "acceptance=relaxed", "--json",
+               "-o", str(tmp_path), *FAST])
+    assert res.exit_code == 0, res.output
+    rec = _records(res.stdout)[0]
+    assert rec["lossless"] is False and rec["acceptance"] == "relaxed"
+    assert rec["relaxed"] == {"neighbours": 8, "delta": 0.3}
+
+
+def test_subprocess_generate_image(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "generate-image", PROMPTS[0],
+                           "-o", str(tmp_path), "--compare", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.split("\t")[0])
+    assert path.is_file() and "speedup vs target-only" in proc.stderr
