@@ -120,7 +120,6 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     or --json), progress and the summary table to stderr.
     """
     from vlmspec_cli import ui
-    from vlmspec_cli.profile import profile_to_yaml
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.caption import chat_jobs, image_jobs, run_batch
@@ -155,11 +154,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     else:
         items = image_jobs(expand_inputs(inputs, stdin=sys.stdin), prof.generation.prompt)
     if dry_run:
-        click.echo(f"# profile from {prof.source}")
-        click.echo(profile_to_yaml(prof), nl=False)
-        click.echo(f"# {len(items)} input(s)")
-        for item in items:
-            click.echo(f"# {item.path}" + (f"  ({item.error})" if item.error else ""))
+        _print_plan(prof, "input(s)", [(item.path, item.error) for item in items])
         return
     if not quiet:
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
@@ -209,6 +204,17 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     if summary.mismatches:
         ui.error(f"{summary.mismatches} output(s) differ from target-only greedy decoding")
     sys.exit(1 if summary.failures or summary.mismatches else 0)
+
+
+def _print_plan(prof, noun: str, rows: list[tuple[str, str | None]]) -> None:
+    """--dry-run: the resolved profile, then one comment line per planned item."""
+    from vlmspec_cli.profile import profile_to_yaml
+
+    click.echo(f"# profile from {prof.source}")
+    click.echo(profile_to_yaml(prof), nl=False)
+    click.echo(f"# {len(rows)} {noun}")
+    for name, error in rows:
+        click.echo(f"# {name}" + (f"  ({error})" if error else ""))
 
 
 def _draft_summary(prof) -> str:

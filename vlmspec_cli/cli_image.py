@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from vlmspec_cli.cli import _fail, _load_profile, profile_option, set_option
+from vlmspec_cli.cli import _fail, _load_profile, _print_plan, profile_option, set_option
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
 
@@ -63,7 +63,6 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     token and the summary to stderr.
     """
     from vlmspec_cli import ui
-    from vlmspec_cli.profile import profile_to_yaml
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.imagegen import check_out_dir, plan_jobs, read_prompts, run_images
@@ -83,11 +82,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         _fail(str(exc))
     jobs = plan_jobs(texts, prof.image.images_per_prompt, prof.sampling.seed, out_dir)
     if dry_run:
-        click.echo(f"# profile from {prof.source}")
-        click.echo(profile_to_yaml(prof), nl=False)
-        click.echo(f"# {len(jobs)} image(s)")
-        for job in jobs:
-            click.echo(f"# {job.path}  seed={job.seed}" + (f"  ({job.error})" if job.error else ""))
+        _print_plan(prof, "image(s)", [(f"{j.path}  seed={j.seed}", j.error) for j in jobs])
         return
     problem = check_out_dir(out_dir)
     if problem:
