@@ -166,3 +166,25 @@ def test_tree_shape_policies_follow_target_distribution(tiny_pair, method, kwarg
     gamma = 8 if method == "adt" else kwargs["depth"]
     engine = SpeculativeEngine(target, drafter, gamma, params)
     _assert_samples_follow_target(engine, target, params, n=1500)
+
+
+@pytest.mark.parametrize("tree", [None, (3, 2, 6)])
+def test_hidden_head_follows_target_distribution(tiny_pair, tree):
+    """The hidden-state head (HiViS/Sparrow) at T > 0, as a chain and as a tree: its first
+    proposal is drawn from the target's own prefill distribution (q = p), the next ones from
+    a random head on the target's hidden states; the emitted tokens follow the target."""
+    from vlmspec_cli.drafters.hidden import TreeSettings
+    from vlmspec_cli.runtime.hidden_head import HiddenDraftHead, HiddenHeadConfig
+
+    target, _ = tiny_pair
+    params = SamplingParams(1.0)
+    torch.manual_seed(5)
+    head = HiddenDraftHead(HiddenHeadConfig(hidden_size=16, intermediate_size=32,
+                                            num_attention_heads=2, vocab_size=VOCAB,
+                                            max_steps=3)).eval()
+    with torch.no_grad():  # a sharp, wrong-ish draft: many rejections
+        head.fc.weight.mul_(8)
+    settings = TreeSettings(*tree) if tree else None
+    drafter = create_drafter("hidden", target=target, head=head, sampling=params, tree=settings)
+    engine = SpeculativeEngine(target, drafter, tree[0] if tree else 2, params)
+    _assert_samples_follow_target(engine, target, params, n=1500)

@@ -155,6 +155,29 @@ class TwigSpec:
 
 
 @dataclass
+class HiddenSpec:
+    """Hidden-state draft head (method ``hidden``, HiViS / Sparrow): reads the target's
+    text-position hidden states and attends over text positions only."""
+
+    model: str | None = "zoo:tinyworld/llava-hidden"
+    # which target hidden_states the head reads (-1: last layer, HiViS; -2: Sparrow);
+    # default: the layer the head was trained on (a different one is an error)
+    layer: int | None = None
+    # draft as an EAGLE-2 tree (tree: section) instead of a chain of drafting.gamma tokens
+    tree: bool = False
+
+
+@dataclass
+class VideoSpec:
+    """How describe-video samples a video (CLI --frames / --fps / --max-pixels)."""
+
+    frames: int | None = field(default=8, metadata=_rule(ge=1))     # uniform sampling
+    fps: float | None = field(default=None, metadata=_rule(gt=0))    # or by time
+    max_pixels: int | None = field(default=None, metadata=_rule(ge=1))
+    folder_fps: float = field(default=2.0, metadata=_rule(gt=0))     # a folder of frames
+
+
+@dataclass
 class PruneSpec:
     """Twig-guided visual-token pruning (TwigVLM TTP, method ``twig``). Opt-in and LOSSY:
     setting keep or final_wipe makes records say lossless: false."""
@@ -204,7 +227,7 @@ class HardwareSpec:
 class Profile:
     name: str = "default"
     description: str = ""
-    task: str = field(default="caption", metadata=_rule(choices=("caption", "image")))
+    task: str = field(default="caption", metadata=_rule(choices=("caption", "image", "video")))
     target: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-target"))
     draft: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-draft"))
     captioner: CaptionerSpec = field(
@@ -219,6 +242,8 @@ class Profile:
     image: ImageSpec = field(default_factory=ImageSpec)
     ensemble: EnsembleSpec = field(default_factory=EnsembleSpec)
     twig: TwigSpec = field(default_factory=TwigSpec)
+    hidden: HiddenSpec = field(default_factory=HiddenSpec)
+    video: VideoSpec = field(default_factory=VideoSpec)
     prune: PruneSpec = field(default_factory=PruneSpec)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     generation: GenerationSpec = field(default_factory=GenerationSpec)

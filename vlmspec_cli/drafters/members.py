@@ -25,7 +25,9 @@ def check_members(inputs: list[str], draft, captioner) -> None:
     for variant in inputs:
         if variant not in MEMBER_INPUTS:
             raise ValueError(f"unknown drafting input '{variant}' (choose from {MEMBER_INPUTS})")
-        if variant in ("multimodal", "pooled") and not draft.adapter.takes_images:
+        if variant == "pooled" and not draft.adapter.takes_images or (
+                variant == "multimodal" and not (draft.adapter.takes_images
+                                                 or getattr(draft.adapter, "takes_videos", False))):
             raise ValueError(f"drafting input '{variant}' needs a draft that reads images; "
                              f"'{draft.name}' is text-only (use 'text' or 'caption')")
         if variant == "caption" and captioner is None:
@@ -76,10 +78,18 @@ def member_embeds(draft, prompt: str, images: list, variant: str, image_token: s
 def prefill_member(draft, state, variant: str, image_token: str | None, captioner=None):
     """Prefill a fresh draft cache with one request read through ``variant`` (captioning
     the images first for C). Returns (cache, logits of the last position (V,))."""
+    videos = state.request.videos
+    if videos and variant == "multimodal":
+        # a video draft reads the videos as the target does (its own 3-D positions)
+        inputs = draft.adapter.encode(draft, state.prompt, None, videos=videos)
+        cache = draft.adapter.new_cache(draft)
+        return cache, draft.adapter.prefill(draft, inputs, cache)[0]
     captions: list[str] = []
     if variant == "caption" and state.request.images:
         captions, seconds = captioner.submit(state.request.images).result()
         state.stats.caption_s += seconds
-    embeds = member_embeds(draft, state.prompt, state.request.images, variant, image_token, captions)
+    # text inputs replace each visual placeholder (an image's, or a video's) by "\n"
+    visuals = state.request.images or videos
+    embeds = member_embeds(draft, state.prompt, visuals, variant, image_token, captions)
     cache = draft.adapter.new_cache(draft)
     return cache, draft.adapter.prefill(draft, {"inputs_embeds": embeds}, cache)[0]

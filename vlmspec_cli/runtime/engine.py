@@ -22,7 +22,7 @@ import torch
 from vlmspec_cli.drafters.base import Draft, Drafter
 from vlmspec_cli.runtime.adapters.base import cache_length, select_cache_positions, truncate_cache
 from vlmspec_cli.runtime.models import LoadedModel
-from vlmspec_cli.runtime.request import DecodeState, Request, make_generators
+from vlmspec_cli.runtime.request import DecodeState, Request, TargetFeatures, make_generators
 from vlmspec_cli.runtime.tree import DraftTree, tree_mask
 from vlmspec_cli.runtime.verify import SamplingParams, next_token, verify_chain, verify_tree
 
@@ -50,6 +50,9 @@ class SpeculativeEngine:
         # the layers they share with it: prefill(state) and extend_target(state, ids)
         self.runs_target = bool(getattr(drafter, "runs_target", False))
         self.eos_ids = eos_token_ids(target)
+        # hidden-state drafters (HiViS/Sparrow) read this layer of the target's forwards
+        self.hidden_layer = (drafter.hidden_layer if getattr(drafter, "needs_target_hidden", False)
+                             and not self.runs_target else None)
         # LANTERN relaxed acceptance of tree nodes (verify.Relaxation; lossy, opt-in)
         self.relax = None
 
@@ -67,11 +70,19 @@ class SpeculativeEngine:
             self.drafter.prefill(state)
             state.stats.prefill_s = time.perf_counter() - t0
             return state
-        inputs = lm.adapter.encode(lm, state.prompt, request.images or None)
+        videos = {"videos": request.videos} if request.videos else {}
+        inputs = lm.adapter.encode(lm, state.prompt, request.images or None, **videos)
         if hasattr(self.drafter, "prepare"):  # e.g. start the captioner alongside the prefill
             self.drafter.prepare(state)
         state.target_cache = lm.adapter.new_cache(lm)
-        state.target_next_logits = lm.adapter.prefill(lm, inputs, state.target_cache)[0]
+        if self.hidden_layer is None:
+            state.target_next_logits = lm.adapter.prefill(lm, inputs, state.target_cache)[0]
+        else:
+            logits, hidden = lm.adapter.prefill_hidden(lm, inputs, state.target_cache,
+                                                       self.hidden_layer)
+            ids = inputs["input_ids"][0]
+            state.target_next_logits = logits[0]
+            state.features = TargetFeatures(hidden[0], 0, ids, lm.adapter.visual_mask(lm, ids))
         self.drafter.prefill(state)
         state.stats.prefill_s = time.perf_counter() - t0
         return state
@@ -98,7 +109,7 @@ class SpeculativeEngine:
             if self.runs_target:
                 logits = self.drafter.extend_target(state, ids)[0]
             else:
-                logits = lm.adapter.extend(lm, ids, state.target_cache)[0]
+                logits = self._extend(state, ids)
             rows.append(logits[len(state.target_pending) - 1 if state.target_pending else 0:])
         target_logits = torch.cat(rows, dim=0)[: len(draft) + 1]
 
@@ -130,19 +141,20 @@ class SpeculativeEngine:
             positions = torch.tensor([list(range(past, past + lead)) +
                                       [past + lead + d for d in tree.depth]], device=lm.device)
             mask = tree_mask(tree, past, lead, lm.dtype, lm.device)
-            logits = lm.adapter.extend(lm, ids, state.target_cache, attention_mask=mask,
-                                       position_ids=positions)[0]
+            logits = self._extend(state, ids, attention_mask=mask, position_ids=positions)
             root = logits[lead - 1] if lead else state.target_next_logits
             node_logits = logits[lead:]
         else:  # nothing drafted: an ordinary step of the pending token
-            root = (lm.adapter.extend(lm, torch.tensor([state.target_pending], device=lm.device),
-                                      state.target_cache)[0, -1]
+            root = (self._extend(state, torch.tensor([state.target_pending], device=lm.device))[-1]
                     if lead else state.target_next_logits)
             node_logits = None
         path, tok = verify_tree(tree, root, node_logits, self.sampling, state.target_generator,
                                 self.relax)
         select_cache_positions(state.target_cache,
                                list(range(past + lead)) + [past + lead + n for n in path])
+        if state.features is not None and len(tree):  # the kept rows: pending, then the path
+            rows = state.features.hidden
+            state.features = TargetFeatures(torch.cat([rows[:lead], rows[lead:][path]]), past)
         tree.accepted = path
         accepted = [tree.tokens[n] for n in path]
         state.target_pending = [tok]
@@ -154,6 +166,18 @@ class SpeculativeEngine:
         state.stats.record_round(len(tree), len(path), len(path) + 1, positions=tree.max_depth)
         if tok in self.eos_ids or len(state.tokens) >= state.request.max_new_tokens:
             state.done = True
+
+    def _extend(self, state: DecodeState, ids: torch.Tensor, **extra) -> torch.Tensor:
+        """Target logits (n, V) for ``ids`` after the cache; for a hidden-state drafter
+        also keeps the chosen layer's rows on ``state.features`` (from the cache's end)."""
+        lm = self.target
+        if self.hidden_layer is None:
+            return lm.adapter.extend(lm, ids, state.target_cache, **extra)[0]
+        start = cache_length(state.target_cache)
+        logits, hidden = lm.adapter.extend_hidden(lm, ids, state.target_cache, self.hidden_layer,
+                                                  **extra)
+        state.features = TargetFeatures(hidden[0], start)
+        return logits[0]
 
     def _cut_at_eos(self, draft: Draft) -> Draft:
         # An EOS proposal is never verified: nothing can follow it, and a chain that stops

@@ -207,6 +207,22 @@ def load_twig(name: str, target: LoadedModel):
     return twig.to(target.device).eval()
 
 
+def load_hidden_head(name: str, target: LoadedModel):
+    """A hidden-state draft head (HiViS / Sparrow, runtime/hidden_head.py): config +
+    safetensors, loaded with from_pretrained onto the target's device and dtype."""
+    from vlmspec_cli.runtime.hidden_head import HiddenDraftHead
+
+    source = resolve_model_source(name)
+    if not Path(source).is_dir() and not _hub_reachable():
+        raise ModelLoadError(f"hidden head '{name}' is not a local directory and the hub is "
+                             "unreachable (offline?); set hidden.model to a directory")
+    try:
+        head = HiddenDraftHead.from_pretrained(source, dtype=target.dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load hidden head '{name}': {exc}") from exc
+    return head.to(target.device).eval()
+
+
 def check_compatible(target: LoadedModel, draft: LoadedModel, needs_images: bool) -> None:
     """Fail before decoding when draft and target cannot speculate together."""
     t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()

@@ -17,11 +17,13 @@ from vlmspec_cli.runtime.stats import SpecStats
 
 @dataclass
 class Message:
-    """One conversation turn; user turns may carry images (placed before the text)."""
+    """One conversation turn; user turns may carry images and videos (placed before the
+    text; a video is a ``tasks.video_io.VideoClip``)."""
 
     role: str
     text: str
     images: tuple = ()
+    videos: tuple = ()
 
 
 @dataclass
@@ -34,6 +36,22 @@ class Request:
     @property
     def images(self) -> list:
         return [im for m in self.messages for im in m.images]
+
+    @property
+    def videos(self) -> list:
+        return [v for m in self.messages for v in m.videos]
+
+
+@dataclass
+class TargetFeatures:
+    """The target's hidden states (one chosen layer) for drafters that read them
+    (``needs_target_hidden``): rows for target cache positions start, start + 1, …
+    At prefill also the prompt's ids and which positions are visual."""
+
+    hidden: torch.Tensor                    # (n, H)
+    start: int = 0
+    ids: torch.Tensor | None = None         # (L,) prompt ids, prefill only
+    visual: torch.Tensor | None = None      # (L,) bool, prefill only
 
 
 @dataclass
@@ -49,6 +67,7 @@ class DecodeState:
     target_generator: torch.Generator | None = None
     draft_generator: torch.Generator | None = None
     drafter_state: Any = None
+    features: TargetFeatures | None = None  # the last target forward's hidden states
 
 
 def make_generators(seed: int) -> tuple[torch.Generator, torch.Generator]:

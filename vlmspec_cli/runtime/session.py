@@ -9,8 +9,8 @@ from vlmspec_cli.drafters import create_drafter, drafter_names
 from vlmspec_cli.runtime.batch import BatchDrafter, BatchedEngine
 from vlmspec_cli.runtime.captioner import Captioner
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
-from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible, load_model,
-                                        load_twig)
+from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible,
+                                        load_hidden_head, load_model, load_twig)
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
 class SessionError(Exception):
@@ -51,6 +51,7 @@ class Session:
 BATCHED_METHODS = ("none", "chain")
 IMAGE_METHODS = ("none", "tree", "adt")       # generate-image: tree-shaped drafts only
 TREE_METHODS = ("tree", "adt")
+VIDEO_METHODS = ("none", "chain", "hidden")   # describe-video
 
 
 def chain_variant(profile) -> str:
@@ -78,6 +79,18 @@ def validate_method(profile) -> None:
     if image and profile.method not in IMAGE_METHODS:
         raise SessionError(f"generate-image supports methods {', '.join(IMAGE_METHODS)}, not "
                            f"'{profile.method}' (a chain is tree.top_k: 1)")
+    video = profile.task == "video"
+    if video and profile.method not in VIDEO_METHODS:
+        raise SessionError(f"describe-video supports methods {', '.join(VIDEO_METHODS)}, not "
+                           f"'{profile.method}'")
+    if image and profile.method == "hidden":
+        raise SessionError("method 'hidden' drafts text from a target's hidden states; "
+                           "generate-image supports none, tree and adt")
+    if video and profile.generation.batch_size > 1:
+        raise SessionError("describe-video decodes one video at a time (3-D positions differ "
+                           "per video); use --batch-size 1")
+    if profile.method == "hidden" and not profile.hidden.model:
+        raise SessionError("method 'hidden' needs a trained head: set hidden.model")
     if not image and profile.method == "adt":
         raise SessionError("method 'adt' adapts trees to an image-token grid: it is for "
                            "generate-image; use method 'tree' here")
@@ -137,6 +150,9 @@ def build_session(profile, trace=None) -> Session:
     sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
     target = load_model(profile.target, "target")
     image = profile.task == "image"
+    if profile.task == "video" and not getattr(target.adapter, "takes_videos", False):
+        raise SessionError(f"target '{target.name}' does not take videos (describe-video needs a "
+                           "Qwen2.5-VL-family model, e.g. zoo:tinyworld/qwen-video-target)")
     if image:
         _check_image_model(target, "target")
         target.adapter = target.adapter.with_guidance(profile.image.cfg)
@@ -148,6 +164,8 @@ def build_session(profile, trace=None) -> Session:
             drafter = _twig_drafter(profile, target, sampling)
         except ValueError as exc:
             raise SessionError(str(exc)) from None
+    elif profile.method == "hidden":
+        drafter = _hidden_drafter(profile, target, sampling)
     else:
         # an image prompt is text: the draft reads it as the target does
         inputs = ["text"] if image else list(profile.drafting.inputs)
@@ -155,7 +173,10 @@ def build_session(profile, trace=None) -> Session:
         if image:
             _check_image_model(draft, "draft")
             draft.adapter = draft.adapter.with_guidance(profile.image.cfg)
-        check_compatible(target, draft, needs_images=bool({"multimodal", "pooled"} & set(inputs)))
+        video = profile.task == "video"
+        check_compatible(target, draft, needs_images=not video and bool({"multimodal", "pooled"} & set(inputs)))
+        if video and "multimodal" in inputs:
+            _check_video_draft(target, draft)
         captioner = None
         if "caption" in inputs:
             captioner_lm = load_model(profile.captioner, "captioner")
@@ -193,11 +214,43 @@ def build_session(profile, trace=None) -> Session:
             raise SessionError(str(exc)) from None
     # a tree's depth bounds the tokens a round can accept, as γ bounds a chain's
     gamma = {"tree": profile.tree.depth,
+             "hidden": profile.tree.depth if profile.hidden.tree else profile.drafting.gamma,
              "adt": profile.adaptive_tree.max_depth}.get(profile.method, profile.drafting.gamma)
     engine = SpeculativeEngine(target, drafter, gamma, sampling)
     if profile.acceptance == "relaxed":
         engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
     return Session(profile, target, draft, captioner_lm, engine, sampling)
+
+
+def _hidden_drafter(profile, target, sampling):
+    """HiViS / Sparrow: the head loads next to the target, on its device and dtype."""
+    from vlmspec_cli.drafters.hidden import TreeSettings
+
+    head = load_hidden_head(profile.hidden.model, target)
+    trained = int(head.config.target_layer)
+    layer = profile.hidden.layer
+    if layer is not None and int(layer) != trained:
+        raise SessionError(f"hidden head '{profile.hidden.model}' was trained on target layer "
+                           f"{trained} (hidden_states[{trained}]), but hidden.layer is {layer}; "
+                           f"set hidden.layer: {trained} or train a head for layer {layer}")
+    t = profile.tree
+    tree = (TreeSettings(t.depth, t.top_k, t.total_tokens, static=t.policy == "static")
+            if profile.hidden.tree else None)
+    try:
+        return create_drafter("hidden", target=target, head=head, sampling=sampling,
+                              eos_ids=eos_token_ids(target), tree=tree)
+    except ValueError as exc:
+        raise SessionError(str(exc)) from None
+
+
+def _check_video_draft(target: LoadedModel, draft: LoadedModel) -> None:
+    if not getattr(draft.adapter, "takes_videos", False):
+        raise SessionError(f"drafting input 'multimodal' on a video needs a draft that reads "
+                           f"videos; '{draft.name}' does not (use drafting.inputs: [text] or "
+                           "method hidden)")
+    if draft.adapter.video_token_id(draft) != target.adapter.video_token_id(target):
+        raise SessionError("draft and target use different video token ids; the draft must "
+                           "come from the target's family and tokenizer")
 
 
 def _check_image_model(lm: LoadedModel, role: str) -> None:

@@ -27,6 +27,8 @@ class SpecStats:
     pruning: dict | None = None
     # draft trees: policy, mean depth d̄ and width, per-round shapes (tree_shape.RoundLog)
     trees: dict | None = None
+    # hidden-state drafts: entries in the head's cache (text positions only) vs the prompt
+    draft_cache: dict | None = None
 
     def record_round(self, drafted: int, accepted: int, emitted: int,
                      positions: int | None = None) -> None:
@@ -64,6 +66,16 @@ class SpecStats:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
     @property
+    def decode_s(self) -> float:
+        """Time after the prefill (drafting and verifying)."""
+        return max(self.wall_s - self.prefill_s, 0.0)
+
+    @property
+    def prefill_share(self) -> float:
+        """The prefill's share of the wall time (Sparrow Table 5: it grows with the video)."""
+        return self.prefill_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
@@ -71,7 +83,7 @@ class SpecStats:
     def from_dict(cls, d: dict) -> "SpecStats":
         names = ("new_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
                  "accepted_per_pos", "accept_len_hist", "prefill_s", "wall_s", "caption_s",
-                 "ensemble", "pruning", "trees")
+                 "ensemble", "pruning", "trees", "draft_cache")
         return cls(**{k: d[k] for k in names if k in d})
 
     def to_dict(self) -> dict:
@@ -82,7 +94,9 @@ class SpecStats:
         d["wall_s"] = round(self.wall_s, 4)
         d["prefill_s"] = round(self.prefill_s, 4)
         d["caption_s"] = round(self.caption_s, 4)
-        for optional in ("ensemble", "pruning", "trees"):
+        d["decode_s"] = round(self.decode_s, 4)
+        d["prefill_share"] = round(self.prefill_share, 4)
+        for optional in ("ensemble", "pruning", "trees", "draft_cache"):
             if d[optional] is None:
                 del d[optional]
         return d

@@ -114,12 +114,12 @@ def base_record(session, item: Job, prompt: str) -> dict:
     p = session.profile
     return {
         "input": item.path,
-        "task": TASK,
+        "task": getattr(p, "task", TASK),
         "prompt": prompt,
         "output": None,
         "profile": p.name,
         "method": p.method,
-        "drafting_inputs": list(p.drafting.inputs) if p.method not in ("none", "twig") else [],
+        "drafting_inputs": list(p.drafting.inputs) if p.method not in ("none", "twig", "hidden") else [],
         "gamma": p.drafting.gamma if p.method not in ("none", "tree") else 0,
         "lossless": session.lossless,
         "temperature": p.sampling.temperature,
@@ -143,6 +143,10 @@ def result_record(session, item: Job, request: Request, result, compare: bool) -
     record = base_record(session, item, item.prompt)
     record["output"] = result.text
     record["stats"] = result.state.stats.to_dict()
+    if request.videos:  # what the target saw of each video
+        record["videos"] = [{"frames": len(v.frames), "size": list(v.frames[0].size),
+                             "seconds": None if v.duration is None else round(v.duration, 3),
+                             "source_frames": v.source_frames} for v in request.videos]
     if compare:
         base = session.baseline_engine().generate(request)
         wall = base.state.stats.wall_s
@@ -180,9 +184,10 @@ def run_batch(session, items: list[Job], events: CaptionEvents,
     together (runtime/batch.py); records come out as jobs finish."""
     summary = BatchSummary(items=len(items))
     done = sink.done_keys() if sink is not None else set()
+    task = getattr(session.profile, "task", TASK)
     todo = []
     for item in items:
-        if record_key({"task": TASK, "input": item.path, "prompt": item.prompt}) in done:
+        if record_key({"task": task, "input": item.path, "prompt": item.prompt}) in done:
             summary.skipped += 1
         else:
             todo.append(item)

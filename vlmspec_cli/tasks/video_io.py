@@ -91,6 +91,15 @@ class VideoClip:
         return (len(self.timestamps) - 1) / span if span > 0 else 1.0
 
 
+def clip_from_arrays(frames, fps: float, source: str = "<frames>") -> VideoClip:
+    """A clip from frames already in memory ((T, H, W, 3) uint8), sampled at ``fps``: frame i
+    shows time i / fps and the clip spans T / fps seconds."""
+    images = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
+    n = len(images)
+    return VideoClip(source, images, [i / fps for i in range(n)], duration=n / fps,
+                     source_frames=n)
+
+
 def is_video_path(path) -> bool:
     p = Path(path)
     return p.suffix.lower() in VIDEO_SUFFIXES or p.is_dir()

@@ -42,6 +42,13 @@ class ModelAdapter:
     def image_token_id(self, lm) -> int | None:
         return None
 
+    def visual_mask(self, lm, ids: torch.Tensor) -> torch.Tensor:
+        """Which of the prompt ``ids`` (L,) hold visual features (image or video tokens)."""
+        image = self.image_token_id(lm)
+        if image is None:
+            return torch.zeros_like(ids, dtype=torch.bool)
+        return ids == image
+
     def stop_token_ids(self, lm) -> set[int]:
         """The tokens that end a generation: the tokenizer's EOS and the generation config's."""
         gen_eos = getattr(lm.model.generation_config, "eos_token_id", None)
@@ -52,7 +59,9 @@ class ModelAdapter:
         """Render a conversation (objects with role, text, images) with the chat template."""
         chat = []
         for m in messages:
-            content = [{"type": "image"} for _ in m.images] + [{"type": "text", "text": m.text}]
+            content = ([{"type": "image"} for _ in m.images]
+                       + [{"type": "video"} for _ in getattr(m, "videos", ())]
+                       + [{"type": "text", "text": m.text}])
             chat.append({"role": m.role, "content": content})
         holder = lm.processor if getattr(lm.processor, "chat_template", None) else lm.tokenizer
         if getattr(holder, "chat_template", None):
@@ -114,6 +123,26 @@ class ModelAdapter:
         ``extra``: attention_mask / position_ids for left-padded batches."""
         out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra)
         return out.logits
+
+    # hidden-state drafters (HiViS/Sparrow) read one layer of the target's hidden states
+    # from the same forwards: hidden_states[layer] (0 = embeddings, -1 = the last layer,
+    # before the final norm)
+    @torch.inference_mode()
+    def prefill_hidden(self, lm, inputs: dict[str, torch.Tensor], cache,
+                       layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``prefill`` plus the chosen layer's hidden states of every prompt position,
+        (B, V) and (B, L, H)."""
+        out = lm.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                       output_hidden_states=True)
+        return out.logits[:, -1, :], out.hidden_states[layer]
+
+    @torch.inference_mode()
+    def extend_hidden(self, lm, input_ids: torch.Tensor, cache, layer: int,
+                      **extra) -> tuple[torch.Tensor, torch.Tensor]:
+        """``extend`` plus the chosen layer's hidden states, (B, n, V) and (B, n, H)."""
+        out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                       output_hidden_states=True, **extra)
+        return out.logits, out.hidden_states[layer]
 
 
 def cache_length(cache) -> int:

@@ -1,0 +1,242 @@
+"""``hidden``: a draft head on the target's text-position hidden states (HiViS / Sparrow).
+
+The head (runtime/hidden_head.py) reads pairs (e(x_{t+1}), h_t) of a token and the
+target's hidden state one position before it, and only at text positions: its KV cache
+never holds a visual position, so a draft step costs the same whatever the video length.
+
+Bookkeeping, in target positions. After every verification the target has computed h_t
+for every position in its cache; the token after the last cached position is the
+pending token, so every cached position's pair is known. ``rows`` holds the target's
+states not yet read by the head (from position ``row_start``). A round:
+
+1. ``propose`` feeds those pairs (step 0, the target's own states) into the head's cache
+   (``committed`` entries); the head's output on the last one, h', gives q(x_1);
+2. each further proposal x_j is fed as (e(x_j), h') with h' the head's previous output
+   (self-feedback, step j), as a chain, or as a tree (EAGLE-2 expansion, a node's pair is
+   its token and its parent's output, 4-D mask over the node's ancestors);
+3. ``accept`` cuts the head's cache back to ``committed`` (speculative entries go) and
+   queues the target's states of the rows verification kept (``state.features``).
+
+The very first token has no head state yet: the target's own prefill distribution p is
+used as q (x_1 ~ p, accepted with probability min(1, p/q) = 1), as EAGLE does.
+
+Drafts are verified by the target as usual, so the method is lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vlmspec_cli.drafters.base import Draft, register
+from vlmspec_cli.runtime.hidden_head import head_logits, prompt_pairs
+from vlmspec_cli.runtime.request import DecodeState
+from vlmspec_cli.runtime.tree import DraftTree, additive_mask, expand_tree
+from vlmspec_cli.runtime.tree_shape import FixedShape, RoundLog, TreeRound
+from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+
+_UNIT = SamplingParams(temperature=1.0)
+
+
+@dataclass
+class HiddenState:
+    cache: Any                                 # the head's KV cache: text positions only
+    committed: int = 0                         # entries read from the target's own states
+    rows: torch.Tensor | None = None           # target states not yet read, (n, H)
+    row_start: int = 0                         # target position of rows[0]
+    prompt_len: int = 0
+    first_logits: torch.Tensor | None = None   # the target's p(x_1), first round only
+    tree: DraftTree | None = None
+    shape: tuple[int, int] = (0, 0)
+    log: RoundLog = field(default_factory=RoundLog)
+
+
+@dataclass
+class TreeSettings:
+    depth: int = 5
+    top_k: int = 4
+    total_tokens: int = 20
+    static: bool = False
+
+
+class HiddenDrafter:
+    name = "hidden"
+    needs_target_hidden = True
+    lossless = True
+
+    def __init__(self, target, head, sampling: SamplingParams, eos_ids=(),
+                 tree: TreeSettings | None = None) -> None:
+        self.target = target
+        self.head = head
+        self.sampling = sampling
+        self.hidden_layer = int(head.config.target_layer)
+        self.embed = target.model.get_input_embeddings()
+        self.lm_head = target.model.get_output_embeddings()
+        self.eos_ids = set(eos_ids)
+        self.tree = tree
+        self.shape = FixedShape(tree.depth, tree.top_k) if tree else None
+
+    # -- head forwards ----------------------------------------------------------------
+    @torch.inference_mode()
+    def _run(self, st: HiddenState, tokens: list[int] | torch.Tensor, hidden: torch.Tensor,
+             step: int, positions: list[int] | None = None,
+             mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed pairs (tokens[i], hidden[i]) to the head; its outputs h' (n, H)."""
+        dev = self.target.device
+        ids = torch.as_tensor(tokens, device=dev).reshape(1, -1)
+        if positions is None:
+            start = int(st.cache.get_seq_length())
+            positions = list(range(start, start + ids.shape[1]))
+        pos = torch.tensor([positions], device=dev)
+        steps = torch.full_like(pos, step)
+        out = self.head(self.embed(ids), hidden[None].to(dev), pos, st.cache,
+                        attention_mask=mask, steps=steps)
+        return out[0]
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return head_logits(self.head, self.lm_head, h).float()
+
+    # -- protocol -----------------------------------------------------------------------
+    def prefill(self, state: DecodeState) -> None:
+        f = state.features
+        if f is None or f.ids is None:
+            raise RuntimeError("hidden drafter: the engine gave no prefill hidden states")
+        st = HiddenState(self.head.new_cache(), prompt_len=len(f.ids),
+                         first_logits=state.target_next_logits)
+        nxt, rows = prompt_pairs(f.ids, f.hidden, f.visual)
+        if len(nxt):
+            self._run(st, nxt, rows, step=0)
+            st.committed = len(nxt)
+        # the last prompt position pairs with the first generated token, not known yet
+        st.rows, st.row_start = f.hidden[-1:], len(f.ids) - 1
+        state.drafter_state = st
+
+    def _read_verified(self, st: HiddenState, state: DecodeState):
+        """Feed the pairs whose next token is committed; returns (logits for the token after
+        the pending one, the head state it came from, its step) — or, in the first round,
+        the target's own p(x_1) and the target's last prompt state."""
+        known = st.prompt_len + len(state.tokens) - 1 - st.row_start   # rows with a known next
+        known = min(known, 0 if st.rows is None else st.rows.shape[0])
+        if known > 0:
+            first = st.row_start + 1 - st.prompt_len
+            nxt = state.tokens[first: first + known]
+            out = self._run(st, nxt, st.rows[:known], step=0)
+            st.committed += known
+            st.rows, st.row_start = st.rows[known:], st.row_start + known
+            return self._logits(out[-1]), out[-1], 1
+        if st.first_logits is None:
+            raise RuntimeError("hidden drafter: nothing to draft from (no verified rows)")
+        logits, st.first_logits = st.first_logits, None
+        return logits.float(), st.rows[-1], 0
+
+    def propose(self, state: DecodeState, max_tokens: int):
+        st: HiddenState = state.drafter_state
+        logits, h, step = self._read_verified(st, state)
+        if self.tree is not None:
+            return self._propose_tree(st, state, logits, h, step, max_tokens)
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        greedy = self.sampling.greedy
+        while True:
+            if greedy:
+                tok = int(logits.argmax())
+            else:
+                q = probabilities(logits, self.sampling)
+                tok = int(torch.multinomial(q.cpu(), 1, generator=state.draft_generator))
+                qs.append(q)
+            tokens.append(tok)
+            if len(tokens) >= max_tokens or tok in self.eos_ids:
+                break
+            h = self._run(st, [tok], h[None], step=step)[-1]
+            logits, step = self._logits(h), step + 1
+        return Draft(tokens, torch.stack(qs) if qs else None)
+
+    def _propose_tree(self, st: HiddenState, state: DecodeState, root_logits, root_h, step,
+                      max_tokens: int) -> DraftTree:
+        prefix = int(st.cache.get_seq_length())
+        outputs: dict[int, torch.Tensor] = {-1: root_h}
+        slots: dict[int, int] = {}
+        levels = [step]
+
+        def expand(tree: DraftTree, nodes: list[int]) -> torch.Tensor:
+            # node u's pair: its token and its parent's head state; it sees the committed
+            # entries, its fed ancestors and itself, at position prefix + depth
+            past = int(st.cache.get_seq_length())
+            allowed = torch.zeros((len(nodes), past + len(nodes)), dtype=torch.bool)
+            allowed[:, :prefix] = True
+            for i, u in enumerate(nodes):
+                allowed[i, past + i] = True
+                p = tree.parents[u]
+                while p >= 0:
+                    allowed[i, slots[p]] = True
+                    p = tree.parents[p]
+            for i, u in enumerate(nodes):
+                slots[u] = past + i
+            parents = torch.stack([outputs[tree.parents[u]] for u in nodes])
+            out = self._run(st, [tree.tokens[u] for u in nodes], parents,
+                            step=levels[0] + tree.depth[nodes[0]],
+                            positions=[prefix + tree.depth[u] for u in nodes],
+                            mask=additive_mask(allowed, out_dtype(self.head), self.target.device))
+            for i, u in enumerate(nodes):
+                outputs[u] = out[i]
+            return self._logits(out)
+
+        depth, top_k = self.shape.choose(st.log, len(state.tokens), None)
+        depth = min(depth, max_tokens)
+        st.shape = (depth, top_k)
+        s = self.tree
+        tree = expand_tree(root_logits, expand, depth, top_k, s.total_tokens, self.sampling,
+                           state.draft_generator, self.eos_ids, static=s.static)
+        st.tree = tree
+        return tree
+
+    def accept(self, state: DecodeState, n_accepted: int,
+               target_logits: torch.Tensor | None = None) -> None:
+        st: HiddenState = state.drafter_state
+        # speculative entries (the head's own states) go; the target's verified states of
+        # the kept rows come in, to be read at the next proposal
+        extra = int(st.cache.get_seq_length()) - st.committed
+        if extra > 0:
+            st.cache.crop(-extra)
+        f = state.features
+        end = st.row_start + (0 if st.rows is None else st.rows.shape[0])
+        if f is not None and f.ids is None and f.start == end:
+            kept = int(state.target_cache.get_seq_length()) - f.start
+            new = f.hidden[:kept]
+            st.rows = new if st.rows is None else torch.cat([st.rows, new])
+        state.features = None
+        if st.tree is not None:
+            depth, top_k = st.shape
+            st.log.add(TreeRound(len(state.tokens) - n_accepted - 1, depth, top_k, n_accepted))
+            st.tree = None
+
+    def finish(self, state: DecodeState) -> None:
+        st = state.drafter_state
+        if isinstance(st, HiddenState):
+            # the head's cache: text positions only (Sparrow's VATA), for the record
+            state.stats.draft_cache = {"entries": st.committed, "prompt_tokens": st.prompt_len}
+            if self.tree is not None:
+                summary = st.log.summary(len(state.tokens))
+                del summary["accept_lengths"]
+                state.stats.trees = {"policy": "static" if self.tree.static else "dynamic",
+                                     **summary}
+
+
+def out_dtype(module) -> torch.dtype:
+    return next(module.parameters()).dtype
+
+
+@register("hidden")
+def make_hidden(target, head, sampling: SamplingParams, eos_ids=(), tree: TreeSettings | None = None,
+                **_: object) -> HiddenDrafter:
+    vocab = int(getattr(head.config, "vocab_size", 0) or 0)
+    if vocab and vocab != target.vocab_size:
+        raise ValueError(f"the hidden head was trained for a vocabulary of {vocab} tokens, the "
+                         f"target has {target.vocab_size}: train a head for this target")
+    if head.config.hidden_size != target.model.get_input_embeddings().weight.shape[1]:
+        raise ValueError(f"hidden head width {head.config.hidden_size} does not match the "
+                         f"target's hidden size")
+    return HiddenDrafter(target, head, sampling, eos_ids=eos_ids, tree=tree)
