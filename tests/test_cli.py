@@ -46,12 +46,7 @@ def test_version_and_help():
     for command in ("caption", "generate-image", "describe-video", "profile", "calibrate", "profiles"):
         assert command in out
     assert "Examples:" in run(["caption", "--help"]).output
-
-
-@pytest.mark.parametrize("command", ["describe-video"])
-def test_unbuilt_commands_exit_2(command):
-    res = run([command, "whatever"])
-    assert res.exit_code == 2 and "not built yet" in res.output
+    assert "Examples:" in run(["describe-video", "--help"]).output
 
 
 def test_caption_files_dir_glob_json(images):

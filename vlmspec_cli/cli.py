@@ -228,6 +228,11 @@ def _draft_summary(prof) -> str:
             text += (f", pruning keep={prof.prune.keep} layer={prof.prune.layer} "
                      f"final_wipe={prof.prune.final_wipe} (lossy)")
         return text
+    if prof.method == "hidden":
+        h = prof.hidden
+        shape = (f"tree depth={prof.tree.depth} top_k={prof.tree.top_k}" if h.tree
+                 else f"γ={prof.drafting.gamma}")
+        return f", hidden-state head {h.model} {shape}"
     if prof.method == "tree":
         t = prof.tree
         return (f", draft {prof.draft.model} {list(prof.drafting.inputs)} tree depth={t.depth} "
@@ -451,19 +456,6 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_t
     sys.exit(1 if failed else 0)
 
 
-def _not_built(command: str, issue: str):
-    @cli.command(command, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-                 help=f"{issue} (not built yet).", add_help_option=True)
-    @click.pass_context
-    def _stub(ctx):
-        _fail(f"`vlmspec {command}` is not built yet", code=2)
-
-    return _stub
-
-
-_not_built("describe-video", "Describe videos with a text-anchored hidden-state draft (HiViS / Sparrow)")
-
-
 EPILOG_RUN = """\b
 Examples:
   vlmspec run recipes/caption-folder.yaml                   # rerun resumes
@@ -499,8 +491,10 @@ def run_recipe(recipe, var_pairs, state, restart, dry_run):
 
 
 from vlmspec_cli.cli_image import generate_image  # noqa: E402  (uses the helpers above)
+from vlmspec_cli.cli_video import describe_video  # noqa: E402
 
 cli.add_command(generate_image)
+cli.add_command(describe_video)
 
 
 def main() -> None:

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from vlmspec_cli.drafters.base import Draft, register
-from vlmspec_cli.drafters.members import MEMBER_INPUTS, check_members, member_embeds
+from vlmspec_cli.drafters.members import (MEMBER_INPUTS, check_members, member_embeds, prefill_video,
+                                          visuals)
 from vlmspec_cli.drafters.weights import EnsembleWeights
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
 from vlmspec_cli.runtime.request import DecodeState
@@ -91,8 +92,17 @@ class EnsembleDrafter:
 
     def prefill(self, state: DecodeState) -> None:
         lm = self.draft
+        if state.request.videos and "multimodal" in self.inputs:
+            if len(self.inputs) > 1:
+                raise ValueError("a video is drafted from one input at a time: drafting.inputs "
+                                 "[multimodal] (the draft reads the video) or [text]")
+            cache, logits, mask = prefill_video(lm, state)
+            state.drafter_state = EnsembleState(
+                cache, mask, torch.tensor([mask.shape[1]], device=lm.device),
+                EnsembleWeights(1, **self.weight_args), next_logits=logits)
+            return
         captions = self._captions(state)
-        rows = [member_embeds(lm, state.prompt, state.request.images, variant, self.image_token,
+        rows = [member_embeds(lm, state.prompt, visuals(state.request), variant, self.image_token,
                               captions) for variant in self.inputs]
         lengths = torch.tensor([r.shape[1] for r in rows])
         width = int(lengths.max())

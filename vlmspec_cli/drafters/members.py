@@ -75,21 +75,32 @@ def member_embeds(draft, prompt: str, images: list, variant: str, image_token: s
                                pool=POOL if variant == "pooled" else 1)
 
 
+def visuals(request) -> list:
+    """What a request's visual placeholders stand for: its images, or else its videos (the
+    text inputs replace either kind by "\n")."""
+    return request.images or request.videos
+
+
+def prefill_video(draft, state):
+    """A video draft reads the request's videos as the target does (its own adapter
+    builds the video tokens and 3-D positions). Returns (cache, logits (1, V), the prompt's
+    attention mask (1, L))."""
+    inputs = draft.adapter.encode(draft, state.prompt, None, videos=state.request.videos)
+    cache = draft.adapter.new_cache(draft)
+    return cache, draft.adapter.prefill(draft, inputs, cache), inputs["attention_mask"]
+
+
 def prefill_member(draft, state, variant: str, image_token: str | None, captioner=None):
     """Prefill a fresh draft cache with one request read through ``variant`` (captioning
     the images first for C). Returns (cache, logits of the last position (V,))."""
-    videos = state.request.videos
-    if videos and variant == "multimodal":
-        # a video draft reads the videos as the target does (its own 3-D positions)
-        inputs = draft.adapter.encode(draft, state.prompt, None, videos=videos)
-        cache = draft.adapter.new_cache(draft)
-        return cache, draft.adapter.prefill(draft, inputs, cache)[0]
+    if state.request.videos and variant == "multimodal":
+        cache, logits, _ = prefill_video(draft, state)
+        return cache, logits[0]
     captions: list[str] = []
     if variant == "caption" and state.request.images:
         captions, seconds = captioner.submit(state.request.images).result()
         state.stats.caption_s += seconds
-    # text inputs replace each visual placeholder (an image's, or a video's) by "\n"
-    visuals = state.request.images or videos
-    embeds = member_embeds(draft, state.prompt, visuals, variant, image_token, captions)
+    embeds = member_embeds(draft, state.prompt, visuals(state.request), variant, image_token,
+                           captions)
     cache = draft.adapter.new_cache(draft)
     return cache, draft.adapter.prefill(draft, {"inputs_embeds": embeds}, cache)[0]

@@ -61,6 +61,9 @@ def collect(lm, requests, answers, layer: int) -> list[Example]:
         tail = torch.cat([tail, torch.tensor([[lm.tokenizer.eos_token_id]])], 1).to(lm.device)
         ids = torch.cat([inputs["input_ids"], tail], 1)
         inputs = dict(inputs, input_ids=ids)
+        # 3-D positions (Qwen2.5-VL) for the longer sequence: let the model recompute them
+        inputs.pop("position_ids", None)
+        inputs.pop("rope_deltas", None)
         if "attention_mask" in inputs:
             inputs["attention_mask"] = torch.ones_like(ids)
         if "mm_token_type_ids" in inputs:

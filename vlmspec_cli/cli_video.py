@@ -1,0 +1,126 @@
+"""``vlmspec describe-video``: parse, build the run, print (tasks/video.py + caption.py's
+batch loop do the work)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from vlmspec_cli.cli import _draft_summary, _fail, _load_profile, _print_plan, profile_option, set_option
+
+DEFAULT_VIDEO_PROFILE = "tinyworld-video"
+
+EPILOG_VIDEO = """\b
+Examples:
+  vlmspec describe-video examples/videos/                  # tinyworld, hidden-state draft
+  vlmspec describe-video clip.mp4 --frames 16 --compare    # speedup vs the target alone
+  vlmspec describe-video clips/ --fps 2 --out desc.jsonl   # rerun resumes
+  find . -name '*.mp4' | vlmspec describe-video - --json | jq .stats.prefill_share
+  vlmspec describe-video frames_dir/ --set video.folder_fps=4   # a folder of frames
+  vlmspec describe-video clip.webm -m chain --inputs multimodal  # a draft that reads the video
+  vlmspec describe-video clip.mkv --set hidden.tree=true   # hidden-state draft trees
+
+Videos: mp4, webm, mkv, gif, avi, mov (PyAV), or a folder of image frames.
+Frames are sampled uniformly (--frames) or by time (--fps). Exit codes: 0 all
+videos done, 1 some video failed (the rest were still done and written), 2
+usage, profile or model-loading error.
+"""
+
+
+@click.command("describe-video", epilog=EPILOG_VIDEO)
+@click.argument("inputs", nargs=-1, metavar="VIDEOS...")
+@click.option("--prompt", help="Question or instruction for every video [profile: generation.prompt].")
+@profile_option
+@click.option("--method", "-m", help="none (target only), chain (a draft model; --inputs "
+                                     "multimodal reads the video) or hidden (HiViS/Sparrow head "
+                                     "on the target's text hidden states) [profile: method].")
+@click.option("--inputs", "drafting_inputs", metavar="LIST",
+              help="chain: multimodal or text [profile: drafting.inputs].")
+@set_option
+@click.option("--frames", type=click.IntRange(min=1),
+              help="Sample N frames uniformly [profile: video.frames, default 8].")
+@click.option("--fps", type=click.FloatRange(min=0, min_open=True),
+              help="Sample F frames per second of video time instead of --frames.")
+@click.option("--max-pixels", type=click.IntRange(min=1),
+              help="Downscale frames to at most this many pixels [profile: video.max_pixels].")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per video.")
+@click.option("--temperature", "-t", type=click.FloatRange(min=0), help="0 = greedy (default); >0 samples.")
+@click.option("--seed", type=int, help="Sampling seed (recorded in every record).")
+@click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
+@click.option("--out", "-o", type=click.Path(dir_okay=False, writable=True), metavar="FILE.jsonl",
+              help="Append one JSON record per video; a rerun skips videos already recorded.")
+@click.option("--json", "as_json", is_flag=True, help="Write JSONL records to stdout instead of text.")
+@click.option("--compare", is_flag=True, help="Also decode with the target alone and report the speedup.")
+@click.option("--dry-run", is_flag=True, help="Show the resolved profile and the inputs; load nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
+def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frames, fps, max_pixels,
+                   max_new_tokens, temperature, seed, device, out, as_json, compare, dry_run, quiet):
+    """Describe videos (or answer a question about each), drafted speculatively with a
+    draft that never reads visual tokens: lossless, output identical to the target's.
+
+    VIDEOS are video files, folders (searched recursively; a folder of image frames
+    is one video), glob patterns, or - to read paths from stdin. Results go to stdout
+    (text or --json); progress, one line per bad file and the summary to stderr.
+    """
+    from vlmspec_cli import ui
+    from vlmspec_cli.cli import _parse_inputs
+    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
+    from vlmspec_cli.tasks.caption import run_batch
+    from vlmspec_cli.tasks.records import JsonlSink
+    from vlmspec_cli.tasks.video import expand_video_inputs, video_jobs
+
+    if not inputs:
+        raise click.UsageError("no VIDEOS given (files, folders, globs, or - for stdin)")
+    if frames and fps:
+        raise click.UsageError("give --frames or --fps, not both")
+    cli_values = {
+        "method": method, "drafting.inputs": _parse_inputs(drafting_inputs),
+        "generation.prompt": prompt, "generation.max_new_tokens": max_new_tokens,
+        "sampling.temperature": temperature, "sampling.seed": seed,
+        "video.frames": frames, "video.fps": fps, "video.max_pixels": max_pixels,
+        "target.device": device, "draft.device": device,
+    }
+    prof = _load_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values, task="video")
+    try:
+        validate_method(prof)
+    except SessionError as exc:
+        _fail(str(exc))
+    v = prof.video
+    items = video_jobs(expand_video_inputs(inputs, stdin=sys.stdin), prof.generation.prompt,
+                       v.frames, v.fps, v.max_pixels, v.folder_fps)
+    if dry_run:
+        _print_plan(prof, "video(s)", [(item.path, item.error) for item in items])
+        return
+    if not quiet:
+        sampling = f"{v.fps} fps" if v.fps else f"{v.frames} frames"
+        ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
+                + _draft_summary(prof) + f", {sampling} per video")
+    try:
+        session = build_session(prof)
+    except (SessionError, ModelLoadError, ValueError) as exc:
+        _fail(str(exc))
+
+    def emit(record: dict) -> None:
+        if as_json:
+            click.echo(json.dumps(record, ensure_ascii=False))
+        elif record["error"] is None:
+            click.echo(f"{record['input']}\t{record['output']}")
+
+    sink = JsonlSink(out) if out else None
+    try:
+        if sink is not None:
+            for w in sink.warnings:
+                ui.warning(w)
+        with ui.BatchUI(quiet=quiet) as events:
+            summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
+    finally:
+        if sink is not None:
+            sink.close()
+    if not quiet:
+        ui.summary_table(summary, prof.method, prof.drafting.gamma)
+    if summary.mismatches:
+        ui.error(f"{summary.mismatches} output(s) differ from target-only greedy decoding")
+    sys.exit(1 if summary.failures or summary.mismatches else 0)

@@ -1,0 +1,163 @@
+"""Qwen2.5-VL family (Qwen2_5_VLForConditionalGeneration): videos in, text out.
+
+Inputs are built here, not by HF's video processor (it needs torchvision, which has no CPU
+build): frames are resized by Qwen's ``smart_resize`` rule and patchified in the
+processor's layout (runtime/video_patches.py); each ``<|video_pad|>`` placeholder in the
+prompt becomes t·h·w / merge² video tokens; ``mm_token_type_ids`` marks them (2) and
+``second_per_grid_ts`` = temporal_patch_size / sampled fps spaces them in time.
+
+Positions are 3-D (M-RoPE). HF keeps the offset between text positions and cache length
+(``rope_deltas``) on the model object between calls; here every forward gets explicit
+positions instead: the prompt's come from ``get_rope_index``, and later tokens (decoding,
+chains, trees) sit at their 1-D position + that offset, expanded to (3, B, n). The offset
+travels with the request's cache (``cache.rope_delta``), so requests never share it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import Qwen2_5_VLForConditionalGeneration
+
+from vlmspec_cli.runtime.adapters.base import ModelAdapter, cache_length
+from vlmspec_cli.runtime.video_patches import patchify, resize_frames, smart_resize, video_token_count
+
+# Qwen2-VL processor defaults, used when a model ships no preprocessor_config.json
+_DEFAULTS = {"image_mean": [0.48145466, 0.4578275, 0.40821073],
+             "image_std": [0.26862954, 0.26130258, 0.27577711],
+             "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280}
+
+
+class Qwen25VLAdapter(ModelAdapter):
+    model_types = ("qwen2_5_vl",)
+    model_class = Qwen2_5_VLForConditionalGeneration
+    takes_images = False      # still images: not built yet (videos only)
+    takes_videos = True
+    quant_skip_modules = ("visual", ".*visual", "lm_head")
+
+    def image_token(self, lm) -> str | None:
+        return getattr(lm.tokenizer, "video_token", None) or "<|video_pad|>"
+
+    def image_token_id(self, lm) -> int | None:
+        return None
+
+    def video_token_id(self, lm) -> int:
+        return int(lm.model.config.video_token_id)
+
+    def visual_mask(self, lm, ids: torch.Tensor) -> torch.Tensor:
+        config = lm.model.config
+        visual = ids == self.video_token_id(lm)
+        image = getattr(config, "image_token_id", None)
+        return visual | (ids == image) if image is not None else visual
+
+    def _vision_settings(self, lm) -> dict:
+        cached = getattr(lm, "_qwen_vision", None)
+        if cached is not None:
+            return cached
+        settings = dict(_DEFAULTS)
+        path = Path(str(getattr(lm.model, "name_or_path", "")))
+        try:
+            from transformers import AutoImageProcessor
+
+            proc = AutoImageProcessor.from_pretrained(str(path) if path.is_dir() else lm.name,
+                                                      local_files_only=True)
+            settings.update(image_mean=list(proc.image_mean), image_std=list(proc.image_std))
+            size = getattr(proc, "size", None) or {}
+            settings["min_pixels"] = getattr(proc, "min_pixels", None) or size.get("shortest_edge", settings["min_pixels"])
+            settings["max_pixels"] = getattr(proc, "max_pixels", None) or size.get("longest_edge", settings["max_pixels"])
+        except (OSError, ValueError, TypeError, ImportError):
+            pass
+        vision = lm.model.config.vision_config
+        settings.update(patch=int(vision.patch_size), temporal=int(vision.temporal_patch_size),
+                        merge=int(vision.spatial_merge_size))
+        lm._qwen_vision = settings
+        return settings
+
+    def video_patches(self, lm, clip) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """(pixel_values_videos, grid_thw (3,), seconds per temporal grid) for one clip."""
+        s = self._vision_settings(lm)
+        frames = np.stack([np.asarray(f.convert("RGB")) for f in clip.frames])
+        h, w = smart_resize(frames.shape[1], frames.shape[2], s["patch"] * s["merge"],
+                            s["min_pixels"], s["max_pixels"])
+        frames = resize_frames(frames, h, w)
+        pixels, grid = patchify(frames, s["patch"], s["temporal"], s["merge"],
+                                s["image_mean"], s["image_std"])
+        # the sampled frames' rate: T frames over the clip's span (each frame stands for
+        # 1/fps seconds), as the processor's fps metadata describes a video
+        fps = len(clip.frames) / clip.duration if clip.duration else float(clip.sample_fps)
+        return pixels, grid, s["temporal"] / fps
+
+    def encode(self, lm, prompt: str, images: list | None, videos: list | None = None
+               ) -> dict[str, torch.Tensor]:
+        if images:
+            raise ValueError(f"model '{lm.name}' takes videos; still images are not supported "
+                             "for Qwen2.5-VL targets yet (pass a one-frame video)")
+        ids = lm.tokenizer(prompt, return_tensors="pt")["input_ids"][0]
+        token = self.video_token_id(lm)
+        slots = (ids == token).nonzero().flatten().tolist()
+        videos = list(videos or [])
+        if len(slots) != len(videos):
+            raise ValueError(f"prompt has {len(slots)} video placeholders for {len(videos)} videos")
+        out: dict[str, torch.Tensor] = {}
+        if videos:
+            parts = [self.video_patches(lm, v) for v in videos]
+            merge = self._vision_settings(lm)["merge"]
+            reps = torch.ones_like(ids)
+            reps[slots] = torch.tensor([video_token_count(g, merge) for _, g, _ in parts])
+            ids = ids.repeat_interleave(reps)
+            out["pixel_values_videos"] = torch.cat([p for p, _, _ in parts]).to(lm.device, lm.dtype)
+            out["video_grid_thw"] = torch.stack([g for _, g, _ in parts]).to(lm.device)
+            out["second_per_grid_ts"] = torch.tensor([t for _, _, t in parts], device=lm.device)
+        ids = ids[None].to(lm.device)
+        types = (ids == token).int() * 2
+        out.update(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types)
+        if videos:
+            positions, delta = lm.model.model.get_rope_index(
+                ids, mm_token_type_ids=types, video_grid_thw=out["video_grid_thw"],
+                second_per_grid_ts=out["second_per_grid_ts"])
+        else:
+            positions = torch.arange(ids.shape[1], device=lm.device).view(1, 1, -1).expand(3, 1, -1)
+            delta = torch.zeros((1, 1), dtype=torch.long, device=lm.device)
+        out["position_ids"] = positions
+        out["rope_deltas"] = delta
+        return out
+
+    def prompt_embeds(self, lm, prompt, images, pool: int = 1):
+        raise ValueError(f"model '{lm.name}' (Qwen2.5-VL) cannot be read through embeddings here; "
+                         "use method none, chain or hidden")
+
+    # -- forwards: explicit 3-D positions ------------------------------------------------
+    def _prefill_inputs(self, inputs: dict, cache) -> dict:
+        inputs = dict(inputs)
+        delta = inputs.pop("rope_deltas", None)    # None: a text-only embeds prefill
+        cache.rope_delta = 0 if delta is None else int(delta.flatten()[0])
+        return inputs
+
+    def _extend_inputs(self, lm, input_ids: torch.Tensor, cache, extra: dict) -> dict:
+        extra = dict(extra)
+        positions = extra.pop("position_ids", None)
+        if positions is None:
+            start = cache_length(cache)
+            positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
+        positions = positions + getattr(cache, "rope_delta", 0)
+        extra["position_ids"] = positions[None].expand(3, *positions.shape)
+        return extra
+
+    @torch.inference_mode()
+    def prefill(self, lm, inputs, cache) -> torch.Tensor:
+        return super().prefill(lm, self._prefill_inputs(inputs, cache), cache)
+
+    @torch.inference_mode()
+    def prefill_hidden(self, lm, inputs, cache, layer: int):
+        return super().prefill_hidden(lm, self._prefill_inputs(inputs, cache), cache, layer)
+
+    @torch.inference_mode()
+    def extend(self, lm, input_ids, cache, **extra) -> torch.Tensor:
+        return super().extend(lm, input_ids, cache, **self._extend_inputs(lm, input_ids, cache, extra))
+
+    @torch.inference_mode()
+    def extend_hidden(self, lm, input_ids, cache, layer: int, **extra):
+        return super().extend_hidden(lm, input_ids, cache, layer,
+                                     **self._extend_inputs(lm, input_ids, cache, extra))
