@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -124,7 +125,6 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.caption import chat_jobs, image_jobs, run_batch
     from vlmspec_cli.tasks.inputs import InputError, expand_inputs
-    from vlmspec_cli.tasks.records import JsonlSink
 
     if not inputs and not chat_file:
         raise click.UsageError("no INPUTS given (files, directories, globs, or - for stdin), "
@@ -170,30 +170,53 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     except (SessionError, ModelLoadError, ValueError) as exc:
         _fail(str(exc))
 
-    def emit(record: dict) -> None:
-        if as_json:
-            click.echo(json.dumps(record, ensure_ascii=False))
-        elif record["error"] is None:
-            click.echo(f"{record['input']}\t{record['output']}")
+    emit = record_printer(as_json)
+    with records_sink(out) as sink, ui.BatchUI(quiet=quiet) as events:
+        if executor == "ray":  # the workers load the models, not this process
+            from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray
+            try:
+                summary = run_ray(prof, items, events, sink=sink, emit=emit,
+                                  workers=workers, address=ray_address)
+            except RayExecutorError as exc:
+                _fail(str(exc))
+        else:
+            summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
+    finish_batch(prof, summary, quiet)
+
+
+@contextlib.contextmanager
+def records_sink(out: str | None):
+    """The --out JSONL sink (its warnings shown first), closed however the batch ends;
+    None without --out."""
+    from vlmspec_cli import ui
+    from vlmspec_cli.tasks.records import JsonlSink
 
     sink = JsonlSink(out) if out else None
     try:
         if sink is not None:
             for w in sink.warnings:
                 ui.warning(w)
-        with ui.BatchUI(quiet=quiet) as events:
-            if executor == "ray":  # the workers load the models, not this process
-                from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray
-                try:
-                    summary = run_ray(prof, items, events, sink=sink, emit=emit,
-                                      workers=workers, address=ray_address)
-                except RayExecutorError as exc:
-                    _fail(str(exc))
-            else:
-                summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
+        yield sink
     finally:
         if sink is not None:
             sink.close()
+
+
+def record_printer(as_json: bool):
+    """stdout for each finished record: JSONL, or "input<TAB>output" for the good ones."""
+    def emit(record: dict) -> None:
+        if as_json:
+            click.echo(json.dumps(record, ensure_ascii=False))
+        elif record["error"] is None:
+            click.echo(f"{record['input']}\t{record['output']}")
+    return emit
+
+
+def finish_batch(prof, summary, quiet: bool) -> None:
+    """The summary table, a line if outputs differ from target-only, and the exit code:
+    1 if any input failed or differed, else 0."""
+    from vlmspec_cli import ui
+
     if not quiet:
         if prof.method == "tree":
             t = prof.tree

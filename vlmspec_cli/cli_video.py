@@ -3,12 +3,13 @@ batch loop do the work)."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from vlmspec_cli.cli import _draft_summary, _fail, _load_profile, _print_plan, profile_option, set_option
+from vlmspec_cli.cli import (_draft_summary, _fail, _load_profile, _parse_inputs, _print_plan,
+                             finish_batch, profile_option, record_printer, records_sink,
+                             set_option)
 
 DEFAULT_VIDEO_PROFILE = "tinyworld-video"
 
@@ -65,11 +66,9 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
     (text or --json); progress, one line per bad file and the summary to stderr.
     """
     from vlmspec_cli import ui
-    from vlmspec_cli.cli import _parse_inputs
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.caption import run_batch
-    from vlmspec_cli.tasks.records import JsonlSink
     from vlmspec_cli.tasks.video import expand_video_inputs, video_jobs
 
     if not inputs:
@@ -103,24 +102,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
     except (SessionError, ModelLoadError, ValueError) as exc:
         _fail(str(exc))
 
-    def emit(record: dict) -> None:
-        if as_json:
-            click.echo(json.dumps(record, ensure_ascii=False))
-        elif record["error"] is None:
-            click.echo(f"{record['input']}\t{record['output']}")
-
-    sink = JsonlSink(out) if out else None
-    try:
-        if sink is not None:
-            for w in sink.warnings:
-                ui.warning(w)
-        with ui.BatchUI(quiet=quiet) as events:
-            summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
-    finally:
-        if sink is not None:
-            sink.close()
-    if not quiet:
-        ui.summary_table(summary, prof.method, prof.drafting.gamma)
-    if summary.mismatches:
-        ui.error(f"{summary.mismatches} output(s) differ from target-only greedy decoding")
-    sys.exit(1 if summary.failures or summary.mismatches else 0)
+    with records_sink(out) as sink, ui.BatchUI(quiet=quiet) as events:
+        summary = run_batch(session, items, events, sink=sink, compare=compare,
+                            emit=record_printer(as_json))
+    finish_batch(prof, summary, quiet)
