@@ -47,9 +47,10 @@ def _load_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task: s
     except ProfileError as exc:
         _fail(str(exc))
     if task is not None and prof.task != task:
-        hint = "vlmspec generate-image" if prof.task == "image" else f"a profile with task: {task}"
+        command = {"caption": "caption", "image": "generate-image", "video": "describe-video"}
         _fail(f"profile '{prof.name}' is for task '{prof.task}', this command needs task "
-              f"'{task}' (use {hint})")
+              f"'{task}' (use it with vlmspec {command.get(prof.task, prof.task)}, or pick a "
+              f"profile with task: {task})")
     return prof
 
 

@@ -50,8 +50,13 @@ class Example:
 
 
 @torch.inference_mode()
-def collect(lm, requests, answers, layer: int) -> list[Example]:
-    """Run each request + its reference answer through the target (the runtime's inputs)."""
+def collect(lm, requests, answers, layer: int, bridge: bool = False) -> list[Example]:
+    """Run each request + its reference answer through the target (the runtime's inputs).
+
+    ``bridge`` (Sparrow's IVSB, training only): put the visual tokens' states from the
+    target's middle layer in front of each example's text pairs, so the head can attend to
+    them while it learns; they are never a loss target, and at decoding time there are
+    none (the head's cache stays text-only)."""
     out = []
     for req, answer in zip(requests, answers):
         prompt = lm.adapter.prompt_text(lm, req.messages)
@@ -82,9 +87,25 @@ def collect(lm, requests, answers, layer: int) -> list[Example]:
         p, i = probs[t1].topk(TOP_K, -1)
         contiguous = torch.zeros(n, dtype=torch.bool)
         contiguous[1:] = pos[1:] == pos[:-1] + 1
-        out.append(Example(nxt.cpu(), rows.cpu(), hs[t1].cpu(), (p / p.sum(-1, keepdim=True)).cpu(),
-                           i.cpu(), valid.cpu(), contiguous))
+        ex = Example(nxt.cpu(), rows.cpu(), hs[t1].cpu(), (p / p.sum(-1, keepdim=True)).cpu(),
+                     i.cpu(), valid.cpu(), contiguous)
+        if bridge and visual.any():
+            middle = res.hidden_states[len(res.hidden_states) // 2][0][visual].float().cpu()
+            ex = with_bridge(ex, ids[visual].cpu(), middle)
+        out.append(ex)
     return out
+
+
+def with_bridge(ex: Example, visual_ids: torch.Tensor, states: torch.Tensor) -> Example:
+    """IVSB: the visual tokens' middle-layer states as pairs before the text pairs (no
+    loss on them, never replaced by self-feedback)."""
+    n = len(visual_ids)
+    zeros = lambda t: torch.zeros((n,) + tuple(t.shape[1:]), dtype=t.dtype)  # noqa: E731
+    return Example(torch.cat([visual_ids, ex.next_ids]), torch.cat([states, ex.hidden]),
+                   torch.cat([zeros(ex.target_h), ex.target_h]),
+                   torch.cat([zeros(ex.topk_p), ex.topk_p]), torch.cat([zeros(ex.topk_i), ex.topk_i]),
+                   torch.cat([torch.zeros(n, dtype=torch.bool), ex.valid]),
+                   torch.cat([torch.zeros(n, dtype=torch.bool), ex.contiguous]))
 
 
 def pad_batch(examples: list[Example]):
@@ -238,7 +259,7 @@ TARGETS = {
 
 
 def build(name: str, examples: int, stage1: int, stage2: int, feedback: int, layer: int | None,
-          seed: int = 0, save: bool = True) -> dict:
+          seed: int = 0, save: bool = True, bridge: bool = False, max_steps: int | None = None) -> dict:
     from vlmspec_cli.profile import ModelSpec
     from vlmspec_cli.runtime.models import ZOO_ROOT, load_model
 
@@ -248,15 +269,17 @@ def build(name: str, examples: int, stage1: int, stage2: int, feedback: int, lay
     lm = load_model(ModelSpec(model=model, device="cpu", dtype="float32"), "target")
     t0 = time.time()
     reqs, answers = data_fn(examples, seed + 1)
-    data = collect(lm, reqs, answers, layer)
+    data = collect(lm, reqs, answers, layer, bridge=bridge)
     collect_s = time.time() - t0
     embed, lm_head = frozen_io(lm)
-    head = new_head(lm, layer, max_steps=feedback + 1, seed=seed)
+    steps = feedback + 1 if max_steps is None else max_steps
+    head = new_head(lm, layer, max_steps=steps, seed=seed)
     t1 = time.time()
     train_head(head, embed, lm_head, data, stage1, stage2, feedback, 32, 2e-3, seed, print)
     train_s = time.time() - t1
     fresh, _ = data_fn(24, seed + 99991)
-    report = {"target": model, "layer": layer, "examples": examples, "stage1_steps": stage1,
+    report = {"target": model, "layer": layer, "ivsb": bridge, "step_embeddings": steps,
+              "examples": examples, "stage1_steps": stage1,
               "stage2_steps": stage2, "feedback_steps": feedback,
               "collect_s": round(collect_s, 1), "train_s": round(train_s, 1),
               "params": sum(p.numel() for p in head.parameters()),
@@ -279,10 +302,14 @@ def main(argv=None) -> None:
     ap.add_argument("--layer", type=int, default=None, help="target hidden_states index")
     ap.add_argument("--no-save", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ivsb", action="store_true",
+                    help="Sparrow IVSB: middle-layer visual states as extra training input")
+    ap.add_argument("--step-embeddings", type=int, default=None,
+                    help="number of step embeddings (0: none; default feedback + 1)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     build(args.target, args.examples, args.stage1, args.stage2, args.feedback, args.layer,
-          save=not args.no_save)
+          save=not args.no_save, bridge=args.ivsb, max_steps=args.step_embeddings)
 
 
 if __name__ == "__main__":
