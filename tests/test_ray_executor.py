@@ -18,7 +18,7 @@ from vlmspec_cli.tasks.records import record_key
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = sorted(str(p) for p in (ROOT / "examples" / "images").glob("*.png"))
 FAST = ["--max-new-tokens", "12", "-q"]
-TIMING = {"wall_s", "tokens_per_s", "prefill_s", "caption_s"}
+TIMING = {"wall_s", "tokens_per_s", "prefill_s", "caption_s", "decode_s", "prefill_share"}
 
 
 @pytest.fixture(scope="module")
