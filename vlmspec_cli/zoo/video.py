@@ -44,6 +44,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from vlmspec_cli.runtime.video_patches import patchify, resize_frames, smart_resize, video_token_count
+from vlmspec_cli.tasks.video_io import read_video
 
 WEIGHTS = Path(__file__).resolve().parent / "weights" / "tinyworld"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "videos"
@@ -625,13 +626,6 @@ def write_video(path: Path, frames: np.ndarray, fps: int = FPS, codec: str = "mp
             container.mux(packet)
 
 
-def read_video(path: Path) -> np.ndarray:
-    import av
-
-    with av.open(str(path)) as container:
-        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
-
-
 def write_examples(out: Path, seed: int) -> list[tuple[str, Script]]:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -750,9 +744,10 @@ def main(argv=None) -> None:
     made = write_examples(args.examples_dir, seed=20_000 + args.seed)
     report["examples"] = []
     for name, script in made:
-        frames = read_video(args.examples_dir / name)
-        idx = np.round(np.linspace(0, len(frames) - 1, 8)).astype(int)
-        out = greedy(target, tok, video_inputs(tok, target.config, frames[idx], QUESTIONS[0]))
+        # decoded and sampled exactly as describe-video does (tasks/video_io.py)
+        clip = read_video(args.examples_dir / name, frames=8)
+        frames = np.stack([np.asarray(f) for f in clip.frames])
+        out = greedy(target, tok, video_inputs(tok, target.config, frames, QUESTIONS[0]))
         report["examples"].append({"file": name, "truth": describe(script),
                                    "target": tok.decode(out, skip_special_tokens=True).strip()})
     report["total_seconds"] = round(time.time() - t_start, 1)
