@@ -104,3 +104,64 @@ def make_good_images(root: Path, n: int, size: int = 16, seed: int = 1234) -> li
         im.save(p, format="PNG")
         paths.append(p)
     return paths
+
+
+# --------------------------------------------------------------------------- outputs
+def vlmspec_record(inp: str, **fields) -> dict:
+    """A minimal vlmspec result record as a sink writes it (``input`` first)."""
+    return {"input": inp, "task": "caption", "prompt": "describe the image.",
+            "source": f"/nowhere/{inp}", "settings": {"target": "zoo:x", "max_new_tokens": 4},
+            "output": "a red circle", "error": None, **fields}
+
+
+def torn_jsonl_bytes() -> tuple[bytes, bytes]:
+    """(complete records, torn tail): a vlmspec JSONL cut mid-record by a crash."""
+    import json
+
+    good = "".join(json.dumps(vlmspec_record(n)) + "\n" for n in ("a.png", "b.png")).encode()
+    return good, json.dumps(vlmspec_record("c.png")).encode()[:40]
+
+
+def make_bad_outputs(root: Path) -> dict[str, tuple[Path, str]]:
+    """Existing files an ``--out`` (or ``--trace``) may name, in ``root``:
+    ``{case: (path, expected message substring)}``. Every case but ``link-to-torn``
+    must be refused, untouched, before any model loads; ``link-to-torn`` (a symbolic link
+    to a vlmspec JSONL with a torn last record) is repaired through the link."""
+    import json
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    cases: dict[str, tuple[Path, str]] = {}
+
+    def add(name: str, data: bytes, why: str) -> None:
+        (root / name).write_bytes(data)
+        cases[name] = (root / name, why)
+
+    png = root / "_img.png"
+    _noise_png(png, 16, seed=3)
+    add("image.png", png.read_bytes(), "line 1 is not JSON")
+    png.unlink()
+    add("notes.txt", b"# shopping\neggs\nmilk\n", "line 1 is not JSON")
+    add("notes-no-final-newline.txt", b"# shopping\neggs\nmilk", "line 1 is not JSON")
+    add("one-line.txt", b"just one unterminated line", "line 1 is not JSON")
+    rec = json.dumps(vlmspec_record("a.png")).encode()
+    add("foreign-middle.jsonl", rec + b"\nmy own note\n" + rec + b"\n", "line 2 is not JSON")
+    add("other-objects.jsonl", b'{"id": 1, "text": "x"}\n{"id": 2, "text": "y"}\n',
+        "line 1 is a JSON object without 'task' and 'input'")
+    add("array.jsonl", b"[1, 2, 3]\n", "line 1 is not a JSON object")
+    add("pretty.json", b'{\n  "task": "caption",\n  "input": "a.png"\n}\n', "line 1 is not JSON")
+    add("unterminated-object.json", b'{"name": "not a record"', "line 1 is not JSON")
+    add("blank-lines.txt", b"\n\n  \n", "only blank lines")
+    (root / "folder.jsonl").mkdir(exist_ok=True)
+    cases["folder.jsonl"] = (root / "folder.jsonl", "directory")
+
+    good, torn = torn_jsonl_bytes()
+    real = root / "real" / "torn.jsonl"
+    real.parent.mkdir(exist_ok=True)
+    real.write_bytes(good + torn)
+    try:
+        os.symlink(real, root / "link-to-torn.jsonl")
+        cases["link-to-torn.jsonl"] = (root / "link-to-torn.jsonl", "dropped a torn last record")
+    except (OSError, NotImplementedError):
+        pass
+    return cases

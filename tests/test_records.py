@@ -7,20 +7,33 @@ import stat
 import pytest
 
 from vlmspec_cli.tasks.records import (
-    JsonlSink,
     atomic_write_bytes,
     atomic_write_text,
     record_key,
 )
+from vlmspec_cli.tasks.sink import JsonlSink, OutputError
+
+SETTINGS = {"target": "zoo:t", "max_new_tokens": 4, "temperature": 0.0, "lossless": True}
 
 
-def rec(inp, error=None, prompt="Describe.", task="caption", **kw):
-    return {"task": task, "input": inp, "prompt": prompt, "error": error, **kw}
+def rec(inp, error=None, prompt="Describe.", task="caption", settings=SETTINGS, **kw):
+    return {"input": inp, "task": task, "prompt": prompt, "source": f"/data/{inp}",
+            "settings": settings, "error": error, **kw}
 
 
 def test_record_key():
-    assert record_key(rec("a.png")) == ("caption", "a.png", "Describe.")
-    assert record_key({"task": "t", "input": "x"}) == ("t", "x", None)
+    # resume identity: the resolved path (not the spelling in "input"), the prompt and
+    # the output-changing settings, whatever their order
+    assert record_key(rec("a.png")) == ("caption", "/data/a.png", "Describe.",
+                                        json.dumps(SETTINGS, sort_keys=True))
+    assert record_key(rec("a.png") | {"input": "./a.png"}) == record_key(rec("a.png"))
+    assert record_key(rec("a.png", settings=dict(reversed(SETTINGS.items())))) == \
+        record_key(rec("a.png"))
+    assert record_key(rec("a.png", settings=SETTINGS | {"max_new_tokens": 5})) != \
+        record_key(rec("a.png"))
+    assert record_key(rec("a.png", prompt="Other.")) != record_key(rec("a.png"))
+    # records of an older vlmspec (no source/settings) are readable and match nothing
+    assert record_key({"task": "t", "input": "x"}) is None
 
 
 def test_append_and_done_keys(tmp_path):
@@ -38,7 +51,7 @@ def test_append_and_done_keys(tmp_path):
 
     sink2 = JsonlSink(str(path))
     done = sink2.done_keys()
-    assert done == {("caption", "a.png", "Describe."), ("caption", "c.png", None)}
+    assert done == {record_key(rec("a.png")), record_key(rec("c.png", prompt=None))}
     assert sink2.warnings == [] and not sink2.repaired
 
 
@@ -65,7 +78,7 @@ def test_lone_surrogate_path_round_trips(tmp_path):
     path = tmp_path / "out.jsonl"
     with JsonlSink(path) as s:
         s.append(rec(name))
-    assert JsonlSink(path).done_keys() == {("caption", name, "Describe.")}
+    assert JsonlSink(path).done_keys() == {record_key(rec(name))}
 
 
 def test_trailing_partial_line_dropped_and_file_repaired(tmp_path):
@@ -75,10 +88,13 @@ def test_trailing_partial_line_dropped_and_file_repaired(tmp_path):
     sink = JsonlSink(path)
     assert sink.done_keys() == {record_key(rec("a.png")), record_key(rec("b.png"))}
     assert sink.repaired
-    assert len(sink.warnings) == 1 and "partial" in sink.warnings[0]
+    assert len(sink.warnings) == 1 and "torn last record" in sink.warnings[0]
     assert str(path) in sink.warnings[0]
     assert path.read_bytes() == good
-    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]  # no temp left
+    # no temp left; the dropped bytes are kept in a .torn copy the warning names
+    (copy,) = [p for p in tmp_path.iterdir() if p.name != "out.jsonl"]
+    assert copy.name.startswith("out.jsonl.torn-") and str(copy) in sink.warnings[0]
+    assert copy.read_bytes() == b'{"task": "caption", "input": "c.p'
     # appending after repair yields a clean file
     with sink:
         sink.append(rec("c.png"))
@@ -106,21 +122,24 @@ def test_append_without_done_keys_never_glues_onto_partial_line(tmp_path):
     assert path.read_bytes() == good + (json.dumps(rec("b.png"), ensure_ascii=False) + "\n").encode()
 
 
-def test_middle_garbage_line_skipped_with_warning(tmp_path):
+@pytest.mark.parametrize("middle, why", [
+    ("this is not json", "line 2 is not JSON"),
+    ("[1, 2]", "line 2 is not a JSON object"),
+    ('{"no": "keys"}', "line 2 is a JSON object without 'task' and 'input'"),
+])
+def test_foreign_line_in_the_middle_refused_untouched(tmp_path, middle, why):
+    # a file with a line that is not a record is not vlmspec's: never repaired or appended
     path = tmp_path / "out.jsonl"
-    content = (
-        json.dumps(rec("a.png"))
-        + "\nthis is not json\n\n[1, 2]\n{\"no\": \"keys\"}\n"
-        + json.dumps(rec("b.png"))
-        + "\n"
-    )
+    content = json.dumps(rec("a.png")) + "\n" + middle + "\n\n" + json.dumps(rec("b.png")) + "\n"
     path.write_text(content)
     sink = JsonlSink(path)
-    assert sink.done_keys() == {record_key(rec("a.png")), record_key(rec("b.png"))}
-    assert not sink.repaired
-    assert len(sink.warnings) == 3
-    assert ":2:" in sink.warnings[0] and "invalid JSON" in sink.warnings[0]
-    assert path.read_text() == content  # middle lines are never rewritten away
+    with pytest.raises(OutputError, match="not a vlmspec results JSONL file") as info:
+        sink.done_keys()
+    assert str(path) in str(info.value) and why in str(info.value)
+    with pytest.raises(OutputError):
+        sink.append(rec("c.png"))
+    assert path.read_text() == content
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
 
 
 def test_empty_and_missing_file(tmp_path):

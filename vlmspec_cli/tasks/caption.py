@@ -5,11 +5,16 @@ A job is one image with the batch prompt, or one conversation of a ``--chat`` fi
 
 The batch never stops on a bad input: each failure becomes an error record (and one
 reason for the UI), the rest goes on. Records are appended atomically to the sink, and
-inputs already recorded without error are skipped on a rerun.
+inputs already recorded without error are skipped on a rerun: a record's resume key
+(:func:`job_key`, the same for local, video and Ray runs) is the job's resolved path, its
+prompt and the settings that change its output, so a path spelled another way is the
+same input and a run with another model or token limit is not "done". An output error
+(tasks/sink.py OutputError: disk full...) is not an input's failure: it stops the batch.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -19,7 +24,8 @@ from vlmspec_cli.tasks.chat import ChatLineError, load_conversation_images, read
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.stats import SpecStats
 from vlmspec_cli.tasks.inputs import InputError, InputItem, load_image
-from vlmspec_cli.tasks.records import JsonlSink, record_key
+from vlmspec_cli.tasks.records import record_key
+from vlmspec_cli.tasks.sink import JsonlSink, OutputError
 
 TASK = "caption"
 
@@ -38,12 +44,64 @@ class CaptionEvents(Protocol):
 class Job:
     """One unit of a batch. ``path`` names it in records and messages (an image path, or
     ``FILE#id`` for a conversation); ``load`` builds its messages (loading images) and
-    raises InputError when it cannot."""
+    raises InputError when it cannot. ``source``: the resolved ``path`` (default
+    ``os.path.realpath(path)``); ``settings``: input-specific settings that change the
+    output (a video's frame sampling); ``files``: the files it reads (no output may be
+    one of them; default ``(path,)``)."""
 
     path: str
     prompt: str
     load: Callable[[], list[Message]]
     error: str | None = None
+    source: str | None = None
+    settings: tuple[tuple[str, object], ...] = ()
+    files: tuple[str, ...] = ()
+
+
+def input_files(jobs: list[Job]) -> list[str]:
+    """Every file the jobs read, once each (for the output checks)."""
+    return list(dict.fromkeys(f for job in jobs for f in (job.files or (job.path,))))
+
+
+def output_settings(profile, job: Job) -> dict:
+    """What besides the input and the prompt changes a job's output: the target, the
+    token limit, the sampling, anything lossy, and the job's own settings."""
+    p, t = profile, profile.target
+    settings: dict = {"target": t.model, "max_new_tokens": p.generation.max_new_tokens,
+                      "temperature": p.sampling.temperature}
+    if t.dtype != "auto" or t.quantize != "none":
+        settings |= {"dtype": t.dtype, "quantize": t.quantize}
+    if p.sampling.temperature > 0:
+        settings |= {"seed": p.sampling.seed, "top_p": p.sampling.top_p}
+    settings["lossless"] = p.lossless
+    if not p.lossless:
+        settings["lossy"] = {"prune": [p.prune.keep, p.prune.layer, p.prune.final_wipe],
+                             "int8_threshold": t.int8_threshold, "acceptance": p.acceptance}
+    return settings | dict(job.settings)
+
+
+def job_identity(profile, job: Job) -> dict:
+    """The record fields :func:`records.record_key` reads."""
+    return {"task": getattr(profile, "task", TASK),
+            "source": job.source if job.source is not None else os.path.realpath(job.path),
+            "prompt": job.prompt, "settings": output_settings(profile, job)}
+
+
+def job_key(profile, job: Job) -> tuple:
+    """The resume key a record of ``job`` under ``profile`` gets."""
+    return record_key(job_identity(profile, job))
+
+
+def jobs_to_do(profile, jobs: list[Job], done: set) -> tuple[list[Job], int]:
+    """The jobs whose key is not ``done`` (each key once: a second spelling of an input,
+    e.g. a symbolic link to it, is not decoded twice), and how many were skipped."""
+    todo, keys = [], set(done)
+    for job in jobs:
+        key = job_key(profile, job)
+        if key not in keys:
+            keys.add(key)
+            todo.append(job)
+    return todo, len(jobs) - len(todo)
 
 
 def image_jobs(items: list[InputItem], prompt: str) -> list[Job]:
@@ -61,10 +119,12 @@ def chat_jobs(chat_path: str) -> list[Job]:
     """Jobs for every line of a conversation file (raises InputError if the file itself is
     unusable); a bad line becomes a job that fails with its line number."""
     jobs = []
+    source = os.path.realpath(chat_path)
     for conv in read_chat_file(chat_path):
         if isinstance(conv, ChatLineError):
             reason = conv.reason.split(": ", 1)[1] if conv.reason.startswith("line ") else conv.reason
-            jobs.append(Job(f"{chat_path}:{conv.line}", "", list, reason))
+            jobs.append(Job(f"{chat_path}:{conv.line}", "", list, reason,
+                            source=f"{source}:{conv.line}", files=(chat_path,)))
             continue
 
         def load(conv=conv) -> list[Message]:
@@ -74,7 +134,9 @@ def chat_jobs(chat_path: str) -> list[Job]:
                 raise InputError(exc.path, f"{exc.path}: {exc.reason}") from None
             return [Message(t.role, t.text, tuple(ims)) for t, ims in zip(conv.turns, images)]
 
-        jobs.append(Job(f"{chat_path}#{conv.key}", conv.turns[-1].text, load))
+        images = tuple(p for turn in conv.turns for p in turn.image_paths)
+        jobs.append(Job(f"{chat_path}#{conv.key}", conv.turns[-1].text, load,
+                        source=f"{source}#{conv.key}", files=(chat_path, *images)))
     return jobs
 
 
@@ -112,10 +174,13 @@ class BatchSummary:
 
 def base_record(session, item: Job, prompt: str) -> dict:
     p = session.profile
+    identity = job_identity(p, item) | {"prompt": prompt}
     return {
         "input": item.path,
-        "task": getattr(p, "task", TASK),
+        "task": identity["task"],
         "prompt": prompt,
+        "source": identity["source"],
+        "settings": identity["settings"],
         "output": None,
         "profile": p.name,
         "method": p.method,
@@ -184,13 +249,7 @@ def run_batch(session, items: list[Job], events: CaptionEvents,
     together (runtime/batch.py); records come out as jobs finish."""
     summary = BatchSummary(items=len(items))
     done = sink.done_keys() if sink is not None else set()
-    task = getattr(session.profile, "task", TASK)
-    todo = []
-    for item in items:
-        if record_key({"task": task, "input": item.path, "prompt": item.prompt}) in done:
-            summary.skipped += 1
-        else:
-            todo.append(item)
+    todo, summary.skipped = jobs_to_do(session.profile, items, done)
     events.batch_started(len(todo), summary.skipped)
 
     def failed(item: Job, exc: Exception) -> None:  # one input's failure never stops the batch
@@ -227,6 +286,8 @@ def run_batch(session, items: list[Job], events: CaptionEvents,
         try:
             record = caption_one(session, item, compare,
                                  on_tokens=lambda n, limit, it=item: events.tokens(it, n, limit))
+        except OutputError:  # --trace could not be written: stop, not the input's fault
+            raise
         except Exception as exc:
             failed(item, exc)
             continue
@@ -262,6 +323,8 @@ def _run_batched(session, todo: list[Job], events: CaptionEvents, compare: bool,
         item, outcome = step
         live[:] = [job for job in live if job is not item]
         request = requests.pop(id(item), None)
+        if isinstance(outcome, OutputError):
+            raise outcome
         if isinstance(outcome, Exception):
             failed(item, outcome)
             continue

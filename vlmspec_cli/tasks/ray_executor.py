@@ -31,11 +31,13 @@ from contextlib import contextmanager
 from dataclasses import fields, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Iterable
+from typing import Callable
 
 from vlmspec_cli.runtime.stats import SpecStats
-from vlmspec_cli.tasks.caption import TASK, BatchSummary, CaptionEvents, Job, base_record
-from vlmspec_cli.tasks.records import JsonlSink, record_key
+from vlmspec_cli.tasks.caption import (BatchSummary, CaptionEvents, Job, base_record, job_key,
+                                       jobs_to_do)
+from vlmspec_cli.tasks.records import record_key
+from vlmspec_cli.tasks.sink import JsonlSink, OutputError
 
 __all__ = ["RayExecutorError", "INSTALL_HINT", "run_ray", "merge_shards", "shard_dir_for"]
 
@@ -63,25 +65,21 @@ def shard_dir_for(out_path: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(out_path)}.shards")
 
 
-def _key(job: Job) -> tuple:
-    return record_key({"task": TASK, "input": job.path, "prompt": job.prompt})
-
-
 def _canonical(record: dict) -> str:
     return json.dumps(record, sort_keys=True, ensure_ascii=False)
 
 
-def _read_records(path: Path) -> Iterable[dict]:
-    """Records of a JSONL file, after JsonlSink repaired a partial last line."""
-    sink = JsonlSink(path)
-    sink.done_keys()  # drops a torn tail (a worker killed mid-write)
-    for line in path.read_bytes().split(b"\n"):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and "input" in rec and "task" in rec:
-            yield rec
+def _read_records(path: Path) -> list[dict]:
+    """Records of a shard, after JsonlSink repaired a torn last record (a worker killed
+    mid-write); raises OutputError for a file that is not vlmspec's."""
+    with JsonlSink(path) as shard:
+        return shard.records()
+
+
+def _check_shard_dir(shard_dir: Path) -> None:
+    if shard_dir.exists() and not shard_dir.is_dir():
+        raise OutputError(f"{shard_dir}: the Ray shard folder of --out is a file; move it "
+                          "away or choose another --out")
 
 
 def merge_shards(shard_dir: str | os.PathLike, sink: JsonlSink) -> int:
@@ -93,17 +91,18 @@ def merge_shards(shard_dir: str | os.PathLike, sink: JsonlSink) -> int:
     if not shards:
         return 0
     done = sink.done_keys()
-    seen = {_canonical(r) for r in _read_records(sink.path)} if sink.path.exists() else set()
+    seen = {_canonical(r) for r in sink.records()}
     merged = 0
     for shard in shards:
         for rec in _read_records(shard):
             text = _canonical(rec)
-            if text in seen or (rec.get("error") is None and record_key(rec) in done):
+            key = record_key(rec)
+            if text in seen or (rec.get("error") is None and key is not None and key in done):
                 continue
             sink.append(rec)
             seen.add(text)
-            if rec.get("error") is None:
-                done.add(record_key(rec))
+            if rec.get("error") is None and key is not None:
+                done.add(key)
             merged += 1
         shard.unlink()  # only after its records are in sink, fsynced
     _rmdir_quiet(shard_dir)
@@ -152,8 +151,10 @@ def _worker_class(profile, shard_dir: str, cwd: str):
             index = [int(i) for i in batch["i"]]
             if self.fatal is not None:
                 return {"i": index, "record": [json.dumps({"__fatal__": self.fatal})] * len(index)}
-            jobs = [image_jobs([InputItem(str(p), (str(e) if e else None))], str(q))[0]
-                    for p, q, e in zip(batch["path"], batch["prompt"], batch["error"])]
+            jobs = [replace(image_jobs([InputItem(str(p), (str(e) if e else None))], str(q))[0],
+                            source=str(s))
+                    for p, q, e, s in zip(batch["path"], batch["prompt"], batch["error"],
+                                          batch["source"])]
             out: list[dict] = []
 
             def keep(record: dict) -> None:
@@ -164,7 +165,7 @@ def _worker_class(profile, shard_dir: str, cwd: str):
             # records come out as jobs finish (batched decoding reorders): match by key
             slots: dict[tuple, list[int]] = {}
             for i, job in zip(index, jobs):
-                slots.setdefault(_key(job), []).append(i)
+                slots.setdefault(job_key(profile, job), []).append(i)
             return {"i": [slots[record_key(r)].pop(0) for r in out],
                     "record": [json.dumps(r, ensure_ascii=False) for r in out]}
 
@@ -208,16 +209,12 @@ def run_ray(profile, items: list[Job], events: CaptionEvents, sink: JsonlSink | 
         else:
             shard_dir = temp_dir = tempfile.mkdtemp(prefix="vlmspec-shards-")
     shard_dir = Path(shard_dir).resolve()
+    _check_shard_dir(shard_dir)
     done: set = set()
     if sink is not None:
         merge_shards(shard_dir, sink)
         done = sink.done_keys()
-    todo: list[Job] = []
-    for job in items:
-        if _key(job) in done:
-            summary.skipped += 1
-        else:
-            todo.append(job)
+    todo, summary.skipped = jobs_to_do(profile, items, done)
     events.batch_started(len(todo), summary.skipped)
     if not todo:
         _cleanup(temp_dir, shard_dir)
@@ -265,7 +262,7 @@ def run_ray(profile, items: list[Job], events: CaptionEvents, sink: JsonlSink | 
                 deliver(int(row["i"]), record)
         # rows a crashed worker wrote to its shard but never returned (the shards left by
         # earlier runs were merged and removed above: these are all this run's)
-        index = {_key(job): i for i, job in enumerate(todo)}
+        index = {job_key(profile, job): i for i, job in enumerate(todo)}
         for shard in sorted(shard_dir.glob(SHARD_GLOB)):
             for rec in _read_records(shard):
                 i = index.get(record_key(rec))
@@ -288,7 +285,8 @@ def run_ray(profile, items: list[Job], events: CaptionEvents, sink: JsonlSink | 
 def _dataset(ray, profile, todo: list[Job], workers: int, shard_dir: str):
     from ray.data import ActorPoolStrategy
 
-    rows = [{"i": i, "path": job.path, "prompt": job.prompt, "error": job.error or ""}
+    rows = [{"i": i, "path": job.path, "prompt": job.prompt, "error": job.error or "",
+             "source": job.source if job.source is not None else os.path.realpath(job.path)}
             for i, job in enumerate(todo)]
     gpus = int(ray.cluster_resources().get("GPU", 0))
     use_gpu = gpus > 0 and not str(profile.target.device).startswith(("cpu", "mps"))

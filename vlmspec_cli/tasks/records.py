@@ -1,14 +1,21 @@
-"""JSONL result records: atomic per-record appends, crash repair and resume.
+"""JSONL result records: their resume key, recognising a vlmspec JSONL file, and atomic
+whole-file writes.
 
-Each record is one line of JSON written with a single ``os.write`` on an
-``O_APPEND`` descriptor followed by ``fsync``; a crash can therefore leave at
-most one partial line, at the end of the file.  :meth:`JsonlSink.done_keys`
-drops such a tail (rewriting the file atomically) and returns the keys of the
-records that succeeded, so a rerun skips them and retries only failures.
+A record is one line of JSON: an object with at least ``task`` and ``input`` (the input
+as the user spelled it). Records written since resume became path- and settings-aware
+also carry ``source`` (the input's resolved path) and ``settings`` (everything besides
+the input and prompt that changes the output); :func:`record_key` is built from those,
+so ``d/x.png``, ``./d/x.png`` and ``$PWD/d/x.png`` are one input, and a run with another
+model or token limit does not count as done. Older records without them stay readable
+and simply never match.
 
-Whole-file outputs elsewhere use :func:`atomic_write_bytes` /
-:func:`atomic_write_text` (temp file in the same directory + fsync +
-``os.replace``).
+:func:`scan_jsonl` decides whether bytes are a vlmspec JSONL file (every complete line
+a record) and where a torn last record (a crash mid-write) starts; the sink
+(tasks/sink.py) opens, locks and repairs files with it.
+
+Whole-file outputs use :func:`atomic_write_bytes` / :func:`atomic_write_text` (temp file
+in the same directory + fsync + ``os.replace``; a symbolic link is followed, so the link
+stays a link; a non-regular target such as ``/dev/stdout`` is written as a stream).
 
 This module knows nothing about the UI (no click/rich imports).
 """
@@ -18,23 +25,127 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import threading
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "RECORD_KEYS",
     "record_key",
+    "scan_jsonl",
+    "JsonlScan",
     "JsonlSink",
+    "OutputError",
     "atomic_write_bytes",
     "atomic_write_text",
 ]
 
-_PREVIEW = 80
+# the keys every vlmspec result record has; base records write "input" first
+RECORD_KEYS = ("task", "input")
 
 
-def record_key(record: dict) -> tuple:
-    """Identity of a record for resume: ``(task, input, prompt)``."""
-    return (record["task"], record["input"], record.get("prompt"))
+def record_key(record: dict) -> tuple | None:
+    """Identity of a record for resume: ``(task, source, prompt, settings)``, or None for
+    a record without ``source``/``settings`` (written by an older vlmspec: it is kept and
+    read, but matches no input, so that input is decoded again)."""
+    source, settings = record.get("source"), record.get("settings")
+    if not isinstance(source, str) or not isinstance(settings, dict):
+        return None
+    return (record["task"], source, record.get("prompt"),
+            json.dumps(settings, sort_keys=True, ensure_ascii=False))
+
+
+def __getattr__(name: str):  # JsonlSink and OutputError live in tasks/sink.py
+    if name in ("JsonlSink", "OutputError"):
+        from vlmspec_cli.tasks import sink
+
+        return getattr(sink, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------
+# recognising a vlmspec JSONL file
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class JsonlScan:
+    """What :func:`scan_jsonl` found. ``foreign``: why the file is not a vlmspec JSONL
+    (None when it is); ``tail_at``: offset of a torn last record to drop; ``unterminated``:
+    the last record is complete but lacks its newline (it is kept)."""
+
+    records: list[dict] = field(default_factory=list)
+    foreign: str | None = None
+    tail_at: int | None = None
+    unterminated: bool = False
+
+
+def _parse_object(raw: bytes) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError
+    except ValueError:
+        return ValueError
+
+
+def _why_not(value: Any, required: tuple[str, ...]) -> str | None:
+    if value is ValueError:
+        return "not JSON"
+    if not isinstance(value, dict):
+        return "not a JSON object"
+    missing = [k for k in required if k not in value]
+    return f"a JSON object without {' and '.join(map(repr, missing))}" if missing else None
+
+
+def _torn_start(raw: bytes, first_key: str, have_records: bool) -> bool:
+    """Whether a last line looks like the start of a record cut by a crash: an opening
+    brace after earlier records, or the very beginning of a first record."""
+    if not raw.startswith(b"{"):
+        return False
+    if have_records:
+        return True
+    start = b'{"' + first_key.encode() + b'": '
+    return raw.startswith(start) or start.startswith(raw)
+
+
+def scan_jsonl(data: bytes, required: tuple[str, ...] = RECORD_KEYS,
+               first_key: str = "input") -> JsonlScan:
+    """Classify a JSONL file's bytes. Blank lines are allowed; every other complete line
+    must be a JSON object with the ``required`` keys. The last line may be a torn record
+    (see :func:`_torn_start`) -- anything else makes the file ``foreign``."""
+    scan = JsonlScan()
+    pos, lineno = 0, 0
+    while pos < len(data):
+        lineno += 1
+        nl = data.find(b"\n", pos)  # b"\n" only: json.dumps leaves U+2028 raw
+        end = len(data) if nl < 0 else nl
+        raw, start, pos = data[pos:end], pos, end + 1
+        if not raw.strip():
+            continue
+        value = _parse_object(raw)
+        why = _why_not(value, required)
+        if why is None:
+            scan.records.append(value)
+            scan.unterminated = nl < 0
+            continue
+        last = pos >= len(data)
+        if last and value is ValueError and _torn_start(raw, first_key, bool(scan.records)):
+            scan.tail_at = start
+        else:
+            scan.foreign = f"line {lineno} is {why}"
+        break
+    if scan.foreign is None and not scan.records and scan.tail_at is None and data:
+        scan.foreign = "it holds only blank lines"
+    return scan
+
+
+def quick_foreign(head: bytes, required: tuple[str, ...] = RECORD_KEYS) -> str | None:
+    """Why a file is foreign, judged from its first bytes alone (so a large video or image
+    is refused without reading all of it); None when its first line may be a record."""
+    first = head.split(b"\n", 1)[0]
+    if not first.strip() or first.lstrip().startswith(b"{"):
+        return None  # decided by scan_jsonl on the whole file
+    return f"line 1 is {_why_not(_parse_object(first), required)}"
 
 
 # --------------------------------------------------------------------------
@@ -66,6 +177,15 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _write_stream(path: Path, data: bytes) -> None:
+    """Write to a non-regular file (a pipe, a terminal, /dev/null): no temp, no rename."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically.
 
@@ -74,9 +194,23 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     directory.  Readers see the old or the new content, never a mix.  The
     temp file is removed on failure.  An existing target's permission bits
     are kept; a new file gets the usual ``0o666 & ~umask``.  Parent
-    directories are created.
+    directories are created.  A symbolic link is followed (the file it points
+    to is replaced, the link stays); an existing non-regular target (a pipe,
+    ``/dev/stdout``) is written to directly and a directory raises
+    ``IsADirectoryError``.
     """
     path = Path(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(21, "Is a directory", str(path))
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        _write_stream(path, bytes(data))
+        return
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
@@ -84,12 +218,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     try:
         try:
             _write_all(fd, bytes(data))
-            try:
-                mode = os.stat(path).st_mode & 0o7777
-            except OSError:
-                mode = None
-            if mode is not None and hasattr(os, "fchmod"):
-                os.fchmod(fd, mode)
+            if st is not None and hasattr(os, "fchmod"):
+                os.fchmod(fd, st.st_mode & 0o7777)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -106,180 +236,3 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
     """:func:`atomic_write_bytes` for text (no newline translation)."""
     atomic_write_bytes(path, text.encode(encoding))
-
-
-# --------------------------------------------------------------------------
-# JSONL sink
-# --------------------------------------------------------------------------
-
-
-def _preview(raw: bytes) -> str:
-    s = raw.decode("utf-8", errors="replace")
-    return s if len(s) <= _PREVIEW else s[:_PREVIEW] + "..."
-
-
-def _parse_line(raw: bytes) -> Any:
-    """Parsed JSON value of one line; raises ``ValueError`` when invalid."""
-    return json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError
-
-
-class JsonlSink:
-    """Append-only JSONL results file with resume support.
-
-    ``warnings`` collects human-readable notes about problems found while
-    reading an existing file (dropped partial tail, skipped invalid lines);
-    it is never fatal.  ``repaired`` is True once a partial tail was removed.
-
-    Usage::
-
-        with JsonlSink("out.jsonl") as sink:
-            done = sink.done_keys()
-            for rec in work:
-                if record_key(rec) not in done:
-                    sink.append(rec)
-    """
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.warnings: list[str] = []
-        self.repaired = False
-        self._fd: int | None = None
-        self._lock = threading.Lock()
-
-    # -- reading / resume -------------------------------------------------
-
-    def _scan(self) -> set[tuple]:
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return set()
-        if not data:
-            return set()
-
-        name = str(self.path)
-        # Split on b"\n" only: str.splitlines() would also split on U+2028 etc.
-        # which json.dumps(ensure_ascii=False) leaves raw inside strings.
-        starts: list[int] = []
-        lines: list[bytes] = []
-        pos = 0
-        while pos < len(data):
-            nl = data.find(b"\n", pos)
-            end = len(data) if nl < 0 else nl
-            starts.append(pos)
-            lines.append(data[pos:end])
-            pos = end + 1
-
-        # A trailing partial line: no final newline, or the last non-blank
-        # line is not valid JSON (crash mid-write).  Drop it from the file.
-        cut: int | None = None
-        last = len(lines) - 1
-        while last >= 0 and not lines[last].strip():
-            last -= 1
-        if last >= 0:
-            tail_unterminated = not data.endswith(b"\n")
-            tail_invalid = False
-            try:
-                _parse_line(lines[last])
-            except ValueError:
-                tail_invalid = True
-            if tail_unterminated or tail_invalid:
-                cut = starts[last]
-                dropped = data[cut:]
-                why = "no final newline" if tail_unterminated else "invalid JSON"
-                self.warnings.append(
-                    f"{name}: dropped partial last line ({len(dropped)} bytes, {why}; "
-                    f"interrupted write?): {_preview(dropped.rstrip())!r}"
-                )
-                lines = lines[:last]
-                atomic_write_bytes(self.path, data[:cut])
-                self.repaired = True
-
-        done: set[tuple] = set()
-        for lineno, raw in enumerate(lines, start=1):
-            if not raw.strip():
-                continue
-            try:
-                rec = _parse_line(raw)
-            except ValueError as e:
-                self.warnings.append(
-                    f"{name}:{lineno}: skipped invalid JSON line ({e}): {_preview(raw)!r}"
-                )
-                continue
-            if not isinstance(rec, dict):
-                self.warnings.append(f"{name}:{lineno}: skipped line that is not a JSON object")
-                continue
-            try:
-                key = record_key(rec)
-                hash(key)
-            except (KeyError, TypeError):
-                self.warnings.append(
-                    f"{name}:{lineno}: skipped record without usable task/input/prompt"
-                )
-                continue
-            if rec.get("error") is None:
-                done.add(key)
-        return done
-
-    def done_keys(self) -> set[tuple]:
-        """Keys of successful records already in the file (``error`` is None).
-
-        Failed records are not counted, so their inputs are retried on rerun.
-        Repairs a trailing partial line as a side effect; see ``warnings``.
-        """
-        with self._lock:
-            return self._scan()
-
-    # -- writing ------------------------------------------------------------
-
-    def _open(self) -> int:
-        if self._fd is not None:
-            return self._fd
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Never append onto a partial line left by a crash: the new record
-        # would be glued to it and lost.  Repair the tail first.
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            size = 0
-        if size:
-            with open(self.path, "rb") as fh:
-                fh.seek(size - 1)
-                if fh.read(1) != b"\n":
-                    self._scan()
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        self._fd = os.open(self.path, flags, 0o666)
-        return self._fd
-
-    def append(self, record: dict) -> None:
-        """Append one record as one line, durably (write + fsync).
-
-        Serialization happens before anything is written, so a record that
-        cannot be serialized raises without touching the file.
-        """
-        line = json.dumps(record, ensure_ascii=False) + "\n"
-        try:
-            data = line.encode("utf-8")
-        except UnicodeEncodeError:
-            # Lone surrogates (e.g. undecodable bytes in a filename via
-            # surrogateescape) cannot be UTF-8 encoded; \u-escape them instead
-            # so the record still round-trips through json.loads.
-            data = (json.dumps(record, ensure_ascii=True) + "\n").encode("ascii")
-        with self._lock:
-            fd = self._open()
-            _write_all(fd, data)
-            os.fsync(fd)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                fd, self._fd = self._fd, None
-                os.close(fd)
-
-    def __enter__(self) -> "JsonlSink":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"JsonlSink({str(self.path)!r})"

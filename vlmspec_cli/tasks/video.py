@@ -54,4 +54,11 @@ def video_jobs(items: list[InputItem], prompt: str, frames: int | None, fps: flo
             return [Message("user", prompt, videos=(clip,))]
         return load
 
-    return [Job(item.path, prompt, loader(item), item.error) for item in items]
+    sampling = (("fps", fps),) if fps else (("frames", frames),)
+
+    def settings(item: InputItem) -> tuple:  # a job's frame sampling is part of its key
+        folder = (("folder_fps", folder_fps),) if os.path.isdir(item.path) else ()
+        return sampling + (("max_pixels", max_pixels),) + folder
+
+    return [Job(item.path, prompt, loader(item), item.error, settings=settings(item))
+            for item in items]
