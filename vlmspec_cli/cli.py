@@ -27,7 +27,8 @@ Examples:
   vlmspec caption shots/ --executor ray --workers 4 --out caps.jsonl  # Ray actor pool
 
 Exit codes: 0 all inputs done, 1 some input failed (the rest were still
-done and written), 2 usage, profile or model-loading error.
+done and written), 2 usage, profile, model-loading or output error (--out or
+--trace unusable: checked before any model loads), 130 interrupted (Ctrl-C).
 """
 
 
@@ -54,7 +55,18 @@ def _load_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task: s
     return prof
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Ctrl-C in any command exits 130 (click's default is "Aborted!" and 1, the code of
+    "some input failed")."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", "-V", prog_name="vlmspec")
 def cli() -> None:
     """Lossless speculative decoding for vision-language models.
@@ -124,7 +136,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
-    from vlmspec_cli.tasks.caption import chat_jobs, image_jobs, run_batch
+    from vlmspec_cli.tasks.caption import chat_jobs, image_jobs, input_files, run_batch
     from vlmspec_cli.tasks.inputs import InputError, expand_inputs
 
     if not inputs and not chat_file:
@@ -160,47 +172,71 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     if not quiet:
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
                 + _draft_summary(prof))
-    trace = None
-    if trace_file:
-        trace_stream = open(trace_file, "a", encoding="utf-8")  # closed at exit
-        def trace(block: dict) -> None:
-            trace_stream.write(json.dumps(block) + "\n")
-            trace_stream.flush()
-    try:
-        session = build_session(prof, trace=trace) if executor == "local" else None
-    except (SessionError, ModelLoadError, ValueError) as exc:
-        _fail(str(exc))
-
-    emit = record_printer(as_json)
-    with records_sink(out) as sink, ui.BatchUI(quiet=quiet) as events:
-        if executor == "ray":  # the workers load the models, not this process
-            from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray
-            try:
-                summary = run_ray(prof, items, events, sink=sink, emit=emit,
-                                  workers=workers, address=ray_address)
-            except RayExecutorError as exc:
-                _fail(str(exc))
-        else:
-            summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
+    with (records_sink(out, input_files(items), trace_file) as (sink, trace_sink),
+          exit_130_on_interrupt(sink, record_printer(as_json)) as emit):
+        try:
+            session = (build_session(prof, trace=trace_sink and trace_sink.append)
+                       if executor == "local" else None)
+        except (SessionError, ModelLoadError, ValueError) as exc:
+            _fail(str(exc))
+        with ui.BatchUI(quiet=quiet) as events:
+            if executor == "ray":  # the workers load the models, not this process
+                from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray
+                try:
+                    summary = run_ray(prof, items, events, sink=sink, emit=emit,
+                                      workers=workers, address=ray_address)
+                except RayExecutorError as exc:
+                    _fail(str(exc))
+            else:
+                summary = run_batch(session, items, events, sink=sink, compare=compare,
+                                    emit=emit)
     finish_batch(prof, summary, quiet)
 
 
 @contextlib.contextmanager
-def records_sink(out: str | None):
-    """The --out JSONL sink (its warnings shown first), closed however the batch ends;
-    None without --out."""
+def records_sink(out: str | None, inputs: list[str], trace: str | None = None):
+    """The --out and --trace sinks (None where not given), checked, locked and repaired
+    before any model loads -- exit 2 with one line when vlmspec must not or cannot write
+    one (tasks/sink.py), its repair notes shown now -- and closed however the run ends.
+    An output error during the batch (disk full) exits 2 too."""
     from vlmspec_cli import ui
-    from vlmspec_cli.tasks.records import JsonlSink
+    from vlmspec_cli.tasks.sink import OutputError, open_outputs
 
-    sink = JsonlSink(out) if out else None
     try:
-        if sink is not None:
-            for w in sink.warnings:
+        sinks = open_outputs(out, inputs, trace)
+    except OutputError as exc:
+        _fail(str(exc))
+    try:
+        for sink in sinks:
+            for w in sink.warnings if sink is not None else ():
                 ui.warning(w)
-        yield sink
+        yield sinks
+    except OutputError as exc:
+        _fail(str(exc))
     finally:
-        if sink is not None:
-            sink.close()
+        for sink in sinks:
+            if sink is not None:
+                sink.close()
+
+
+@contextlib.contextmanager
+def exit_130_on_interrupt(sink, emit):
+    """Ctrl-C during a batch: one line saying how much was finished and recorded, exit 130.
+    Yields ``emit`` counting the finished inputs."""
+    finished = 0
+
+    def counted(record: dict) -> None:
+        nonlocal finished
+        emit(record)
+        finished += 1
+
+    try:
+        yield counted
+    except KeyboardInterrupt:
+        saved = ("" if sink is None else
+                 f"; {sink.written} record(s) written to {sink.path} by this run" + (
+                     "" if sink.stream else ", a rerun with the same --out resumes"))
+        _fail(f"interrupted: {finished} input(s) finished{saved}", 130)
 
 
 def record_printer(as_json: bool):

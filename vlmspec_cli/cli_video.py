@@ -8,8 +8,8 @@ import sys
 import click
 
 from vlmspec_cli.cli import (_draft_summary, _fail, _load_profile, _parse_inputs, _print_plan,
-                             finish_batch, profile_option, record_printer, records_sink,
-                             set_option)
+                             exit_130_on_interrupt, finish_batch, profile_option,
+                             record_printer, records_sink, set_option)
 
 DEFAULT_VIDEO_PROFILE = "tinyworld-video"
 
@@ -26,7 +26,8 @@ Examples:
 Videos: mp4, webm, mkv, gif, avi, mov (PyAV), or a folder of image frames.
 Frames are sampled uniformly (--frames) or by time (--fps). Exit codes: 0 all
 videos done, 1 some video failed (the rest were still done and written), 2
-usage, profile or model-loading error.
+usage, profile, model-loading or output error (--out checked before any model
+loads), 130 interrupted (Ctrl-C).
 """
 
 
@@ -68,7 +69,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
-    from vlmspec_cli.tasks.caption import run_batch
+    from vlmspec_cli.tasks.caption import input_files, run_batch
     from vlmspec_cli.tasks.video import expand_video_inputs, video_jobs
 
     if not inputs:
@@ -97,12 +98,12 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
         sampling = f"{v.fps} fps" if v.fps else f"{v.frames} frames"
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
                 + _draft_summary(prof) + f", {sampling} per video")
-    try:
-        session = build_session(prof)
-    except (SessionError, ModelLoadError, ValueError) as exc:
-        _fail(str(exc))
-
-    with records_sink(out) as sink, ui.BatchUI(quiet=quiet) as events:
-        summary = run_batch(session, items, events, sink=sink, compare=compare,
-                            emit=record_printer(as_json))
+    with (records_sink(out, input_files(items)) as (sink, _),
+          exit_130_on_interrupt(sink, record_printer(as_json)) as emit):
+        try:
+            session = build_session(prof)
+        except (SessionError, ModelLoadError, ValueError) as exc:
+            _fail(str(exc))
+        with ui.BatchUI(quiet=quiet) as events:
+            summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
     finish_batch(prof, summary, quiet)

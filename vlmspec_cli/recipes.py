@@ -343,6 +343,10 @@ def _invoke(command: click.Command, step: Step) -> int:
     except click.ClickException as exc:
         exc.show()
         return 2
+    except click.exceptions.Abort as exc:  # click's form of Ctrl-C outside standalone mode
+        if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
+            return 130
+        raise
     finally:
         sys.stdout.flush()
     return rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
@@ -381,7 +385,8 @@ def run_recipe(recipe: Recipe, commands: Mapping[str, click.Command], state_path
         else:
             rest = {0: "", 1: f"; step {total} not run"}.get(
                 total - step.index, f"; steps {step.index + 1}-{total} not run")
-            ui.error(f"{where} failed (exit {code}); recipe stopped{rest}")
+            how = "interrupted" if code == 130 else f"failed (exit {code})"
+            ui.error(f"{where} {how}; recipe stopped{rest}")
             return code
     return final
 
