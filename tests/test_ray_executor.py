@@ -152,3 +152,20 @@ def test_ray_usage_errors_and_recipe_key(tmp_path):
                       "workers: 2, ray_address: auto}\n")
     (step,) = load_recipe(recipe, cli.commands).steps
     assert step.argv[-6:] == ["--executor", "ray", "--workers", "2", "--ray-address", "auto"]
+
+
+def test_foreign_shard_or_shard_file_refused_untouched(tmp_path):
+    out = tmp_path / "caps.jsonl"
+    shards = Path(f"{out}.shards")
+    shards.write_text("my notes, not a folder\n")
+    res = run([IMAGES[0], "--out", str(out), "--executor", "ray", *FAST])
+    assert res.exit_code == 2 and "the Ray shard folder of --out is a file" in res.stderr
+    assert shards.read_text() == "my notes, not a folder\n"
+    shards.unlink()
+    shards.mkdir()
+    foreign = shards / "shard-mine.jsonl"
+    foreign.write_text('{"id": 1}\n{"id": 2}\n')
+    res = run([IMAGES[0], "--out", str(out), "--executor", "ray", *FAST])
+    assert res.exit_code == 2
+    assert f"{foreign}: not a vlmspec results JSONL file" in res.stderr
+    assert foreign.read_text() == '{"id": 1}\n{"id": 2}\n' and out.read_bytes() == b""

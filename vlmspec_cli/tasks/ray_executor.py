@@ -9,8 +9,11 @@ back to the driver, which appends it to ``--out``, tells the events and ``emit``
 order), and removes the shards once everything is merged.
 
 Resume: a killed run leaves its shards behind. The next run first merges them into
-``--out`` (a partial last line is dropped, records already there are not repeated), then
-skips every input with a successful record, exactly like a local rerun.
+``--out`` (a torn last record is skipped -- its input is decoded again --, records
+already there are not repeated), then skips every input with a successful record,
+exactly like a local rerun. ``--out`` is locked for the whole run, so its shard folder
+is this run's alone; a shard that is not a vlmspec JSONL, or a file where the folder
+should be, stops the run (OutputError) before any worker starts, untouched.
 
 An input that fails inside a worker becomes an error record as in local runs; a row lost
 with a crashed worker process (tried twice) becomes an error record too, and the rest
@@ -37,7 +40,7 @@ from vlmspec_cli.runtime.stats import SpecStats
 from vlmspec_cli.tasks.caption import (BatchSummary, CaptionEvents, Job, base_record, job_key,
                                        jobs_to_do)
 from vlmspec_cli.tasks.records import record_key
-from vlmspec_cli.tasks.sink import JsonlSink, OutputError
+from vlmspec_cli.tasks.sink import JsonlSink, OutputError, read_records
 
 __all__ = ["RayExecutorError", "INSTALL_HINT", "run_ray", "merge_shards", "shard_dir_for"]
 
@@ -69,13 +72,6 @@ def _canonical(record: dict) -> str:
     return json.dumps(record, sort_keys=True, ensure_ascii=False)
 
 
-def _read_records(path: Path) -> list[dict]:
-    """Records of a shard, after JsonlSink repaired a torn last record (a worker killed
-    mid-write); raises OutputError for a file that is not vlmspec's."""
-    with JsonlSink(path) as shard:
-        return shard.records()
-
-
 def _check_shard_dir(shard_dir: Path) -> None:
     if shard_dir.exists() and not shard_dir.is_dir():
         raise OutputError(f"{shard_dir}: the Ray shard folder of --out is a file; move it "
@@ -94,7 +90,7 @@ def merge_shards(shard_dir: str | os.PathLike, sink: JsonlSink) -> int:
     seen = {_canonical(r) for r in sink.records()}
     merged = 0
     for shard in shards:
-        for rec in _read_records(shard):
+        for rec in read_records(shard):  # a torn last record (worker killed) is skipped
             text = _canonical(rec)
             key = record_key(rec)
             if text in seen or (rec.get("error") is None and key is not None and key in done):
@@ -264,7 +260,7 @@ def run_ray(profile, items: list[Job], events: CaptionEvents, sink: JsonlSink | 
         # earlier runs were merged and removed above: these are all this run's)
         index = {job_key(profile, job): i for i, job in enumerate(todo)}
         for shard in sorted(shard_dir.glob(SHARD_GLOB)):
-            for rec in _read_records(shard):
+            for rec in read_records(shard):  # live workers still hold their shards
                 i = index.get(record_key(rec))
                 if i is not None and i not in received:
                     deliver(i, rec)

@@ -40,8 +40,8 @@ try:
 except ImportError:  # not POSIX: no advisory lock
     fcntl = None
 
-__all__ = ["OutputError", "LineKind", "RESULTS", "TRACE", "JsonlSink", "open_outputs",
-           "check_not_an_input"]
+__all__ = ["OutputError", "LineKind", "RESULTS", "TRACE", "JsonlSink", "read_records",
+           "open_outputs", "check_not_an_input"]
 
 _HEAD = 64 * 1024
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -312,6 +312,19 @@ class JsonlSink:
 
     def __repr__(self) -> str:
         return f"JsonlSink({str(self.path)!r})"
+
+
+def read_records(path: str | os.PathLike, kind: LineKind = RESULTS) -> list[dict]:
+    """The records of a vlmspec JSONL file, read only: no lock, a torn last record skipped
+    (not repaired). Raises OutputError for a file that is not vlmspec's."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot read it: {_strerror(exc)}") from None
+    scan = scan_jsonl(data, kind.required, kind.first_key)
+    if scan.foreign:
+        raise OutputError(f"{path}: not a vlmspec {kind.noun} JSONL file ({scan.foreign})")
+    return scan.records
 
 
 # --------------------------------------------------------------------------
