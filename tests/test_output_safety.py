@@ -338,3 +338,22 @@ def test_sigint_subprocess_exits_130_with_only_complete_records(tmp_path):
     assert error_lines(stderr.read_text())[-1] == (
         f"error: interrupted: {n} input(s) finished; {n} record(s) written to {out} by this "
         "run, a rerun with the same --out resumes")
+
+
+def test_recipe_state_never_overwrites_a_file_that_is_not_one(tmp_path, monkeypatch, no_models):
+    monkeypatch.chdir(tmp_path)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("steps:\n  - profiles: {name: tinyworld-caption}\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    before = snapshot(tmp_path)
+    for args in (["r.yaml", "--state", "r.yaml"], ["r.yaml", "--state", "notes.txt"],
+                 ["r.yaml", "--state", "notes.txt", "--restart"]):
+        res = run(["run", *args])
+        assert res.exit_code == 2, res.output
+        (line,) = error_lines(res.stderr)
+        assert line.startswith(f"error: {args[2]}: not a vlmspec recipe state file"), line
+        assert "profile from" not in res.stdout  # no step ran
+    assert snapshot(tmp_path) == before
+    res = run(["run", "r.yaml", "--state", "ok.json"])
+    assert res.exit_code == 0 and "1" in json.loads((tmp_path / "ok.json").read_text())["steps"]

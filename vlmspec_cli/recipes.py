@@ -312,16 +312,22 @@ def default_state_path(recipe_path) -> Path:
     return Path(f"{Path(recipe_path).stem}.state.json")
 
 
-def _read_state(path: Path, ui) -> dict:
+def _read_state(path: Path, ui, strict: bool = False) -> dict:
+    """The finished steps the state file records. A file that is not a vlmspec recipe
+    state is never overwritten: with ``strict`` it raises RecipeError, else a warning."""
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(state, dict) or not isinstance(state.get("steps"), dict):
-            raise ValueError("not a vlmspec recipe state")
+            raise ValueError("not a JSON object with steps")
         return state["steps"]
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        ui.warning(f"{path}: ignoring unreadable state file ({exc}); running every step")
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if strict:
+            raise RecipeError([f"{path}: not a vlmspec recipe state file ({why}); refusing "
+                               "to overwrite it: choose another --state"]) from None
+        ui.warning(f"{path}: not a vlmspec recipe state file ({why}); a run would refuse it")
         return {}
 
 
@@ -413,4 +419,9 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
                         "would be skipped")
             click.echo(step.shell())
         return 0
+    try:
+        _read_state(state_path, ui, strict=True)  # vlmspec overwrites only its own state
+    except RecipeError as exc:
+        ui.error(exc.messages[0])
+        return 2
     return run_recipe(recipe, commands, state_path, restart=restart)
