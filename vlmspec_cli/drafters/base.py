@@ -1,4 +1,4 @@
-"""The drafter protocol (DESIGN.md §3) and the registry of drafting methods by name."""
+"""The drafter protocol and the registry of drafting methods by name."""
 
 from __future__ import annotations
 
