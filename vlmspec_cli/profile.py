@@ -14,7 +14,6 @@ Precedence, highest first: ``cli`` dict > ``--set`` overrides > profile YAML
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import os
 import re
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import yaml
+
+from vlmspec_cli.suggest import did_you_mean
 
 DEFAULT_PROFILE = "tinyworld-caption"
 ENV_VAR = "VLMSPEC_PROFILES"
@@ -333,17 +334,18 @@ def _leaf_type(parts: list[str]):
 def _unknown_key(cls, key, prefix: str, source: str) -> ProfileError:
     valid = list(_yaml_fields(cls))
     msg = f"{source}: unknown key '{_join(prefix, key)}'"
-    match = difflib.get_close_matches(str(key), valid, n=1)
-    if match:
-        return ProfileError(f"{msg} (did you mean '{_join(prefix, match[0])}'?)")
+    hint = did_you_mean(key, valid, show=lambda k: f"'{_join(prefix, k)}'")
+    if hint:
+        return ProfileError(msg + hint)
     # Maybe the key belongs to another section (e.g. top-level 'temperature').
     by_leaf: dict[str, list[str]] = {}
     for k in profile_keys():
         by_leaf.setdefault(k.rsplit(".", 1)[-1], []).append(k)
-    match = difflib.get_close_matches(str(key), list(by_leaf), n=1, cutoff=0.8)
-    if match:  # a leaf in several sections (temperature): name them all
-        options = " or ".join(f"'{k}'" for k in by_leaf[match[0]])
-        return ProfileError(f"{msg} (did you mean {options}?)")
+    # a leaf in several sections (temperature): name them all
+    hint = did_you_mean(key, by_leaf, cutoff=0.8,
+                        show=lambda leaf: " or ".join(f"'{k}'" for k in by_leaf[leaf]))
+    if hint:
+        return ProfileError(msg + hint)
     where = f"under '{prefix}'" if prefix else "at top level"
     return ProfileError(f"{msg}; valid keys {where}: {', '.join(valid)}")
 
@@ -395,8 +397,7 @@ def _check(value, meta: Mapping, key: str, source: str) -> None:
         if (choices and item not in choices) or (pattern and not re.fullmatch(pattern, str(item))):
             allowed = meta.get("allowed") or ", ".join(map(str, choices))
             msg = f"{source}: key '{key}' must be one of: {allowed} (got {item!r})"
-            close = difflib.get_close_matches(str(item), [str(c) for c in choices or ()], n=1)
-            raise ProfileError(msg + (f"; did you mean '{close[0]}'?" if close else ""))
+            raise ProfileError(msg + did_you_mean(item, choices or ()))
         for op, ok, sym in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
                             ("le", lambda a, b: a <= b, "<=")):
             bound = meta.get(op)
@@ -519,9 +520,7 @@ def resolve_profile_path(name_or_path: str | os.PathLike) -> Path:
     found = _lookup_name(text)
     if found is None:
         names = [n for n, _, _ in list_profiles()]
-        close = difflib.get_close_matches(text, names, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ProfileError(f"unknown profile '{text}'{hint}; available: "
+        raise ProfileError(f"unknown profile '{text}'{did_you_mean(text, names)}; available: "
                            f"{', '.join(names) or '(none)'}")
     return found
 
