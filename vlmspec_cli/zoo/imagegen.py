@@ -21,7 +21,6 @@ draft/target agreement to BUILD_REPORT.json (keys janus-vq, janus-target, janus-
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -43,8 +42,8 @@ from transformers import (
 )
 
 from vlmspec_cli.zoo import world
-from vlmspec_cli.zoo.build import WEIGHTS, optimize
 from vlmspec_cli.zoo.tokenizer import BOS, EOS, IMAGE, PAD, UNK
+from vlmspec_cli.zoo.train import arg_parser, optimize, parse_args, warmup_cosine
 
 IMAGE_PX, PATCH = 32, 4
 GRID = IMAGE_PX // PATCH  # 8x8 codes
@@ -266,10 +265,8 @@ def train_vq(vq, pixels: torch.Tensor, codes: torch.Tensor, steps: int, seed: in
     gen = torch.Generator().manual_seed(seed)
     vq.train()
     codebook = vq.quantize.embedding.weight
-    opt = torch.optim.AdamW(vq.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.99))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * (1 - 0.9 * s / steps))
-    t0 = time.time()
-    for step in range(steps):
+
+    def batch_loss(step):
         pick = torch.randint(len(pixels), (batch,), generator=gen)
         x, c = pixels[pick], codes[pick]
         book = F.normalize(codebook, dim=1)
@@ -279,14 +276,11 @@ def train_vq(vq, pixels: torch.Tensor, codes: torch.Tensor, steps: int, seed: in
         rec_loss = (err * (1 + (shape_weight - 1) * shape)).mean()
         z = F.normalize(vq.quant_conv(vq.encoder(x)), dim=1).permute(0, 2, 3, 1).reshape(-1, CODE_DIM)
         enc_loss = F.cross_entropy(z @ book.detach().T / temperature, c.flatten())
-        opt.zero_grad(set_to_none=True)
-        (rec_loss + 0.1 * enc_loss).backward()
-        torch.nn.utils.clip_grad_norm_(vq.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 100 == 0 or step == steps - 1:
-            print(f"[janus-vq] step {step:4d}/{steps} rec {rec_loss.item():.4f} enc {enc_loss.item():.4f} "
-                  f"({time.time() - t0:.0f}s)", flush=True)
+        return rec_loss + 0.1 * enc_loss, lambda: f"rec {rec_loss.item():.4f} enc {enc_loss.item():.4f}"
+
+    # warm-up over 20 steps, then linear decay to 10%
+    optimize(vq.parameters(), steps, batch_loss, "janus-vq", lr=lr, weight_decay=0.0, betas=(0.9, 0.99),
+             schedule=lambda s: min(1.0, (s + 1) / 20) * (1 - 0.9 * s / steps))
     with torch.no_grad():
         codebook.copy_(F.normalize(codebook, dim=1))
     vq.eval()
@@ -393,7 +387,7 @@ def train_generator(model, data, steps: int, lr: float, batch: int, seed: int, t
     it = batches(data, batch, seed, tok)
     probe = torch.nn.Linear(model.config.text_config.hidden_size, sum(PROBE_CLASSES))
 
-    def batch_loss():
+    def batch_loss(step):
         ids, codes, labels = next(it)
         logits, hidden = image_logits(model, ids, codes, return_hidden=True)
         loss = F.cross_entropy(logits.flatten(0, 1), codes.flatten())
@@ -408,7 +402,8 @@ def train_generator(model, data, steps: int, lr: float, batch: int, seed: int, t
         return loss
 
     params = [p for part in parts for p in part.parameters()] + list(probe.parameters())
-    optimize(params, steps, lr, 0.01, max(1, steps // 20), batch_loss, label)
+    optimize(params, steps, batch_loss, label, lr=lr, weight_decay=0.01,
+             schedule=warmup_cosine(max(1, steps // 20), steps))
     model.eval()
 
 
@@ -489,8 +484,7 @@ def _evaluate_into(report: dict, target, draft, tok, args) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=WEIGHTS)
+    ap = arg_parser(__doc__)
     ap.add_argument("--vq-steps", type=int, default=600)
     ap.add_argument("--target-steps", type=int, default=1400)
     ap.add_argument("--draft-steps", type=int, default=1000)
@@ -500,11 +494,7 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-only", action="store_true", help="only re-evaluate the models in --out")
     ap.add_argument("--samples", type=Path, default=Path("/tmp/tinyworld-imagegen"),
                     help="where sample PNGs go (not the repo)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
+    args = parse_args(ap, argv)
     t_start = time.time()
     report_path = args.out / "BUILD_REPORT.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
