@@ -98,10 +98,11 @@ def collate(data, idx, pad_id: int):
 
 # ------------------------------------------------------------------ command line
 def arg_parser(doc: str, *, out: Path | None = WEIGHTS, threads: int = 2,
-               threads_help: str | None = None) -> argparse.ArgumentParser:
+               threads_help: str | None = None, prog: str | None = None) -> argparse.ArgumentParser:
     """The options every build script has: ``--out`` (where the models go; omitted when
     ``out`` is None), ``--seed`` and ``--threads``."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog=prog, description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     if out is not None:
         ap.add_argument("--out", type=Path, default=out)
     ap.add_argument("--seed", type=int, default=0)
