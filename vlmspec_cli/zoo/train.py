@@ -1,8 +1,10 @@
 """What every tinyworld training script shares: the optimiser loop, the learning-rate
 schedule, batching of tokenized conversations, and the command-line setup.
 
-The build scripts (``build.py``, ``twig.py``, ``hidden.py``, ``imagegen.py``, ``video/``)
-import this module and never each other's training code. The runtime never imports it.
+The build scripts (``build.py``, ``twig.py``, ``hidden.py``, ``imagegen/``, ``video/``)
+take their loop from here rather than from each other, so they import one another only
+one way (``build`` runs ``twig``; ``hidden`` reads the worlds). The runtime never
+imports the zoo.
 """
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ _REPORT_NOTES = """## Deviations and notes
 - Training length was set by the compute budget (about 20 min of training on a 2-CPU
   machine shared with other jobs, which made steps 0.5-5 s each), so batches are small
   (8 videos) and 16-frame batches rarer than 4- and 8-frame ones.
-- Earlier attempts (not kept): rope_theta 10 (see the config note in `video.py`; the
+- Earlier attempts (not kept): rope_theta 10 (see the config note in `video/model.py`; the
   language model never learned to copy words from the video or the sentence, ~14 min
   of training spent), and batch 16.
 - 64 frames (32 temporal groups, 512 video tokens) is outside the training range; within a
