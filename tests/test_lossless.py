@@ -1,4 +1,4 @@
-"""Invariant 1 (DESIGN.md §7): at temperature 0, every lossless method produces exactly
+"""Invariant 1 (lossless): at temperature 0, every lossless method produces exactly
 the tokens of the target's own greedy ``generate()``, on fresh tinyworld scenes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Invariant 3 (DESIGN.md §7): the speculative counters add up."""
+"""Invariant 3 (bookkeeping): the speculative counters add up."""
 
 from __future__ import annotations
 

@@ -89,6 +89,31 @@ def _text_size(draw: ImageDraw.ImageDraw, text: str, font) -> tuple[int, int]:
 def _draw_panel(img: Image.Image, box: tuple[int, int, int, int], panel: Panel, fonts) -> None:
     small, big = fonts
     draw = ImageDraw.Draw(img)
+    left, top, right, bottom = _draw_frame(img, draw, box, panel, fonts)
+    data = [(s, _clean(s.points, panel.log_x)) for s in panel.series]
+    data = [(i, s, pts) for i, (s, pts) in enumerate(data) if pts]
+    if not data:
+        w, h = _text_size(draw, "no data", big)
+        draw.text(((left + right - w) // 2, (top + bottom - h) // 2), "no data", fill=FRAME, font=big)
+        return
+    px = _draw_axes(draw, (left, top, right, bottom), data, panel.log_x, small)
+    pixels = []
+    for i, _, pts in data:
+        colour = PALETTE[i % len(PALETTE)]
+        xy = [px(x, y) for x, y in sorted(pts)]
+        pixels += xy
+        if len(xy) > 1:
+            draw.line(xy, fill=colour, width=2)
+        for qx, qy in xy:
+            draw.ellipse((qx - 3, qy - 3, qx + 3, qy + 3), fill=colour)
+    _draw_legend(draw, (left, top, right, bottom), [(i, s.label) for i, s, _ in data if s.label],
+                 pixels, small)
+
+
+def _draw_frame(img: Image.Image, draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int],
+                panel: Panel, fonts) -> tuple[int, int, int, int]:
+    """Title, axes box and axis labels; returns the axes box (left, top, right, bottom)."""
+    small, big = fonts
     x0, y0, x1, y1 = box
     tw, th = _text_size(draw, panel.title, big)
     draw.text(((x0 + x1 - tw) // 2, y0 + 4), panel.title, fill=BLACK, font=big)
@@ -103,18 +128,18 @@ def _draw_panel(img: Image.Image, box: tuple[int, int, int, int], panel: Panel, 
         ImageDraw.Draw(lab).text((2, 0), panel.ylabel, fill=BLACK, font=small)
         lab = lab.rotate(90, expand=True)
         img.paste(lab, (x0 + 4, max(top, (top + bottom - lab.height) // 2)))
+    return left, top, right, bottom
 
-    data = [(s, _clean(s.points, panel.log_x)) for s in panel.series]
-    data = [(i, s, pts) for i, (s, pts) in enumerate(data) if pts]
-    if not data:
-        w, h = _text_size(draw, "no data", big)
-        draw.text(((left + right - w) // 2, (top + bottom - h) // 2), "no data", fill=FRAME, font=big)
-        return
+
+def _draw_axes(draw: ImageDraw.ImageDraw, axes: tuple[int, int, int, int], data, log_x: bool, small):
+    """Ticks, tick labels and grid lines for the points of ``data``; returns the function
+    mapping a data point (x, y) to pixels."""
+    left, top, right, bottom = axes
     xs = [p[0] for _, _, pts in data for p in pts]
     ys = [p[1] for _, _, pts in data for p in pts]
     ylo, yhi = (0.0 if min(ys) >= 0 else min(ys)), max(ys)
     yt = nice_ticks(ylo, yhi)
-    if panel.log_x:
+    if log_x:
         xt = log_ticks(min(xs), max(xs))
         tx = math.log10
     else:
@@ -140,20 +165,16 @@ def _draw_panel(img: Image.Image, box: tuple[int, int, int, int], panel: Panel, 
         draw.line((qx, bottom, qx, bottom + 4), fill=BLACK)
         w, h = _text_size(draw, _fmt(t), small)
         draw.text((qx - w / 2, bottom + 6), _fmt(t), fill=BLACK, font=small)
+    return px
 
-    pixels = []
-    for i, _, pts in data:
-        colour = PALETTE[i % len(PALETTE)]
-        xy = [px(x, y) for x, y in sorted(pts)]
-        pixels += xy
-        if len(xy) > 1:
-            draw.line(xy, fill=colour, width=2)
-        for qx, qy in xy:
-            draw.ellipse((qx - 3, qy - 3, qx + 3, qy + 3), fill=colour)
 
-    labelled = [(i, s.label) for i, s, _ in data if s.label]
+def _draw_legend(draw: ImageDraw.ImageDraw, axes: tuple[int, int, int, int],
+                 labelled: list[tuple[int, str]], pixels: list[tuple[float, float]], small) -> None:
+    """The legend of the ``labelled`` series (palette index, label), in the corner of the
+    axes that covers the fewest plotted points."""
     if not labelled:
         return
+    left, top, right, bottom = axes
     sizes = [_text_size(draw, lab, small) for _, lab in labelled]
     row = max(h for _, h in sizes) + 5
     lw, lh = max(w for w, _ in sizes) + 34, row * len(labelled) + 6

@@ -11,7 +11,6 @@ its argv, so a rerun skips it while its argv is unchanged.  See recipes/README.m
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
@@ -25,6 +24,7 @@ from typing import Any, Mapping
 import click
 import yaml
 
+from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.tasks.records import atomic_write_text
 
 __all__ = ["RecipeError", "Recipe", "Step", "load_recipe", "parse_vars", "run_recipe", "cli_run"]
@@ -67,11 +67,6 @@ class Recipe:
     steps: list[Step]
 
 
-def _hint(word: str, choices, fmt: str = "'{}'") -> str:
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f" (did you mean {fmt.format(close[0])}?)" if close else ""
-
-
 def parse_vars(pairs) -> dict[str, str]:
     """``("k=v", ...)`` from ``--var`` → dict; raises click.BadParameter."""
     out = {}
@@ -105,8 +100,9 @@ def _substitute(value, variables: Mapping[str, Any], used: set, problems: list):
             return "$"
         used.add(name)
         if name not in variables:
-            problems.append(f"undefined variable ${{{name}}}" + _hint(name, variables, "${{{}}}")
-                            + f"; define it under 'vars:' or pass --var {name}=VALUE")
+            hint = did_you_mean(name, variables, show="${{{}}}".format)
+            problems.append(f"undefined variable ${{{name}}}{hint}; "
+                            f"define it under 'vars:' or pass --var {name}=VALUE")
         elif isinstance(variables[name], list):
             problems.append(f"variable ${{{name}}} is a list: it can only stand alone, "
                             f"not inside '{value}'")
@@ -145,7 +141,7 @@ def _step_argv(command: click.Command, name: str, options: dict, err) -> list[st
     for raw_key, value in options.items():
         key = str(raw_key).replace("-", "_")
         if key not in keys:
-            err(f"unknown option '{raw_key}' for {name}" + _hint(key, keys))
+            err(f"unknown option '{raw_key}' for {name}" + did_you_mean(key, keys))
             continue
         param, opt = keys[key]
         given.add(param.name)
@@ -241,7 +237,7 @@ def load_recipe(path, commands: Mapping[str, click.Command],
     for key in data:
         if key not in TOP_KEYS:
             line = nodes[key][0].start_mark.line + 1 if key in nodes else 1
-            errors.append(f"{shown}:{line}: unknown key '{key}'" + _hint(key, TOP_KEYS)
+            errors.append(f"{shown}:{line}: unknown key '{key}'" + did_you_mean(key, TOP_KEYS)
                           + f"; valid keys: {', '.join(TOP_KEYS)}")
     for key in ("name", "description"):
         if data.get(key) is not None and not isinstance(data[key], str):
@@ -280,7 +276,7 @@ def load_recipe(path, commands: Mapping[str, click.Command],
             err("'run' cannot be a step (recipes do not nest)")
             continue
         if name not in runnable:
-            err(f"unknown command '{name}'" + _hint(name, runnable)
+            err(f"unknown command '{name}'" + did_you_mean(name, runnable)
                 + f"; commands: {', '.join(runnable)}")
             continue
         opts_node = node.value[0][1]
@@ -300,7 +296,7 @@ def load_recipe(path, commands: Mapping[str, click.Command],
     for var in overrides or {}:
         if var not in (data.get("vars") or {}) and var not in used:
             errors.append(f"{shown}: --var {var}: the recipe has no variable '{var}'"
-                          + _hint(var, set(data.get("vars") or {}) | used))
+                          + did_you_mean(var, set(data.get("vars") or {}) | used))
     if errors:
         raise RecipeError(errors)
     return Recipe(path, str(data.get("name") or path.stem), str(data.get("description") or ""),

@@ -1,4 +1,4 @@
-"""The drafter protocol (DESIGN.md §3) and the registry of drafting methods by name."""
+"""The drafter protocol and the registry of drafting methods by name."""
 
 from __future__ import annotations
 
@@ -68,9 +68,8 @@ def drafter_names() -> list[str]:
 
 def create_drafter(name: str, **kwargs) -> Drafter:
     if name not in _REGISTRY:
-        import difflib
+        from vlmspec_cli.suggest import did_you_mean
 
-        near = difflib.get_close_matches(name, _REGISTRY, n=1)
-        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        hint = did_you_mean(name, _REGISTRY)
         raise ValueError(f"unknown method '{name}'{hint}; available: {', '.join(drafter_names())}")
     return _REGISTRY[name](**kwargs)

@@ -67,10 +67,9 @@ def chain_variant(profile) -> str:
 def validate_method(profile) -> None:
     """Checks that need no model: run them before loading anything (and for --dry-run)."""
     if profile.method not in drafter_names():
-        import difflib
+        from vlmspec_cli.suggest import did_you_mean
 
-        near = difflib.get_close_matches(profile.method, drafter_names(), n=1)
-        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        hint = did_you_mean(profile.method, drafter_names())
         raise SessionError(
             f"unknown method '{profile.method}'{hint}; available: {', '.join(drafter_names())}"
         )

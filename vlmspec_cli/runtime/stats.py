@@ -1,4 +1,4 @@
-"""Speculative-decoding counters and derived metrics (DESIGN.md §5). No formatting here.
+"""Speculative-decoding counters and derived metrics (the records' ``stats``). No formatting here.
 
 Names follow vLLM's spec-decode metrics: a *draft* is one draft→verify round;
 ``mean_accept_len`` counts the bonus/correction token (1 + accepted / drafts);

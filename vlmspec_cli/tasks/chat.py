@@ -31,7 +31,6 @@ This module knows nothing about the UI (no click/rich imports).
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import Any
 
 from PIL import Image
 
+from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.tasks.inputs import InputError, load_image, read_regular_file
 
 __all__ = ["ChatTurn", "Conversation", "ChatLineError", "read_chat_file", "load_conversation_images"]
@@ -85,9 +85,7 @@ def _type_name(value: Any) -> str:
 def _check_keys(obj: dict, valid: tuple[str, ...], where: str) -> None:
     for key in obj:
         if key not in valid:
-            hinted = _KEY_HINTS.get(key)
-            near = [hinted] if hinted in valid else difflib.get_close_matches(key, valid, n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            hint = did_you_mean(key, valid, aliases=_KEY_HINTS)
             raise _LineError(f"{where}unknown key '{key}'{hint}")
 
 

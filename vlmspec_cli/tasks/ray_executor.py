@@ -206,16 +206,46 @@ def run_ray(profile, items: list[Job], events: CaptionEvents, sink: JsonlSink | 
             shard_dir = temp_dir = tempfile.mkdtemp(prefix="vlmspec-shards-")
     shard_dir = Path(shard_dir).resolve()
     _check_shard_dir(shard_dir)
-    done: set = set()
-    if sink is not None:
-        merge_shards(shard_dir, sink)
-        done = sink.done_keys()
-    todo, summary.skipped = jobs_to_do(profile, items, done)
+    todo = _not_done(profile, items, sink, shard_dir, summary)
     events.batch_started(len(todo), summary.skipped)
     if not todo:
         _cleanup(temp_dir, shard_dir)
         return summary
 
+    started = _init_ray(ray, address, workers)
+    deliver = _Delivery(todo, summary, events, sink, emit)
+    try:
+        with _data_context():
+            for row in _dataset(ray, profile, todo, workers, str(shard_dir)).iter_rows():
+                record = json.loads(row["record"])
+                if "__fatal__" in record:
+                    raise RayExecutorError(f"a Ray worker could not load the models: "
+                                           f"{record['__fatal__']}")
+                deliver(int(row["i"]), record)
+        deliver.recover_shards(profile, shard_dir)
+        deliver.fail_lost(profile)
+        _cleanup(temp_dir, shard_dir)
+    finally:
+        if started:
+            ray.shutdown()
+    return summary
+
+
+def _not_done(profile, items: list[Job], sink: JsonlSink | None, shard_dir: Path,
+              summary: BatchSummary) -> list[Job]:
+    """The jobs without a successful record in ``sink`` (after merging the shards an
+    earlier run left into it); counts the others as skipped."""
+    done: set = set()
+    if sink is not None:
+        merge_shards(shard_dir, sink)
+        done = sink.done_keys()
+    todo, summary.skipped = jobs_to_do(profile, items, done)
+    return todo
+
+
+def _init_ray(ray, address: str | None, workers: int) -> bool:
+    """Connect to ``address`` or start a local Ray with ``workers`` CPUs, unless the caller
+    already did; True when this call started it (and so must shut it down)."""
     started = False
     if not ray.is_initialized():
         kwargs = dict(include_dashboard=False, log_to_driver=False,
@@ -226,13 +256,23 @@ def run_ray(profile, items: list[Job], events: CaptionEvents, sink: JsonlSink | 
             ray.init(num_cpus=workers, **kwargs)
         started = True
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # no "progress bars disabled"
-    received: dict[int, dict] = {}
-    lossless: list[bool] = []
+    return started
 
-    def deliver(i: int, record: dict) -> None:
-        job = todo[i]
-        received[i] = record
-        lossless.append(record.get("lossless", True))
+
+class _Delivery:
+    """``deliver(i, record)``: the record of ``todo[i]`` goes to the summary, the sink, the
+    events and ``emit``, once per job."""
+
+    def __init__(self, todo: list[Job], summary: BatchSummary, events: CaptionEvents,
+                 sink: JsonlSink | None, emit: Callable[[dict], None] | None):
+        self.todo, self.summary, self.events, self.sink, self.emit = todo, summary, events, sink, emit
+        self.received: dict[int, dict] = {}
+        self.lossless: list[bool] = []
+
+    def __call__(self, i: int, record: dict) -> None:
+        job, summary, events, sink = self.todo[i], self.summary, self.events, self.sink
+        self.received[i] = record
+        self.lossless.append(record.get("lossless", True))
         events.item_started(job)
         if record.get("error") is None:
             summary.done += 1
@@ -245,37 +285,29 @@ def run_ray(profile, items: list[Job], events: CaptionEvents, sink: JsonlSink | 
             if sink is not None:
                 sink.append(record)
             events.item_failed(job, record["error"], record)
-        if emit is not None:
-            emit(record)
+        if self.emit is not None:
+            self.emit(record)
 
-    try:
-        with _data_context():
-            for row in _dataset(ray, profile, todo, workers, str(shard_dir)).iter_rows():
-                record = json.loads(row["record"])
-                if "__fatal__" in record:
-                    raise RayExecutorError(f"a Ray worker could not load the models: "
-                                           f"{record['__fatal__']}")
-                deliver(int(row["i"]), record)
-        # rows a crashed worker wrote to its shard but never returned (the shards left by
-        # earlier runs were merged and removed above: these are all this run's)
-        index = {job_key(profile, job): i for i, job in enumerate(todo)}
+    def recover_shards(self, profile, shard_dir: Path) -> None:
+        """Rows a crashed worker wrote to its shard but never returned (the shards left by
+        earlier runs were merged and removed before: these are all this run's)."""
+        index = {job_key(profile, job): i for i, job in enumerate(self.todo)}
         for shard in sorted(shard_dir.glob(SHARD_GLOB)):
             for rec in read_records(shard):  # live workers still hold their shards
                 i = index.get(record_key(rec))
-                if i is not None and i not in received:
-                    deliver(i, rec)
+                if i is not None and i not in self.received:
+                    self(i, rec)
+
+    def fail_lost(self, profile) -> None:
+        """A failure record for every job lost with a worker that died on it, twice."""
+        lossless = self.lossless
         session_like = SimpleNamespace(profile=profile,
                                        lossless=all(lossless) if lossless else profile.lossless)
-        for i, job in enumerate(todo):
-            if i not in received:  # lost with a worker that died on it, twice
+        for i, job in enumerate(self.todo):
+            if i not in self.received:
                 record = base_record(session_like, job, job.prompt)
                 record["error"] = "failed: the Ray worker running it died (see the Ray logs)"
-                deliver(i, record)
-        _cleanup(temp_dir, shard_dir)
-    finally:
-        if started:
-            ray.shutdown()
-    return summary
+                self(i, record)
 
 
 def _dataset(ray, profile, todo: list[Job], workers: int, shard_dir: str):

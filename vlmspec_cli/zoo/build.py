@@ -12,11 +12,8 @@ each model's caption / Q&A accuracy on fresh scenes.
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import random
-import time
 from pathlib import Path
 
 import torch
@@ -32,8 +29,7 @@ from transformers import (
 from vlmspec_cli.drafters.members import image_replacements, replace_images
 from vlmspec_cli.zoo import world
 from vlmspec_cli.zoo.tokenizer import train_tokenizer
-
-WEIGHTS = Path(__file__).resolve().parent / "weights" / "tinyworld"
+from vlmspec_cli.zoo.train import arg_parser, batches, collate, optimize, parse_args, warmup_cosine
 # 48 px images in 16 px patches: one image token per cell of the world's 3x3 grid.
 # Scenes are drawn at 64 px (as users' images would be) and resized by the processor.
 IMAGE_SIZE, PATCH = 48, 16
@@ -142,39 +138,6 @@ def make_dataset(processor, n: int, seed: int, weights: dict | None = None,
     return data
 
 
-def batches(data, batch_tokens: int, seed: int):
-    """Length-bucketed batches (≈ batch_tokens tokens each), shuffled, endlessly."""
-    rng = random.Random(seed)
-    order = sorted(range(len(data)), key=lambda i: len(data[i][0]))
-    groups, cur = [], []
-    for i in order:
-        cur.append(i)
-        if len(cur) * len(data[i][0]) >= batch_tokens:
-            groups.append(cur)
-            cur = []
-    if cur:
-        groups.append(cur)
-    while True:
-        rng.shuffle(groups)
-        yield from groups
-
-
-def collate(data, idx, pad_id: int):
-    width = max(len(data[i][0]) for i in idx)
-    ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(idx), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(idx), width), dtype=torch.long)
-    pix = []
-    for row, i in enumerate(idx):
-        seq, lab, p = data[i]
-        ids[row, : len(seq)] = torch.tensor(seq)
-        labels[row, : len(seq)] = torch.tensor(lab)
-        mask[row, : len(seq)] = 1
-        if p is not None:
-            pix.append(p)
-    return ids, labels, mask, (torch.cat(pix) if pix else None)
-
-
 def cell_labels(scene: world.Scene) -> torch.Tensor:
     """Per grid cell (row-major, = image token order): kind, colour, size (0 = empty), background."""
     labels = torch.zeros(IMAGE_TOKENS, 4, dtype=torch.long)
@@ -207,7 +170,6 @@ def pretrain_vision(model, processor, steps: int, lr: float, seed: int, label: s
     probe = torch.nn.Linear(model.config.text_config.hidden_size, sum(CELL_CLASSES))
     params = [*model.model.vision_tower.parameters(), *model.model.multi_modal_projector.parameters(),
               *probe.parameters()]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
 
     def probe_batch(n):
         scenes = [world.sample_scene(rng) for _ in range(n)]
@@ -215,44 +177,21 @@ def pretrain_vision(model, processor, steps: int, lr: float, seed: int, label: s
         feats = torch.stack(model.model.get_image_features(pixel_values=pix).pooler_output)
         return probe(feats).split(CELL_CLASSES, dim=-1), torch.stack([cell_labels(s) for s in scenes])
 
-    model.train()
-    t0 = time.time()
-    for step in range(steps):
+    def batch_loss(step):
         logits, labels = probe_batch(batch_images)
-        loss = sum(torch.nn.functional.cross_entropy(lg.flatten(0, 1), labels[..., i].flatten())
+        return sum(torch.nn.functional.cross_entropy(lg.flatten(0, 1), labels[..., i].flatten())
                    for i, lg in enumerate(logits))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % 250 == 0 or step == steps - 1:
-            print(f"[{label} vision] step {step:5d}/{steps} loss {loss.item():.4f} "
-                  f"({time.time() - t0:.0f}s)", flush=True)
+
+    model.train()
+    # plain AdamW (default betas), constant learning rate, no clipping
+    optimize(params, steps, batch_loss, f"{label} vision", lr=lr, weight_decay=0.01,
+             betas=(0.9, 0.999), clip=None, log_every=250)
     model.eval()
     with torch.no_grad():
         logits, labels = probe_batch(500)
         hit = torch.stack([lg.argmax(-1) for lg in logits], dim=-1) == labels
     return {"cell_accuracy": round(hit[..., :3].all(-1).float().mean().item(), 4),
             "scenes_all_cells_right": round(hit.all(-1).all(-1).float().mean().item(), 4)}
-
-
-def optimize(params, steps: int, lr: float, weight_decay: float, warmup: int, batch_loss,
-             label: str) -> None:
-    """AdamW (β = 0.9, 0.98), linear warm-up then cosine decay, gradients clipped at 1.0;
-    ``batch_loss()`` returns the loss of the next batch."""
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
-    t0 = time.time()
-    for step in range(steps):
-        loss = batch_loss()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        if step % 100 == 0 or step == steps - 1:
-            print(f"[{label}] step {step:5d}/{steps} loss {loss.item():.4f} "
-                  f"({time.time() - t0:.0f}s)", flush=True)
 
 
 def train(model, data, steps: int, lr: float, batch_tokens: int, seed: int, pad_id: int, label: str):
@@ -262,13 +201,13 @@ def train(model, data, steps: int, lr: float, batch_tokens: int, seed: int, pad_
     model.train()
     it = batches(data, batch_tokens, seed)
 
-    def batch_loss():
+    def batch_loss(step):
         ids, labels, mask, pix = collate(data, next(it), pad_id)
         kwargs = {"pixel_values": pix} if pix is not None else {}
         return model(input_ids=ids, attention_mask=mask, labels=labels, **kwargs).loss
 
-    optimize([p for p in model.parameters() if p.requires_grad], steps, lr, 0.01,
-             max(1, steps // 20), batch_loss, label)
+    optimize([p for p in model.parameters() if p.requires_grad], steps, batch_loss, label,
+             lr=lr, weight_decay=0.01, schedule=warmup_cosine(max(1, steps // 20), steps))
     model.eval()
     return model
 
@@ -301,8 +240,7 @@ def evaluate(model, processor, n: int, seed: int) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=WEIGHTS)
+    ap = arg_parser(__doc__)
     ap.add_argument("--examples", type=int, default=30000)
     ap.add_argument("--target-steps", type=int, default=2200)
     ap.add_argument("--draft-steps", type=int, default=1600)
@@ -319,11 +257,7 @@ def main(argv=None) -> None:
                     help="with --twig-ablation: save every variant there (for bench/twig.py)")
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--eval-scenes", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
+    args = parse_args(ap, argv)
 
     tok = train_tokenizer(world.corpus_lines(20000, args.seed), vocab_size=512)
     processor = make_processor(tok)

@@ -23,9 +23,7 @@ head reaches on fresh requests.
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from vlmspec_cli.runtime.hidden_head import HiddenDraftHead, HiddenHeadConfig, prompt_pairs
+from vlmspec_cli.zoo.train import arg_parser, optimize, parse_args, warmup_cosine
 
 TOP_K = 8
 
@@ -149,25 +148,20 @@ def head_loss(head, embed, lm_head, batch, steps: int, weights=(1.0, 0.5, 0.5)):
 
 def train_head(head, embed, lm_head, data: list[Example], stage1: int, stage2: int,
                feedback_steps: int, batch_size: int, lr: float, seed: int, log) -> None:
+    """Stage 1 (``stage1`` steps) reads the target's states, stage 2 (``stage2`` steps)
+    ``feedback_steps`` steps of the head's own outputs; ``log`` gets the progress lines."""
     rng = random.Random(seed)
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     total = stage1 + stage2
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
-    t0 = time.time()
-    head.train()
-    for step in range(total):
+
+    def batch_loss(step):
         batch = pad_batch(rng.sample(data, min(batch_size, len(data))))
-        loss = head_loss(head, embed, lm_head, batch, 0 if step < stage1 else feedback_steps)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        if step % 100 == 0 or step == total - 1:
-            log(f"[head] stage {1 if step < stage1 else 2} step {step}/{total} "
-                f"loss {loss.item():.4f} ({time.time() - t0:.0f}s)")
+        stage = 1 if step < stage1 else 2
+        loss = head_loss(head, embed, lm_head, batch, 0 if stage == 1 else feedback_steps)
+        return loss, lambda: f"stage {stage} loss {loss.item():.4f}"
+
+    head.train()
+    optimize([p for p in head.parameters() if p.requires_grad], total, batch_loss, "head",
+             lr=lr, weight_decay=0.0, schedule=warmup_cosine(50, total), log=log)
     head.eval()
 
 
@@ -293,7 +287,7 @@ def build(name: str, examples: int, stage1: int, stage2: int, feedback: int, lay
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = arg_parser(__doc__.split("\n")[0], out=None)
     ap.add_argument("--target", choices=sorted(TARGETS), default="llava")
     ap.add_argument("--examples", type=int, default=1500)
     ap.add_argument("--stage1", type=int, default=600)
@@ -301,15 +295,13 @@ def main(argv=None) -> None:
     ap.add_argument("--feedback", type=int, default=3, help="self-feedback steps in stage 2")
     ap.add_argument("--layer", type=int, default=None, help="target hidden_states index")
     ap.add_argument("--no-save", action="store_true")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ivsb", action="store_true",
                     help="Sparrow IVSB: middle-layer visual states as extra training input")
     ap.add_argument("--step-embeddings", type=int, default=None,
                     help="number of step embeddings (0: none; default feedback + 1)")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args(ap, argv, deterministic=False)
     build(args.target, args.examples, args.stage1, args.stage2, args.feedback, args.layer,
-          save=not args.no_save, bridge=args.ivsb, max_steps=args.step_embeddings)
+          seed=args.seed, save=not args.no_save, bridge=args.ivsb, max_steps=args.step_embeddings)
 
 
 if __name__ == "__main__":

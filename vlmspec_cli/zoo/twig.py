@@ -22,6 +22,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from vlmspec_cli.zoo import world
+from vlmspec_cli.zoo.train import batches, collate, optimize, warmup_cosine
 
 TWIG_K = 2          # shared target layers
 TWIG_T = 1          # twig layers (chosen from the ablation: see BUILD_REPORT.json)
@@ -53,14 +54,12 @@ def make_twig(target, k: int, t: int, init: str, seed: int) -> LlamaForCausalLM:
 def train_twig(target, twig, data, k: int, steps: int, lr: float, batch_tokens: int, seed: int,
                pad_id: int, label: str):
     """Only the twig's layers, norm and head learn; X^(K) comes from the frozen target."""
-    from vlmspec_cli.zoo.build import batches, collate, optimize
-
     target.eval().requires_grad_(False)
     twig.model.embed_tokens.requires_grad_(False)
     twig.train()
     it = batches(data, batch_tokens, seed)
 
-    def batch_loss():
+    def batch_loss(step):
         ids, labels, mask, pix = collate(data, next(it), pad_id)
         kwargs = {"pixel_values": pix} if pix is not None else {}
         with torch.no_grad():
@@ -69,8 +68,8 @@ def train_twig(target, twig, data, k: int, steps: int, lr: float, batch_tokens: 
         return twig(inputs_embeds=hidden_k, attention_mask=mask, labels=labels).loss
 
     # App. A: AdamW, no weight decay, linear warm-up over 3% of the steps, cosine decay
-    optimize([p for p in twig.parameters() if p.requires_grad], steps, lr, 0.0,
-             max(1, int(steps * 0.03)), batch_loss, label)
+    optimize([p for p in twig.parameters() if p.requires_grad], steps, batch_loss, label,
+             lr=lr, weight_decay=0.0, schedule=warmup_cosine(max(1, int(steps * 0.03)), steps))
     twig.eval()
     return twig
 

@@ -1,0 +1,318 @@
+"""The package's structure rules, checked on the source with ``ast`` (nothing is imported):
+
+1. no import cycle between vlmspec_cli modules;
+2. the runtime (vlmspec_cli/runtime/) imports nothing from drafters/, tasks/, the CLI
+   (cli*.py), ui.py or the zoo's training code;
+3. no module over MAX_MODULE_LINES lines;
+4. no function over MAX_FUNCTION_LINES lines (from its ``def`` line to its last line).
+
+Imports count wherever they are (module level or inside a function), absolute or
+relative; ``import a.b.c`` and ``from a.b import c`` depend on the module a.b.c itself,
+not on the packages above it (importing a package's submodule from its ``__init__`` is
+not a cycle).
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "vlmspec_cli"
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+# What the runtime must not import (prefixes of module names).
+RUNTIME = "vlmspec_cli.runtime"
+RUNTIME_FORBIDDEN = (
+    "vlmspec_cli.drafters", "vlmspec_cli.tasks", "vlmspec_cli.cli", "vlmspec_cli.cli_image",
+    "vlmspec_cli.cli_video", "vlmspec_cli.ui",
+    # the zoo is the tinyworld training code; ``zoo:`` names resolve in runtime/models.py
+    "vlmspec_cli.zoo",
+)
+
+# ---------------------------------------------------------------------------- allowlist
+# Known offenders, each being removed by work in progress on other branches (the drafter
+# protocol moving out of the runtime, the CLI package). Only these entries may fail a rule;
+# empty each set once that work is merged. Nothing else may be added here.
+KNOWN_CYCLE_EDGES = {  # (importer, imported): the cli.py <-> cli_image.py / cli_video.py cycle
+    ("vlmspec_cli.cli_image", "vlmspec_cli.cli"),
+    ("vlmspec_cli.cli_video", "vlmspec_cli.cli"),
+}
+KNOWN_RUNTIME_IMPORTS = {  # (runtime module, forbidden module it imports)
+    ("vlmspec_cli.runtime.batch", "vlmspec_cli.drafters.base"),
+    ("vlmspec_cli.runtime.batch", "vlmspec_cli.drafters.members"),
+    ("vlmspec_cli.runtime.engine", "vlmspec_cli.drafters.base"),
+    ("vlmspec_cli.runtime.session", "vlmspec_cli.drafters"),
+    ("vlmspec_cli.runtime.session", "vlmspec_cli.drafters.hidden"),
+    ("vlmspec_cli.runtime.session", "vlmspec_cli.drafters.twig"),
+}
+KNOWN_LONG_MODULES = {"vlmspec_cli/cli.py"}
+KNOWN_LONG_FUNCTIONS = {"vlmspec_cli/cli.py:calibrate_cmd"}
+
+
+# ---------------------------------------------------------------------------- the checks
+def modules(root: Path, package: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of ``package`` under ``root``."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imported(node: ast.AST, name: str, is_package: bool, known) -> list[str]:
+    """The modules of ``known`` that the import statement ``node`` in module ``name`` loads."""
+    if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:  # relative: from the module's own package, one level up per extra dot
+            here = name.split(".") if is_package else name.split(".")[:-1]
+            here = here[: len(here) - (node.level - 1)]
+            base = ".".join(here + ([base] if base else []))
+        # "from pkg import sub" loads the module pkg.sub; "from mod import name" loads mod
+        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    out = []
+    for target in targets:
+        while target and target not in known:  # "import a.b.func"-style names: the module
+            target = target.rpartition(".")[0]
+        if target:
+            out.append(target)
+    return out
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports, anywhere in its source."""
+    known = modules(root, package)
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                deps.update(_imported(node, name, path.name == "__init__.py", known))
+        deps.discard(name)
+        graph[name] = deps
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]], ignore: set[tuple[str, str]] = frozenset()
+                ) -> list[list[str]]:
+    """One cycle (a -> b -> ... -> a) per strongly connected group of modules, ignoring the
+    edges in ``ignore``; [] when the graph has no cycle."""
+    edges = {a: sorted(b for b in bs if (a, b) not in ignore and b in graph) for a, bs in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return [_cycle_in(edges, set(group)) for group in sorted(groups)]
+
+
+def _cycle_in(edges: dict[str, list[str]], group: set[str]) -> list[str]:
+    """A concrete cycle through the first module of a strongly connected ``group``."""
+    start = min(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:  # breadth first, so the cycle shown is a short one
+        nxt = []
+        for v in frontier:
+            for w in edges[v]:
+                if w == start:
+                    return paths[v] + [start]
+                if w in group and w not in paths:
+                    paths[w] = paths[v] + [w]
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"{sorted(group)} is not strongly connected")
+
+
+def forbidden_imports(graph: dict[str, set[str]], importer: str, forbidden: tuple[str, ...]
+                      ) -> set[tuple[str, str]]:
+    """(module, imported) for each module at or under ``importer`` that imports a module at
+    or under one of the ``forbidden`` prefixes."""
+    def under(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    return {(a, b) for a, bs in graph.items() if under(a, importer)
+            for b in bs if any(under(b, f) for f in forbidden)}
+
+
+def long_modules(root: Path, package: str, limit: int) -> dict[str, int]:
+    """File (relative to ``root``) -> line count, for modules over ``limit`` lines."""
+    out = {}
+    for path in modules(root, package).values():
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        if n > limit:
+            out[path.relative_to(root).as_posix()] = n
+    return out
+
+
+def long_functions(root: Path, package: str, limit: int) -> dict[str, int]:
+    """``file:function`` -> lines (``def`` line to last line, decorators not counted), for
+    every function and method over ``limit`` lines, nested ones included."""
+    out = {}
+    for path in modules(root, package).values():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    out[f"{path.relative_to(root).as_posix()}:{node.name}"] = n
+    return out
+
+
+def _listing(items) -> str:
+    return "\n  " + "\n  ".join(items)
+
+
+# ---------------------------------------------------------------------------- the package
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(ROOT, PACKAGE)
+
+
+def test_no_import_cycles(graph):
+    cycles = find_cycles(graph, ignore=KNOWN_CYCLE_EDGES)
+    assert not cycles, "import cycles in vlmspec_cli:" + _listing(" -> ".join(c) for c in cycles)
+
+
+def test_runtime_imports_no_drafters_tasks_cli_ui_or_zoo(graph):
+    found = forbidden_imports(graph, RUNTIME, RUNTIME_FORBIDDEN) - KNOWN_RUNTIME_IMPORTS
+    assert not found, ("the runtime imports what it must not:"
+                       + _listing(f"{a} imports {b}" for a, b in sorted(found)))
+
+
+def test_no_module_over_the_limit():
+    found = {k: v for k, v in long_modules(ROOT, PACKAGE, MAX_MODULE_LINES).items()
+             if k not in KNOWN_LONG_MODULES}
+    assert not found, (f"modules over {MAX_MODULE_LINES} lines:"
+                       + _listing(f"{k}: {v} lines" for k, v in sorted(found.items())))
+
+
+def test_no_function_over_the_limit():
+    found = {k: v for k, v in long_functions(ROOT, PACKAGE, MAX_FUNCTION_LINES).items()
+             if k not in KNOWN_LONG_FUNCTIONS}
+    assert not found, (f"functions over {MAX_FUNCTION_LINES} lines:"
+                       + _listing(f"{k}: {v} lines" for k, v in sorted(found.items())))
+
+
+def test_the_allowlist_names_only_real_offenders(graph):
+    """An allowlist entry that no longer offends must go (so the list only shrinks)."""
+    stale = [f"cycle edge {a} -> {b}" for a, b in sorted(KNOWN_CYCLE_EDGES)
+             if b not in graph.get(a, ()) or not _reaches(graph, b, a)]
+    stale += [f"runtime import {a} -> {b}" for a, b in sorted(
+        KNOWN_RUNTIME_IMPORTS - forbidden_imports(graph, RUNTIME, RUNTIME_FORBIDDEN))]
+    stale += [f"module {k}" for k in sorted(KNOWN_LONG_MODULES - set(
+        long_modules(ROOT, PACKAGE, MAX_MODULE_LINES)))]
+    stale += [f"function {k}" for k in sorted(KNOWN_LONG_FUNCTIONS - set(
+        long_functions(ROOT, PACKAGE, MAX_FUNCTION_LINES)))]
+    assert not stale, "allowlist entries that no longer offend (remove them):" + _listing(stale)
+
+
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = {start}, [start]
+    while todo:
+        for w in graph.get(todo.pop(), ()):
+            if w == goal:
+                return True
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return False
+
+
+# ---------------------------------------------------------------------------- the checkers
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = tmp_path / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def test_graph_sees_relative_absolute_and_function_level_imports(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from . import b\n",
+        "b.py": "def f():\n    from .sub import c\n    return c\n",
+        "sub/__init__.py": "from pkg.sub.c import X\n",
+        "sub/c.py": "import pkg.a\nX = 1\n",
+        "sub/d.py": "from .. import a\nfrom ..sub.c import X\nimport os\n",
+    })
+    g = import_graph(root, "pkg")
+    assert g["pkg.a"] == {"pkg.b"}
+    assert g["pkg.b"] == {"pkg.sub.c"}          # imported inside a function
+    assert g["pkg.sub"] == {"pkg.sub.c"}
+    assert g["pkg.sub.c"] == {"pkg.a"}
+    assert g["pkg.sub.d"] == {"pkg.a", "pkg.sub.c"}
+    assert find_cycles(g) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]]
+    # ignoring one edge of the cycle breaks it
+    assert find_cycles(g, ignore={("pkg.sub.c", "pkg.a")}) == []
+
+
+def test_a_package_importing_its_own_submodules_is_no_cycle(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "from pkg.x import f\n",
+        "x.py": "from pkg.y import g\ndef f(): return g()\n",
+        "y.py": "def g(): return 1\n",
+    })
+    assert find_cycles(import_graph(root, "pkg")) == []
+
+
+def test_forbidden_imports_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "runtime/__init__.py": "",
+        "runtime/engine.py": "def run():\n    from pkg.drafters.base import D\n",
+        "runtime/ok.py": "from pkg.runtime import engine\n",
+        "drafters/__init__.py": "",
+        "drafters/base.py": "from pkg.runtime.engine import run\nclass D: pass\n",
+    })
+    g = import_graph(root, "pkg")
+    assert forbidden_imports(g, "pkg.runtime", ("pkg.drafters",)) == {
+        ("pkg.runtime.engine", "pkg.drafters.base")}
+    assert forbidden_imports(g, "pkg.drafters", ("pkg.runtime",)) == {
+        ("pkg.drafters.base", "pkg.runtime.engine")}
+
+
+def test_long_modules_and_functions_are_found(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(80))
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "long.py": f"@staticmethod\ndef f():\n{body}\nclass C:\n    def ok(self):\n        pass\n",
+        "short.py": "def g():\n    return 1\n",
+    })
+    assert long_functions(root, "pkg", 80) == {"pkg/long.py:f": 81}  # def line + 80
+    assert long_functions(root, "pkg", 81) == {}
+    assert long_modules(root, "pkg", 85) == {"pkg/long.py": 86}
