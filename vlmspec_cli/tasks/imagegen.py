@@ -23,7 +23,7 @@ import torch
 
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.tasks.caption import BatchSummary, CaptionEvents
-from vlmspec_cli.tasks.records import _fsync_dir
+from vlmspec_cli.tasks.records import fsync_dir
 
 TASK = "image"
 
@@ -107,7 +107,7 @@ def write_new(path: Path, data: bytes, force: bool) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def heatmap_path(path: str | os.PathLike) -> Path:

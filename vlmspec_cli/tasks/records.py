@@ -35,8 +35,8 @@ __all__ = [
     "record_key",
     "scan_jsonl",
     "JsonlScan",
-    "JsonlSink",
-    "OutputError",
+    "fsync_dir",
+    "write_all",
     "atomic_write_bytes",
     "atomic_write_text",
 ]
@@ -54,14 +54,6 @@ def record_key(record: dict) -> tuple | None:
         return None
     return (record["task"], source, record.get("prompt"),
             json.dumps(settings, sort_keys=True, ensure_ascii=False))
-
-
-def __getattr__(name: str):  # JsonlSink and OutputError live in tasks/sink.py
-    if name in ("JsonlSink", "OutputError"):
-        from vlmspec_cli.tasks import sink
-
-        return getattr(sink, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------
@@ -153,7 +145,7 @@ def quick_foreign(head: bytes, required: tuple[str, ...] = RECORD_KEYS) -> str |
 # --------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     if os.name != "posix":
         return
     try:
@@ -168,7 +160,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         n = os.write(fd, view)  # EINTR is retried by Python (PEP 475)
@@ -181,7 +173,7 @@ def _write_stream(path: Path, data: bytes) -> None:
     """Write to a non-regular file (a pipe, a terminal, /dev/null): no temp, no rename."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
     try:
-        _write_all(fd, data)
+        write_all(fd, data)
     finally:
         os.close(fd)
 
@@ -217,7 +209,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
         try:
-            _write_all(fd, bytes(data))
+            write_all(fd, bytes(data))
             if st is not None and hasattr(os, "fchmod"):
                 os.fchmod(fd, st.st_mode & 0o7777)
             os.fsync(fd)
@@ -230,7 +222,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         except OSError:
             pass
         raise
-    _fsync_dir(parent)
+    fsync_dir(parent)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:

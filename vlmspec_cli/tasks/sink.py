@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from vlmspec_cli.tasks.records import (RECORD_KEYS, _fsync_dir, _write_all, quick_foreign,
+from vlmspec_cli.tasks.records import (RECORD_KEYS, fsync_dir, write_all, quick_foreign,
                                        record_key, scan_jsonl)
 
 try:
@@ -194,7 +194,7 @@ class JsonlSink:
         if scan.tail_at is not None:
             self._drop_torn_tail(fd, data[scan.tail_at:], scan.tail_at)
         elif scan.unterminated:
-            _write_all(fd, b"\n")
+            write_all(fd, b"\n")
             _fsync(fd)
             self.warnings.append(f"{self.path}: added the missing newline after its last record")
         if self.kind.keyed:
@@ -227,7 +227,7 @@ class JsonlSink:
                                   f"could not be saved ({copy}: {_strerror(exc)}); nothing "
                                   "was changed") from None
         try:
-            _write_all(cfd, torn)
+            write_all(cfd, torn)
             os.fsync(cfd)
         except OSError as exc:
             os.close(cfd)
@@ -236,7 +236,7 @@ class JsonlSink:
                               f"not be saved ({copy}: {_strerror(exc)}); nothing was changed"
                               ) from None
         os.close(cfd)
-        _fsync_dir(real.parent)
+        fsync_dir(real.parent)
         os.ftruncate(fd, at)
         _fsync(fd)
         self.repaired = True
@@ -272,7 +272,7 @@ class JsonlSink:
             fd = self._ensure_open()
             before = None if self.stream else os.fstat(fd).st_size
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
                 if self.durable and not self.stream:
                     _fsync(fd)
             except BaseException as exc:
