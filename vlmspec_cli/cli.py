@@ -66,9 +66,16 @@ def cli() -> None:
     """
 
 
-profile_option = click.option("--profile", "-p", metavar="NAME|PATH",
-                              help="Profile name (see `vlmspec profiles`) or YAML path "
-                                   "[default: tinyworld-caption].")
+DEFAULT_CAPTION_PROFILE = "tinyworld-caption"   # profile.DEFAULT_PROFILE (not imported: slow)
+
+
+def profile_option(default: str = DEFAULT_CAPTION_PROFILE):
+    """``--profile``; its help names the profile this command uses without one."""
+    return click.option("--profile", "-p", metavar="NAME|PATH",
+                        help="Profile name (see `vlmspec profiles`) or YAML path "
+                             f"[default: {default}].")
+
+
 set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                           help="Override a profile key, e.g. --set drafting.gamma=3 (repeatable).")
 
@@ -76,7 +83,7 @@ set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @cli.command(epilog=EPILOG_CAPTION)
 @click.argument("inputs", nargs=-1, metavar="INPUTS...")
 @click.option("--prompt", help="Question or instruction for every image [profile: generation.prompt].")
-@profile_option
+@profile_option()
 @click.option("--method", "-m", help="none (target only), chain (one drafting input), tree "
                                      "(EAGLE-2 draft trees, profile section tree:), tabed "
                                      "(adaptive ensemble of inputs) or twig (self-speculation "
@@ -308,7 +315,7 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 
 
 @cli.command("profile", epilog=EPILOG_PROFILE)
-@profile_option
+@profile_option()
 @set_option
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
 @click.option("--write", "write_path", type=click.Path(dir_okay=False), metavar="FILE.yaml",
@@ -378,7 +385,7 @@ deterministic (the latency model then comes from it instead of a fresh measureme
 
 @cli.command("calibrate", epilog=EPILOG_CALIBRATE)
 @click.argument("samples", nargs=-1, metavar="SAMPLES...")
-@profile_option
+@profile_option()
 @set_option
 @click.option("--gammas", default="1,2,3,4,5,6,8", show_default=True, metavar="G,G,...",
               help="Draft lengths γ to consider.")

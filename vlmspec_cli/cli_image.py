@@ -36,7 +36,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
               help="Images per prompt [profile: image.images_per_prompt, default 1].")
 @click.option("--out-dir", "-o", default="images", show_default=True,
               type=click.Path(file_okay=False), help="Folder for the PNG files (created).")
-@profile_option
+@profile_option(DEFAULT_IMAGE_PROFILE)
 @set_option
 @click.option("--method", "-m", help="none (target only), tree (EAGLE-2 or static trees, "
                                      "section tree:) or adt (ADT-Tree) [profile: method].")
