@@ -52,6 +52,7 @@ BATCHED_METHODS = ("none", "chain")
 IMAGE_METHODS = ("none", "tree", "adt")       # generate-image: tree-shaped drafts only
 TREE_METHODS = ("tree", "adt")
 VIDEO_METHODS = ("none", "chain", "hidden")   # describe-video
+VIDEO_INPUTS = ("multimodal", "text")         # what a chain draft reads a video through
 
 
 def chain_variant(profile) -> str:
@@ -102,6 +103,10 @@ def validate_method(profile) -> None:
         raise SessionError("adaptive_tree: min_depth must be <= max_depth and min_top_k <= max_top_k")
     if profile.method in ("chain", "tree") and not image:
         chain_variant(profile)
+    if video and profile.method == "chain" and inputs[0] not in VIDEO_INPUTS:
+        raise SessionError(f"describe-video drafts with --inputs {' or '.join(VIDEO_INPUTS)} "
+                           f"(the draft reads the video, or the prompt without it), not "
+                           f"'{inputs[0]}'")
     if len(set(inputs)) != len(inputs):
         raise SessionError(f"drafting.inputs lists an input twice: {inputs}")
     if profile.method in ("chain", "tabed") and "caption" in inputs and not profile.captioner.model:
