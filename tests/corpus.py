@@ -104,3 +104,32 @@ def make_good_images(root: Path, n: int, size: int = 16, seed: int = 1234) -> li
         im.save(p, format="PNG")
         paths.append(p)
     return paths
+
+
+# ------------------------------------------------------------------ bad model directories
+def make_pickle_only_model(root: Path, zoo: str = "tinyworld/llava-draft") -> Path:
+    """A copy of a zoo model directory whose weights are a pickle (``pytorch_model.bin``,
+    torch.save of the same state dict) instead of ``model.safetensors``: a model vlmspec
+    must refuse without unpickling it."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from vlmspec_cli.runtime.models import resolve_model_source
+
+    source = Path(resolve_model_source(f"zoo:{zoo}"))
+    root = Path(root)
+    shutil.copytree(source, root, ignore=shutil.ignore_patterns("*.safetensors", "*.md", "*.json.*"),
+                    dirs_exist_ok=True)
+    torch.save(load_file(source / "model.safetensors"), root / "pytorch_model.bin")
+    return root
+
+
+def make_broken_model_dir(root: Path) -> Path:
+    """A directory that claims to be a model (config.json) but whose config is not one:
+    loading it fails at once, so a test can tell whether a load was attempted."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text('{"model_type": "no-such-model-type"}\n', encoding="utf-8")
+    return root

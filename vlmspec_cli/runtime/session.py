@@ -10,7 +10,8 @@ from vlmspec_cli.runtime.batch import BatchDrafter, BatchedEngine
 from vlmspec_cli.runtime.captioner import Captioner
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible,
-                                        load_hidden_head, load_model, load_twig)
+                                        load_hidden_head, load_model, load_twig,
+                                        require_safetensors)
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
 class SessionError(Exception):
@@ -152,6 +153,8 @@ def build_session(profile, trace=None) -> Session:
     """Load the models the profile names and build its engine. ``trace``: a callable that
     receives one dict per drafting block of an ensemble (for ``--trace``)."""
     validate_method(profile)
+    for role, name in _model_names(profile):  # pickle-only weights: refused before any load
+        require_safetensors(name, role)
     sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
     target = load_model(profile.target, "target")
     image = profile.task == "image"
@@ -225,6 +228,21 @@ def build_session(profile, trace=None) -> Session:
     if profile.acceptance == "relaxed":
         engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
     return Session(profile, target, draft, captioner_lm, engine, sampling)
+
+
+def _model_names(profile) -> list[tuple[str, str | None]]:
+    """(role, model name) of every model build_session loads for this profile."""
+    m, inputs = profile.method, profile.drafting.inputs
+    names = [("target", profile.target.model)]
+    if m not in ("none", "twig", "hidden"):
+        names.append(("draft", profile.draft.model))
+    if m in ("chain", "tabed") and "caption" in inputs and profile.task == "caption":
+        names.append(("captioner", profile.captioner.model))
+    if m == "twig" and not _no_twig(profile.twig.model):
+        names.append(("twig", profile.twig.model))
+    if m == "hidden":
+        names.append(("hidden", profile.hidden.model))
+    return names
 
 
 def _hidden_drafter(profile, target, sampling):

@@ -689,17 +689,17 @@ def main(argv=None) -> None:
     report: dict = {"seed": args.seed}
     if args.report_only:
         write_report(tdir / "BUILD_REPORT.md", json.loads((tdir / "BUILD_REPORT.json").read_text()),
-                     Qwen2_5_VLForConditionalGeneration.from_pretrained(tdir),
-                     Qwen2_5_VLForConditionalGeneration.from_pretrained(ddir))
+                     Qwen2_5_VLForConditionalGeneration.from_pretrained(tdir, use_safetensors=True),
+                     Qwen2_5_VLForConditionalGeneration.from_pretrained(ddir, use_safetensors=True))
         return
     t_start = time.time()
     if args.eval_only or args.draft_only:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tdir)
-        target = Qwen2_5_VLForConditionalGeneration.from_pretrained(tdir).eval()
+        target = Qwen2_5_VLForConditionalGeneration.from_pretrained(tdir, use_safetensors=True).eval()
         if args.eval_only:
-            draft = Qwen2_5_VLForConditionalGeneration.from_pretrained(ddir).eval()
+            draft = Qwen2_5_VLForConditionalGeneration.from_pretrained(ddir, use_safetensors=True).eval()
         old = tdir / "BUILD_REPORT.json"
         if old.exists():
             report.update({k: v for k, v in json.loads(old.read_text()).items()
