@@ -133,3 +133,26 @@ def make_broken_model_dir(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text('{"model_type": "no-such-model-type"}\n', encoding="utf-8")
     return root
+
+
+# ------------------------------------------------- files that are not vlmspec's to overwrite
+def write_user_notes(path: Path) -> bytes:
+    """A user's text file (not YAML mapping, not PNG, not JSON) at an output path; returns
+    its bytes so a test can check it was left alone."""
+    data = "my notes\nthese are not vlmspec's: keep them\n".encode("utf-8")
+    Path(path).write_bytes(data)
+    return data
+
+
+def write_foreign_yaml(path: Path) -> bytes:
+    """A YAML mapping that is not a vlmspec profile (a CI config) at an output path."""
+    data = b"services:\n  web:\n    image: nginx\n    ports: ['80:80']\n"
+    Path(path).write_bytes(data)
+    return data
+
+
+def write_foreign_json(path: Path) -> bytes:
+    """A JSON object that is not a vlmspec recipe state file (e.g. package.json)."""
+    data = b'{"name": "my-app", "version": "1.0.0", "steps": ["build", "test"]}\n'
+    Path(path).write_bytes(data)
+    return data
