@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 from vlmspec_cli.tasks.records import _fsync_dir
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_MAX_PROFILE_BYTES = 1 << 20      # a profile is a few KB; a bigger file is not one of ours
+MAX_OWN_BYTES = 1 << 20    # a profile or state file is a few KB; a bigger one is not ours
 
 
 class OutputRefused(Exception):
@@ -41,9 +41,11 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 def refusal(path: str | os.PathLike, *, force: bool, ours: Callable[[Path], bool], what: str,
             inputs: Iterable[str | os.PathLike] = (),
-            exists_hint: str = "use --force to overwrite") -> str | None:
+            exists_hint: str = "use --force to overwrite",
+            foreign_hint: str = "not overwritten, even with --force") -> str | None:
     """Why ``path`` may not be written (e.g. "exists (use --force to overwrite)"), or None.
-    ``what`` names the format in messages ("PNG image", "vlmspec profile")."""
+    ``what`` names the format in messages ("PNG image", "vlmspec profile"); a command
+    that owns its file outright (a recipe's state file) passes ``force=True``."""
     p = Path(path)
     if any(same_file(p, i) for i in inputs):
         return "is an input of this run: write the output somewhere else"
@@ -54,7 +56,7 @@ def refusal(path: str | os.PathLike, *, force: bool, ours: Callable[[Path], bool
     if not force:
         return f"exists ({exists_hint})"
     if not p.is_file() or not ours(p):
-        return f"exists and is not a {what}: not overwritten, even with --force"
+        return f"exists and is not a {what}: {foreign_hint}"
     return None
 
 
@@ -64,6 +66,21 @@ def check_output(path: str | os.PathLike, label: str | None = None, **rules) -> 
     reason = refusal(path, **rules)
     if reason is not None:
         raise OutputRefused(f"{label or path}: {reason}")
+
+
+def write_checked(path: str | os.PathLike, data: bytes, label: str | None = None, **rules) -> None:
+    """Write a whole-file output once its work is done: the rule is checked again (a file
+    may have appeared meanwhile), the parent folder created, the write atomic and, without
+    ``force``, never over a file (not even one that appears during the write)."""
+    check_output(path, label, **rules)
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_new(path, data, rules["force"])
+    except FileExistsError:
+        raise OutputRefused(f"{label or path}: exists (use --force to overwrite)") from None
+    except OSError as exc:
+        raise OutputRefused(f"{label or path}: cannot write: {exc.strerror or exc}") from None
 
 
 def is_png(path: Path) -> bool:
@@ -82,7 +99,7 @@ def is_profile(path: Path, required: str | None = None) -> bool:
     from vlmspec_cli.profile import profile_keys
 
     try:
-        if path.stat().st_size > _MAX_PROFILE_BYTES:
+        if path.stat().st_size > MAX_OWN_BYTES:
             return False
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
