@@ -112,6 +112,8 @@ def test_write_refuses_existing_and_foreign_files(quick):
         line = _refused([str(sample), "--write", str(target), "--force", *fast])
         assert "is not a vlmspec profile" in line and "even with --force" in line
         assert target.read_bytes() == before
+    line = _refused([str(sample), "--write", str(root / "mine.yaml" / "x.yaml"), *fast])
+    assert "is not a folder" in line     # found before the work, not after it
 
 
 def test_write_never_shadows_or_overwrites_what_it_includes(quick):

@@ -29,6 +29,7 @@ def test_refusal_rules(tmp_path):
     link = tmp_path / "link.png"
     os.symlink(png, link)
     assert "is an input" in refusal(link, force=True, inputs=[png], **PNG)   # one file, two names
+    assert refusal(png / "sub" / "x.png", force=True, **PNG) == f"cannot be created: {png} is not a folder"
     dangling = tmp_path / "dangling.png"
     os.symlink(tmp_path / "gone", dangling)
     assert "is not a PNG image" in refusal(dangling, force=True, **PNG)

@@ -52,11 +52,22 @@ def refusal(path: str | os.PathLike, *, force: bool, ours: Callable[[Path], bool
     if p.is_dir():
         return "is a directory"
     if not (p.exists() or p.is_symlink()):
-        return None
+        return _folder_problem(p.parent)
     if not force:
         return f"exists ({exists_hint})"
     if not p.is_file() or not ours(p):
         return f"exists and is not a {what}: {foreign_hint}"
+    return None
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why a new file cannot be made in ``folder`` (created if missing), or None."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent                 # the nearest folder that exists
+    if not folder.is_dir():
+        return f"cannot be created: {folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot be created: folder {folder} is not writable"
     return None
 
 
