@@ -165,3 +165,55 @@ def make_bad_outputs(root: Path) -> dict[str, tuple[Path, str]]:
     except (OSError, NotImplementedError):
         pass
     return cases
+
+
+# ------------------------------------------------------------------ bad model directories
+def make_pickle_only_model(root: Path, zoo: str = "tinyworld/llava-draft") -> Path:
+    """A copy of a zoo model directory whose weights are a pickle (``pytorch_model.bin``,
+    torch.save of the same state dict) instead of ``model.safetensors``: a model vlmspec
+    must refuse without unpickling it."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from vlmspec_cli.runtime.models import resolve_model_source
+
+    source = Path(resolve_model_source(f"zoo:{zoo}"))
+    root = Path(root)
+    shutil.copytree(source, root, ignore=shutil.ignore_patterns("*.safetensors", "*.md", "*.json.*"),
+                    dirs_exist_ok=True)
+    torch.save(load_file(source / "model.safetensors"), root / "pytorch_model.bin")
+    return root
+
+
+def make_broken_model_dir(root: Path) -> Path:
+    """A directory that claims to be a model (config.json) but whose config is not one:
+    loading it fails at once, so a test can tell whether a load was attempted."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text('{"model_type": "no-such-model-type"}\n', encoding="utf-8")
+    return root
+
+
+# ------------------------------------------------- files that are not vlmspec's to overwrite
+def write_user_notes(path: Path) -> bytes:
+    """A user's text file (not YAML mapping, not PNG, not JSON) at an output path; returns
+    its bytes so a test can check it was left alone."""
+    data = "my notes\nthese are not vlmspec's: keep them\n".encode("utf-8")
+    Path(path).write_bytes(data)
+    return data
+
+
+def write_foreign_yaml(path: Path) -> bytes:
+    """A YAML mapping that is not a vlmspec profile (a CI config) at an output path."""
+    data = b"services:\n  web:\n    image: nginx\n    ports: ['80:80']\n"
+    Path(path).write_bytes(data)
+    return data
+
+
+def write_foreign_json(path: Path) -> bytes:
+    """A JSON object that is not a vlmspec recipe state file (e.g. package.json)."""
+    data = b'{"name": "my-app", "version": "1.0.0", "steps": ["build", "test"]}\n'
+    Path(path).write_bytes(data)
+    return data

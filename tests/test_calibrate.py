@@ -5,11 +5,14 @@ when the latency model comes from a hardware profile, and writes it as a profile
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
 
 from conftest import fresh_scenes
+from corpus import make_broken_model_dir, write_foreign_yaml, write_user_notes
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.tasks.calibrate import LatencyModel, tau_for_gamma
@@ -31,9 +34,10 @@ def setup(tmp_path_factory):
     return root, samples, base
 
 
-def _calibrate(root, samples, base, write=None):
+def _calibrate(root, samples, base, write=None, force=False):
     args = ["calibrate", str(samples), "--profile", str(base), "--gammas", "2,4", "--top", "2",
             "--max-new-tokens", "16", "--margin", "100", "--json", "-q"] + (["--write", write] if write else [])
+    args += ["--force"] if force else []
     res = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     return json.loads(res.output)
@@ -48,7 +52,12 @@ def test_calibrate_choice_beats_default_and_is_deterministic(setup):
     # acceptance x modelled cost: the winner is modelled at least as fast as the default
     assert winner["predicted"] >= default["predicted"]
     assert winner["mismatches"] == 0 and winner["tau"] > 1
-    second = _calibrate(root, samples, base)
+    tuned_text = (root / "tuned.yaml").read_text()
+    again = CliRunner().invoke(cli, ["calibrate", str(samples), "--profile", str(base), "-q",
+                                     "--write", str(root / "tuned.yaml")], catch_exceptions=False)
+    assert again.exit_code == 2 and "exists (use --force" in again.stderr   # no silent overwrite
+    assert (root / "tuned.yaml").read_text() == tuned_text
+    second = _calibrate(root, samples, base, write=str(root / "tuned.yaml"), force=True)
     # deterministic: τ at T=0 and the latency model from the included hardware profile
     assert second["winner"] == first["winner"]
     assert [c["label"] for c in second["candidates"]] == [c["label"] for c in first["candidates"]]
@@ -71,3 +80,71 @@ def test_calibrate_needs_samples_and_names_bad_ones(tmp_path):
     assert res.exit_code == 2 and "no SAMPLES" in res.output
     res = CliRunner().invoke(cli, ["calibrate", str(tmp_path / "gone.png"), "-q"])
     assert res.exit_code == 2 and "gone.png" in res.output
+
+
+# ------------------------------------------------- --write never destroys (checked before work)
+def _refused(args, cwd=None):
+    """Run calibrate with a broken target model: a refusal must come before any model loads
+    (loading would fail with another message)."""
+    res = CliRunner().invoke(cli, ["calibrate", *args, "-q"], catch_exceptions=False)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no-such-model-type" not in res.stderr, res.stderr
+    return lines[0]
+
+
+@pytest.fixture()
+def quick(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sample = tmp_path / "s0.png"
+    fresh_scenes(1, seed=4712)[0][1].save(sample)
+    broken = make_broken_model_dir(tmp_path / "broken")
+    return tmp_path, sample, ["--set", f"target.model={broken}", "--gammas", "2"]
+
+
+def test_write_refuses_existing_and_foreign_files(quick):
+    root, sample, fast = quick
+    for make in (write_user_notes, write_foreign_yaml):
+        target = root / "mine.yaml"
+        before = make(target)
+        line = _refused([str(sample), "--write", str(target), *fast])
+        assert str(target) in line and "exists (use --force" in line
+        line = _refused([str(sample), "--write", str(target), "--force", *fast])
+        assert "is not a vlmspec profile" in line and "even with --force" in line
+        assert target.read_bytes() == before
+    line = _refused([str(sample), "--write", str(root / "mine.yaml" / "x.yaml"), *fast])
+    assert "is not a folder" in line     # found before the work, not after it
+
+
+def test_write_never_shadows_or_overwrites_what_it_includes(quick):
+    root, sample, fast = quick
+    for force in ([], ["--force"]):
+        # the reported bug: profiles/tinyworld-caption.yaml including tinyworld-caption
+        line = _refused([str(sample), "--write", "tinyworld-caption", *force, *fast])
+        assert "would shadow profile 'tinyworld-caption'" in line
+        line = _refused([str(sample), "-p", "tinyworld-tabed", "--write", "tinyworld-caption",
+                         *force, *fast])
+        assert "would shadow profile 'tinyworld-caption'" in line     # included by the base
+        assert not (root / "profiles").exists()
+    base = root / "base.yaml"
+    base.write_text("include: tinyworld-caption\nname: base\n")
+    before = base.read_bytes()
+    line = _refused([str(sample), "-p", str(base), "--write", str(base), "--force", *fast])
+    assert "is the base profile" in line and base.read_bytes() == before
+    # a sample is an input, whatever its name
+    line = _refused([str(sample), "--write", str(sample), "--force", *fast])
+    assert "is an input" in line and sample.read_bytes()[:4] == b"\x89PNG"
+    assert CliRunner().invoke(cli, ["profiles"]).exit_code == 0   # the folder still works
+
+
+def test_subprocess_write_tinyworld_caption_refused(quick):
+    root, sample, fast = quick
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "calibrate", str(sample),
+                           "--write", "tinyworld-caption", *fast], capture_output=True, text=True,
+                          timeout=300, cwd=root)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "would shadow profile 'tinyworld-caption'" in proc.stderr
+    assert not (root / "profiles").exists()
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "caption", str(sample), "--dry-run"],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr

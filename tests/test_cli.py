@@ -49,6 +49,27 @@ def test_version_and_help():
     assert "Examples:" in run(["describe-video", "--help"]).output
 
 
+@pytest.mark.parametrize("command,default", [
+    ("caption", "tinyworld-caption"), ("profile", "tinyworld-caption"),
+    ("calibrate", "tinyworld-caption"), ("generate-image", "tinyworld-image"),
+    ("describe-video", "tinyworld-video")])
+def test_help_names_each_commands_default_profile(command, default):
+    from vlmspec_cli.profile import DEFAULT_PROFILE, load_profile
+
+    help_text = " ".join(run([command, "--help"]).output.split())
+    assert f"[default: {default}]" in help_text
+    assert load_profile(default).task == {"generate-image": "image",
+                                          "describe-video": "video"}.get(command, "caption")
+    assert DEFAULT_PROFILE == "tinyworld-caption"
+
+
+def test_subprocess_help_of_image_and_video_profiles():
+    for command, default in (("generate-image", "tinyworld-image"), ("describe-video", "tinyworld-video")):
+        proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", command, "--help"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and f"[default: {default}]" in " ".join(proc.stdout.split())
+
+
 def test_caption_files_dir_glob_json(images):
     d, paths = images
     res = run(["caption", str(d), "--json", *FAST])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from click.testing import CliRunner
 
@@ -36,6 +38,19 @@ def test_tabed_records_weights_and_trace(tmp_path):
     blocks = [json.loads(line) for line in trace.read_text().splitlines()]
     assert [b["weights"] for b in blocks] == ens["block_weights"]
     assert all(b["request"] == str(image) for b in blocks)
+
+
+def test_subprocess_tabed_with_one_input_equals_target(tmp_path):
+    """`--method tabed --inputs M` (one member, T=0, grid weights) decodes like chain: every
+    input done, identical to the target alone."""
+    image = tmp_path / "a.png"
+    fresh_scenes(1, seed=78)[0][1].save(image)
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "caption", str(image), "--method",
+                           "tabed", "--inputs", "M", "--compare", "--json", "--device", "cpu", *FAST],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (rec,) = records(proc.stdout)
+    assert rec["error"] is None and rec["compare"]["identical"] is True and rec["output"]
 
 
 def test_chain_rejects_several_inputs():

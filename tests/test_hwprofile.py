@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from click.testing import CliRunner
 from PIL import Image
+
+from corpus import make_broken_model_dir, write_foreign_yaml, write_user_notes
 
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
@@ -36,6 +40,16 @@ def test_profile_writes_hardware_yaml_that_loads_back(tmp_path):
         im.verify()
     with Image.open(png) as im:
         assert im.format == "PNG" and im.size[0] > im.size[1]
+    # a rerun neither overwrites silently nor refuses its own files with --force
+    before = hw.read_bytes(), png.read_bytes()
+    res = CliRunner().invoke(cli, ["profile", "--write", str(hw), "--plot", str(png), "-q"])
+    assert res.exit_code == 2 and f"--write {hw}: exists (use --force" in res.stderr
+    assert (hw.read_bytes(), png.read_bytes()) == before
+    res = CliRunner().invoke(cli, ["profile", "--repeats", "3", "--warmup", "0", "--contexts", "32",
+                                   "--write", str(hw), "--plot", str(png), "--force", "-q"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert load_profile(str(user)).hardware.measurements["target_verify_ms"].keys() >= {32}
 
 
 def test_profile_json_to_stdout():
@@ -54,3 +68,40 @@ def test_remarks_and_eq1():
     assert r["remark2_draft_vs_S"]["holds"] and r["remark3_draft_vs_B"]["holds"]
     assert eq1_speedup(3.0, 5, 0.2) == 1.5
     assert abs(eq1_speedup(3.0, 5, 0.2, verify_factor=1.5) - 1.2) < 1e-9
+
+
+def _refused(args):
+    """`vlmspec profile` with a broken target: a refusal comes before any model loads."""
+    res = CliRunner().invoke(cli, ["profile", *args, "-q"], catch_exceptions=False)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no-such-model-type" not in res.stderr, res.stderr
+    return lines[0]
+
+
+def test_write_and_plot_never_destroy_a_file(tmp_path):
+    fast = ["--set", f"target.model={make_broken_model_dir(tmp_path / 'broken')}"]
+    yaml_file, notes, png = tmp_path / "ci.yaml", tmp_path / "notes.png", tmp_path / "p.png"
+    kept = {yaml_file: write_foreign_yaml(yaml_file), notes: write_user_notes(notes)}
+    assert "exists (use --force" in _refused(["--write", str(yaml_file), *fast])
+    assert "is not a hardware profile" in _refused(["--write", str(yaml_file), "--force", *fast])
+    assert "is not a PNG image" in _refused(["--plot", str(notes), "--force", *fast])
+    # a user's full profile is a vlmspec profile but not a hardware one: kept too
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("include: tinyworld-caption\nname: mine\n")
+    kept[mine] = mine.read_bytes()
+    assert "is not a hardware profile" in _refused(["--write", str(mine), "--force", *fast])
+    # the profile it measures is an input, --write and --plot one file is a mistake
+    line = _refused(["-p", str(mine), "--write", str(mine), "--force", *fast])
+    assert "is an input" in line
+    assert "is the --write file too" in _refused(["--write", str(png), "--plot", str(png), *fast])
+    assert all(path.read_bytes() == data for path, data in kept.items()) and not png.exists()
+
+
+def test_subprocess_write_refuses_foreign_yaml(tmp_path):
+    target = tmp_path / "ci.yaml"
+    before = write_foreign_yaml(target)
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "profile", "--write", str(target),
+                           "--force", "-q"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert str(target) in proc.stderr and target.read_bytes() == before

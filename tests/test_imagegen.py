@@ -15,6 +15,7 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
+from corpus import write_user_notes
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
@@ -193,6 +194,68 @@ def test_cli_existing_files_force_and_resume(tmp_path):
     forced = run(["generate-image", PROMPTS[0], "-n", "2", "-o", str(out), "--force", *FAST])
     assert forced.exit_code == 0
     assert files[0].read_bytes() == files[1].read_bytes() != before[files[0]]
+
+
+HEATMAP_ARGS = [PROMPTS[0], "--heatmap", "--json", *FAST]
+
+
+def test_cli_existing_heatmap_refused_before_decoding(tmp_path):
+    """NAME.heatmap.png follows the PNG's rules: refused without --force (the image is not
+    even decoded), kept by --skip-existing, replaced by --force only if it is a PNG."""
+    out = tmp_path / "imgs"
+    out.mkdir()
+    png = out / "000-a-red-circle-on-a-blue-background-0.png"
+    hmap = out / "000-a-red-circle-on-a-blue-background-0.heatmap.png"
+    Image.new("RGB", (4, 4), "white").save(hmap)
+    before = hmap.read_bytes()
+    res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--dry-run"])
+    assert res.exit_code == 0 and f"{png}  seed=0  + {hmap.name}" in res.stdout
+    res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out)])
+    assert res.exit_code == 1 and f"heatmap {hmap} exists" in res.stderr
+    (rec,) = _records(res.stdout)
+    assert rec["error"] and "stats" not in rec and rec["file"] is None   # nothing decoded
+    assert not png.exists() and hmap.read_bytes() == before
+    # --skip-existing: the heatmap is kept, the missing PNG written
+    res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--skip-existing"])
+    assert res.exit_code == 0 and png.is_file() and hmap.read_bytes() == before
+    (rec,) = _records(res.stdout)
+    assert rec["heatmap"] == str(hmap)
+    # both there: skipped without decoding
+    res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--skip-existing"])
+    assert res.exit_code == 0 and _records(res.stdout) == []
+    # --force replaces a PNG heatmap, atomically (no temp file left)
+    res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--force"])
+    assert res.exit_code == 0 and hmap.read_bytes() != before
+    assert Image.open(hmap).size[0] >= 256
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_cli_force_never_overwrites_what_is_not_a_png(tmp_path):
+    out = tmp_path / "imgs"
+    out.mkdir()
+    hmap = out / "000-a-red-circle-on-a-blue-background-0.heatmap.png"
+    notes = write_user_notes(hmap)
+    res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--force"])
+    assert res.exit_code == 1 and "is not a PNG image" in res.stderr and str(hmap) in res.stderr
+    assert hmap.read_bytes() == notes
+    assert not (out / "000-a-red-circle-on-a-blue-background-0.png").exists()
+    png = out / "000-a-red-circle-on-a-blue-background-0.png"
+    hmap.unlink()
+    notes = write_user_notes(png)
+    res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--force"])
+    assert res.exit_code == 1 and "is not a PNG image" in res.stderr
+    assert png.read_bytes() == notes and not hmap.exists()
+
+
+def test_subprocess_heatmap_not_overwritten(tmp_path):
+    hmap = tmp_path / "000-a-red-circle-on-a-blue-background-0.heatmap.png"
+    Image.new("RGB", (4, 4), "white").save(hmap)
+    before = hmap.read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "generate-image", PROMPTS[0],
+                           "--heatmap", "-o", str(tmp_path), "--device", "cpu", "-q"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "heatmap" in proc.stderr and "exists" in proc.stderr
+    assert hmap.read_bytes() == before and len(list(tmp_path.iterdir())) == 1
 
 
 def test_write_new_never_replaces_and_leaves_no_temp(tmp_path):

@@ -3,9 +3,14 @@ clear failures for unknown names, an unreachable hub and incompatible drafts."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
+from PIL import Image
 
+from corpus import make_broken_model_dir, make_pickle_only_model
 from vlmspec_cli.profile import ModelSpec
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
 from vlmspec_cli.runtime.models import (
@@ -96,3 +101,48 @@ def test_cache_rollback(zoo_target):
     assert torch.allclose(again, fresh, atol=1e-5)
     with pytest.raises(ValueError):
         truncate_cache(cache, 9)
+
+
+# ------------------------------------------------------------ safetensors only (never unpickle)
+def _no_torch_load(monkeypatch):
+    def refuse(*_a, **_k):
+        raise AssertionError("torch.load was called: vlmspec must never unpickle weights")
+    monkeypatch.setattr(torch, "load", refuse)
+
+
+@pytest.mark.parametrize("role,zoo", [("target", "tinyworld/llava-target"), ("draft", "tinyworld/llava-draft"),
+                                      ("captioner", "tinyworld/captioner")])
+def test_pickle_only_model_dir_is_refused_without_unpickling(tmp_path, monkeypatch, role, zoo):
+    path = make_pickle_only_model(tmp_path / "pickled", zoo)
+    _no_torch_load(monkeypatch)
+    with pytest.raises(ModelLoadError) as err:
+        load_model(ModelSpec(model=str(path), device="cpu"), role)
+    msg = str(err.value)
+    assert str(path) in msg and "pytorch_model.bin" in msg and "safetensors only" in msg
+    assert f"{role}.model" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("kind,zoo", [("twig", "tinyworld/llava-twig"), ("hidden", "tinyworld/llava-hidden")])
+def test_pickle_only_twig_and_hidden_head_are_refused(zoo_target, tmp_path, monkeypatch, kind, zoo):
+    from vlmspec_cli.runtime.models import load_hidden_head, load_twig
+
+    path = make_pickle_only_model(tmp_path / kind, zoo)
+    _no_torch_load(monkeypatch)
+    with pytest.raises(ModelLoadError, match=f"{kind} model directory .*pytorch_model.bin"):
+        (load_twig if kind == "twig" else load_hidden_head)(str(path), zoo_target)
+
+
+def test_cli_pickle_only_draft_refused_before_any_model_loads(tmp_path):
+    """One line, exit 2, before the target loads (the target here is broken: loading it
+    first would report that instead)."""
+    pickled = make_pickle_only_model(tmp_path / "pickled")
+    broken = make_broken_model_dir(tmp_path / "broken")
+    image = tmp_path / "a.png"
+    Image.new("RGB", (16, 16), "red").save(image)
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "caption", str(image), "-q",
+                           "--set", f"target.model={broken}", "--set", f"draft.model={pickled}",
+                           "--max-new-tokens", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr and "weights_only" not in proc.stderr
+    assert str(pickled) in lines[0] and "pytorch_model.bin" in lines[0] and "safetensors" in lines[0]

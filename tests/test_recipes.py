@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import fresh_scenes
+from corpus import write_foreign_json, write_user_notes
 from vlmspec_cli.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,3 +229,26 @@ steps:
     assert sorted(ok) == names and len(recs) == 8  # one record per image, nothing failed
     assert out.read_text().splitlines()[:len(first) - 1] == first[:-1]  # earlier ones kept
     assert sorted(json.loads((tmp_path / "recipe.state.json").read_text())["steps"]) == ["1", "2"]
+
+
+def test_state_file_never_overwrites_what_is_not_a_state_file(tmp_path, monkeypatch):
+    """The state file (default ./RECIPE-STEM.state.json, or --state) is refused before any
+    step runs when it is the recipe or a file that is not a recipe state; dry runs agree."""
+    monkeypatch.chdir(tmp_path)
+    recipe = write(tmp_path / "r.yaml", "steps:\n" + GOOD_STEP)
+    recipe_text = recipe.read_bytes()
+    kept = {tmp_path / "r.state.json": write_foreign_json(tmp_path / "r.state.json"),
+            tmp_path / "notes.txt": write_user_notes(tmp_path / "notes.txt")}
+    for extra in ([], ["--restart"], ["--dry-run"]):
+        res = run(["r.yaml", *extra])                       # the default state path
+        assert res.exit_code == 2 and "r.state.json: exists and is not a vlmspec recipe state" in res.stderr
+        res = run(["r.yaml", "--state", "notes.txt", *extra])
+        assert res.exit_code == 2 and "notes.txt" in res.stderr and len(res.stderr.splitlines()) == 1
+        res = run(["r.yaml", "--state", "r.yaml", *extra])
+        assert res.exit_code == 2 and "is the recipe itself" in res.stderr
+    assert all(path.read_bytes() == data for path, data in kept.items())
+    assert recipe.read_bytes() == recipe_text and not (tmp_path / "caps.jsonl").exists()
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "run", "r.yaml", "--state", "r.yaml"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and "is the recipe itself" in proc.stderr
+    assert recipe.read_bytes() == recipe_text

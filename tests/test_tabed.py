@@ -298,3 +298,23 @@ def test_ensemble_samples_from_the_mixture_it_hands_to_verification(zoo_target, 
     obs = torch.cat([counts[big], counts[~big].sum()[None]])
     exp = torch.cat([q[big] * n, (q[~big] * n).sum()[None]])
     assert chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("policy", ["grid", "softmax", "static"])
+@pytest.mark.parametrize("variant", ["multimodal", "text"])
+def test_one_member_ensemble_is_chain(zoo_target, zoo_draft, zoo_captioner, cases, policy, variant):
+    """tabed with one drafting input (--inputs M) is chain with that input: at T=0 the
+    target's greedy tokens and chain's drafts; at T>0 the same samples (no crash)."""
+    for i, (req, ref) in enumerate(cases[:3]):
+        one = _engine(zoo_target, zoo_draft, zoo_captioner, "tabed", inputs=[variant], policy=policy)
+        chain = _engine(zoo_target, zoo_draft, zoo_captioner, "chain", variant=variant)
+        res, base = one.generate(req), chain.generate(req)
+        assert res.tokens == ref == base.tokens, f"case {i} differs"
+        assert res.state.stats.accepted_per_pos == base.state.stats.accepted_per_pos
+    hot = SamplingParams(1.0)
+    req = Request(cases[0][0].messages, max_new_tokens=12, seed=7)
+    one = _engine(zoo_target, zoo_draft, zoo_captioner, "tabed", sampling=hot, inputs=[variant],
+                  policy=policy).generate(req)
+    chain = _engine(zoo_target, zoo_draft, zoo_captioner, "chain", sampling=hot,
+                    variant=variant).generate(req)
+    assert one.tokens == chain.tokens and len(one.tokens) > 0

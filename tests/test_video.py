@@ -30,7 +30,8 @@ def sessions():
     out = {}
     for name, sets in {"none": ["method=none"], "hidden": [],
                        "hidden-tree": ["hidden.tree=true"],
-                       "chain": ["method=chain"]}.items():
+                       "chain": ["method=chain"],
+                       "chain-text": ["method=chain", "drafting.inputs=[text]"]}.items():
         out[name] = build_session(load_profile("tinyworld-video", overrides=sets, cli=CPU))
     return out
 
@@ -54,7 +55,7 @@ def corpus(sessions):
     return out
 
 
-@pytest.mark.parametrize("method", ["hidden", "hidden-tree", "chain"])
+@pytest.mark.parametrize("method", ["hidden", "hidden-tree", "chain", "chain-text"])
 def test_video_drafting_equals_target_greedy(sessions, corpus, method):
     engine = sessions[method].engine
     acc = drafts = 0
@@ -94,6 +95,19 @@ def test_hidden_draft_cache_has_no_visual_positions(sessions):
         lengths[frames] = (len(ids), n_visual, st.committed)
     assert lengths[16][1] > lengths[4][1] >= 16           # more video tokens …
     assert lengths[16][2] == lengths[4][2]                # … the same draft cache
+
+
+def test_text_draft_reads_the_prompt_without_the_video(sessions):
+    """--inputs text: the draft's cache holds the prompt with the video placeholder turned
+    into "\n" (the caption task's text input), far shorter than the target's."""
+    engine = sessions["chain-text"].engine
+    req, _ = _video_request(920_002, 8)
+    state = engine.start(req)
+    draft = sessions["chain-text"].draft
+    text = state.prompt.replace(draft.adapter.image_token(draft), "\n")
+    expected = len(draft.tokenizer(text)["input_ids"])
+    assert int(state.drafter_state.cache.get_seq_length()) == expected
+    assert expected < int(state.target_cache.get_seq_length()) - 16
 
 
 def test_plain_draft_reads_the_video(sessions):
@@ -190,6 +204,32 @@ def test_cli_usage_and_dry_run(clips, tmp_path):
     assert res.exit_code == 2 and "hidden.layer" in res.stderr
     res = run(["caption", "x.png", "--profile", "tinyworld-video"])
     assert res.exit_code == 2 and "task 'video'" in res.stderr
+
+
+@pytest.mark.parametrize("inputs", ["caption", "pooled", "C"])
+def test_cli_video_inputs_checked_before_loading_and_in_dry_run(clips, inputs):
+    _, paths, _, _ = clips
+    for extra in (["--dry-run"], []):
+        res = run(["describe-video", str(paths[0]), "-m", "chain", "--inputs", inputs, *extra, *FAST])
+        assert res.exit_code == 2 and "--inputs multimodal or text" in res.stderr
+    res = run(["describe-video", str(paths[0]), "-m", "chain", "--inputs", "text", "--dry-run"])
+    assert res.exit_code == 0 and "- text" in res.stdout
+
+
+def test_cli_subprocess_text_draft(clips):
+    """`-m chain --inputs text` works on every video (as --dry-run and the README say) and
+    equals the target alone."""
+    _, paths, folder, _ = clips
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "describe-video", str(paths[0]),
+                           str(folder), "-m", "chain", "--inputs", "text", "--compare", "--json",
+                           "--frames", "4", "--device", "cpu", "--max-new-tokens", "16"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(records) == 2
+    for record in records:
+        assert record["error"] is None and record["drafting_inputs"] == ["text"]
+        assert record["compare"]["identical"] is True and record["stats"]["num_accepted_tokens"] > 0
 
 
 def test_cli_subprocess_fps_compare(clips):

@@ -78,9 +78,16 @@ def cli() -> None:
     """
 
 
-profile_option = click.option("--profile", "-p", metavar="NAME|PATH",
-                              help="Profile name (see `vlmspec profiles`) or YAML path "
-                                   "[default: tinyworld-caption].")
+DEFAULT_CAPTION_PROFILE = "tinyworld-caption"   # profile.DEFAULT_PROFILE (not imported: slow)
+
+
+def profile_option(default: str = DEFAULT_CAPTION_PROFILE):
+    """``--profile``; its help names the profile this command uses without one."""
+    return click.option("--profile", "-p", metavar="NAME|PATH",
+                        help="Profile name (see `vlmspec profiles`) or YAML path "
+                             f"[default: {default}].")
+
+
 set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                           help="Override a profile key, e.g. --set drafting.gamma=3 (repeatable).")
 
@@ -88,7 +95,7 @@ set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @cli.command(epilog=EPILOG_CAPTION)
 @click.argument("inputs", nargs=-1, metavar="INPUTS...")
 @click.option("--prompt", help="Question or instruction for every image [profile: generation.prompt].")
-@profile_option
+@profile_option()
 @click.option("--method", "-m", help="none (target only), chain (one drafting input), tree "
                                      "(EAGLE-2 draft trees, profile section tree:), tabed "
                                      "(adaptive ensemble of inputs) or twig (self-speculation "
@@ -344,7 +351,7 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 
 
 @cli.command("profile", epilog=EPILOG_PROFILE)
-@profile_option
+@profile_option()
 @set_option
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
 @click.option("--write", "write_path", type=click.Path(dir_okay=False), metavar="FILE.yaml",
@@ -356,10 +363,12 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
               help="Timed calls per number (the median is kept).")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--tau", type=click.FloatRange(min=1), help="Also give Eq. 1's speedup for this τ.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --write / --plot file (only "
+                                            "a hardware profile / a PNG; never the --profile).")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
 def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats, warmup, tau,
-                as_json, quiet):
+                force, as_json, quiet):
     """Measure this hardware: target and draft step times, the latency ratio T_q/T_p,
     TABED's Remarks 1-3 and Eq. 1's expected speedup, written as a YAML hardware profile.
 
@@ -368,7 +377,8 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError, build_session
-    from vlmspec_cli.tasks.hwprofile import hardware_yaml, plot_tables, run_profile, write_hardware_yaml
+    from vlmspec_cli.tasks.hwprofile import check_outputs, hardware_yaml, run_profile, save_outputs
+    from vlmspec_cli.tasks.output_files import OutputRefused
 
     prof = _load_profile(profile, sets, {"target.device": device, "draft.device": device},
                          task="caption")
@@ -378,22 +388,21 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
         raise click.BadParameter(f"expected comma-separated integers, got {contexts!r}",
                                  param_hint="--contexts") from None
     try:
+        check_outputs(write_path, plot_path, prof.source, force)  # before anything loads
         session = build_session(prof)
-    except (SessionError, ModelLoadError, ValueError) as exc:
+    except (OutputRefused, SessionError, ModelLoadError, ValueError) as exc:
         _fail(str(exc))
     with ui.Status(quiet) as status:
         hardware = run_profile(session, contexts=extra, warmup=warmup, repeats=repeats, tau=tau,
                                progress=status.update)
     if not quiet:
         ui.latency_table(hardware)
-    if write_path:
-        write_hardware_yaml(write_path, hardware, prof.source)
-        if not quiet:
-            ui.info(f"wrote {write_path}")
-    if plot_path:
-        plot_tables(plot_path, hardware)
-        if not quiet:
-            ui.info(f"wrote {plot_path}")
+    try:
+        written = save_outputs(write_path, plot_path, hardware, prof.source, force)
+    except OutputRefused as exc:
+        _fail(str(exc))
+    for path in [] if quiet else written:
+        ui.info(f"wrote {path}")
     if as_json:
         click.echo(json.dumps(hardware))
     elif not write_path:
@@ -414,7 +423,7 @@ deterministic (the latency model then comes from it instead of a fresh measureme
 
 @cli.command("calibrate", epilog=EPILOG_CALIBRATE)
 @click.argument("samples", nargs=-1, metavar="SAMPLES...")
-@profile_option
+@profile_option()
 @set_option
 @click.option("--gammas", default="1,2,3,4,5,6,8", show_default=True, metavar="G,G,...",
               help="Draft lengths γ to consider.")
@@ -430,27 +439,26 @@ deterministic (the latency model then comes from it instead of a fresh measureme
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps.")
 @click.option("--write", "write_name", metavar="NAME|FILE.yaml",
               help="Write the winner as a profile including the base one (NAME -> profiles/NAME.yaml).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --write profile (only a vlmspec "
+                                            "profile, never the base or one it includes).")
 @click.option("--json", "as_json", is_flag=True, help="Print all candidates as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
 def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_tokens, seed, device,
-                  write_name, as_json, quiet):
+                  write_name, force, as_json, quiet):
     """Pick the drafting method, inputs and γ that decode SAMPLES fastest here.
 
     Measures acceptance of every drafting variant once, models each γ with the latency
     profile (Eq. 1 with measured verification cost), decodes the best candidates for real
     against target-only decoding, and prints a ranked table.
     """
-    import os
-    from pathlib import Path
-
     from vlmspec_cli import ui
-    from vlmspec_cli.runtime.captioner import Captioner
-    from vlmspec_cli.runtime.models import ModelLoadError, load_model
-    from vlmspec_cli.runtime.request import Message, Request
-    from vlmspec_cli.runtime.session import SessionError, build_session
-    from vlmspec_cli.tasks.calibrate import as_dicts, calibrate, winner_yaml
-    from vlmspec_cli.tasks.inputs import InputError, expand_inputs, load_image
-    from vlmspec_cli.tasks.records import atomic_write_text
+    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.runtime.session import SessionError
+    from vlmspec_cli.tasks.calibrate import (as_dicts, calibrate, calibration_session,
+                                             check_profile_write, include_for, profile_write_path,
+                                             sample_requests, winner_yaml, write_profile)
+    from vlmspec_cli.tasks.inputs import expand_inputs
+    from vlmspec_cli.tasks.output_files import OutputRefused
 
     if not samples:
         raise click.UsageError("no SAMPLES given (images, directories or globs)")
@@ -464,34 +472,25 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_t
     prof = _load_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
                                          "sampling.seed": seed, "target.device": device,
                                          "draft.device": device}, task="caption")
-    requests, failed = [], 0
-    for item in expand_inputs(samples, stdin=sys.stdin):
+    items = expand_inputs(samples, stdin=sys.stdin)
+    inputs = [item.path for item in items]
+    path = profile_write_path(write_name) if write_name else None
+    if path is not None:
         try:
-            if item.error:
-                raise InputError(item.path, item.error)
-            image = load_image(item.path)
-        except InputError as exc:
-            ui.error(str(exc))
-            failed += 1
-            continue
-        requests.append(Request([Message("user", prof.generation.prompt, (image,))],
-                                max_new_tokens=prof.generation.max_new_tokens,
-                                seed=prof.sampling.seed, request_id=item.path))
+            check_profile_write(path, prof.source, force=force, inputs=inputs)  # before any work
+        except OutputRefused as exc:
+            _fail(str(exc))
+    requests, errors = sample_requests(prof, items)
+    for line in errors:
+        ui.error(line)
     if not requests:
         _fail("no usable samples")
     try:
-        if prof.method == "none":
-            prof.method = "chain"  # calibrating needs the draft
-        session = build_session(prof)
-        captioner = None
-        if prof.captioner.model:
-            try:
-                captioner = Captioner(load_model(prof.captioner, "captioner"), prof.captioner.prompt,
-                                      prof.captioner.max_new_tokens)
-            except ModelLoadError as exc:
-                ui.warning(f"caption drafting left out: {exc}")
+        session, captioner, note = calibration_session(prof)
     except (SessionError, ModelLoadError, ValueError) as exc:
         _fail(str(exc))
+    if note:
+        ui.warning(note)
     gamma_list = sorted(set(gamma_list) | {prof.drafting.gamma})  # the profile's own γ too
     with ui.Status(quiet) as status:
         candidates, winner = calibrate(session, requests, gammas=gamma_list, captioner=captioner,
@@ -499,21 +498,20 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_t
                                        progress=status.update)
     if not quiet:
         ui.calibration_table(candidates, winner)
-    if write_name:
-        path = Path(write_name if write_name.endswith((".yaml", ".yml")) or os.sep in write_name
-                    else os.path.join("profiles", write_name + ".yaml"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        by_name = profile is None or not (profile.endswith((".yaml", ".yml")) or os.sep in profile)
-        rel = os.path.relpath(prof.source, path.parent.resolve())
-        include = Path(prof.source).stem if by_name else (prof.source if rel.startswith("..") else rel)
-        atomic_write_text(path, winner_yaml(winner, prof.source, path.stem, include, candidates))
+    if path is not None:
+        text = winner_yaml(winner, prof.source, path.stem, include_for(profile, prof.source, path),
+                           candidates)
+        try:
+            write_profile(path, text, force=force, inputs=inputs)
+        except OutputRefused as exc:
+            _fail(str(exc))
         if not quiet:
             ui.info(f"wrote {path}: {winner.label}")
     if as_json:
         click.echo(json.dumps({"winner": winner.label, "candidates": as_dicts(candidates)}))
     else:
         click.echo(winner.label)
-    sys.exit(1 if failed else 0)
+    sys.exit(1 if errors else 0)
 
 
 EPILOG_RUN = """\b

@@ -36,7 +36,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
               help="Images per prompt [profile: image.images_per_prompt, default 1].")
 @click.option("--out-dir", "-o", default="images", show_default=True,
               type=click.Path(file_okay=False), help="Folder for the PNG files (created).")
-@profile_option
+@profile_option(DEFAULT_IMAGE_PROFILE)
 @set_option
 @click.option("--method", "-m", help="none (target only), tree (EAGLE-2 or static trees, "
                                      "section tree:) or adt (ADT-Tree) [profile: method].")
@@ -64,8 +64,10 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     """
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
-    from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
-    from vlmspec_cli.tasks.imagegen import check_out_dir, plan_jobs, read_prompts, run_images
+    from vlmspec_cli.runtime.session import (TREE_METHODS, SessionError, build_session,
+                                             validate_method)
+    from vlmspec_cli.tasks.imagegen import (check_out_dir, heatmap_path, plan_jobs, read_prompts,
+                                            run_images)
 
     if force and skip_existing:
         raise click.UsageError("--force and --skip-existing contradict each other; pick one")
@@ -82,7 +84,10 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         _fail(str(exc))
     jobs = plan_jobs(texts, prof.image.images_per_prompt, prof.sampling.seed, out_dir)
     if dry_run:
-        _print_plan(prof, "image(s)", [(f"{j.path}  seed={j.seed}", j.error) for j in jobs])
+        with_map = heatmap and prof.method in TREE_METHODS
+        _print_plan(prof, "image(s)", [(f"{j.path}  seed={j.seed}" + (
+            f"  + {heatmap_path(j.path).name}" if with_map and not j.error else ""), j.error)
+            for j in jobs])
         return
     problem = check_out_dir(out_dir)
     if problem:

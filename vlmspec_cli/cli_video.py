@@ -34,7 +34,7 @@ loads), 130 interrupted (Ctrl-C).
 @click.command("describe-video", epilog=EPILOG_VIDEO)
 @click.argument("inputs", nargs=-1, metavar="VIDEOS...")
 @click.option("--prompt", help="Question or instruction for every video [profile: generation.prompt].")
-@profile_option
+@profile_option(DEFAULT_VIDEO_PROFILE)
 @click.option("--method", "-m", help="none (target only), chain (a draft model; --inputs "
                                      "multimodal reads the video) or hidden (HiViS/Sparrow head "
                                      "on the target's text hidden states) [profile: method].")

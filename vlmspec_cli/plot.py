@@ -198,6 +198,12 @@ def _draw_legend(draw: ImageDraw.ImageDraw, axes: tuple[int, int, int, int],
 def line_chart(path: str | os.PathLike, panels: list[Panel], title: str | None = None,
                width_per_panel: int = 420, height: int = 320) -> None:
     """Draw ``panels`` side by side into an RGB PNG at ``path``, written atomically."""
+    atomic_write_bytes(path, line_chart_png(panels, title, width_per_panel, height))
+
+
+def line_chart_png(panels: list[Panel], title: str | None = None, width_per_panel: int = 420,
+                   height: int = 320) -> bytes:
+    """:func:`line_chart`'s PNG as bytes (for a caller that decides how it is written)."""
     if not panels:
         raise ValueError("line_chart needs at least one panel")
     fonts = (_font(11), _font(13))
@@ -213,7 +219,7 @@ def line_chart(path: str | os.PathLike, panels: list[Panel], title: str | None =
         _draw_panel(img, (x0, band, x0 + width_per_panel, height), panel, fonts)
     buffer = io.BytesIO()
     img.save(buffer, format="PNG")
-    atomic_write_bytes(path, buffer.getvalue())  # never a partial PNG
+    return buffer.getvalue()
 
 
 # viridis at five stops: low values dark purple, high values yellow

@@ -25,6 +25,8 @@ import click
 import yaml
 
 from vlmspec_cli.suggest import did_you_mean
+from vlmspec_cli.tasks.output_files import (MAX_OWN_BYTES, OutputRefused, check_output,
+                                            same_file)
 from vlmspec_cli.tasks.records import atomic_write_text
 
 __all__ = ["RecipeError", "Recipe", "Step", "load_recipe", "parse_vars", "run_recipe", "cli_run"]
@@ -308,6 +310,28 @@ def default_state_path(recipe_path) -> Path:
     return Path(f"{Path(recipe_path).stem}.state.json")
 
 
+def is_state_file(path: Path) -> bool:
+    """A state file ``vlmspec run`` wrote: a JSON object with a version and a steps mapping."""
+    try:
+        if path.stat().st_size > MAX_OWN_BYTES:
+            return False
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and "version" in state and isinstance(state.get("steps"), dict)
+
+
+def check_state_path(state_path: Path, recipe_path) -> None:
+    """OutputRefused unless the state file may be (re)written: never the recipe itself,
+    never an existing file that is not a state file (a user's data under that name)."""
+    label = f"state file {state_path}"
+    if same_file(state_path, recipe_path):
+        raise OutputRefused(f"{label}: is the recipe itself; give another --state PATH")
+    check_output(state_path, label, force=True, ours=is_state_file,
+                 what="vlmspec recipe state file",
+                 foreign_hint="not overwritten (give another --state PATH)")
+
+
 def _read_state(path: Path, ui, strict: bool = False) -> dict:
     """The finished steps the state file records. A file that is not a vlmspec recipe
     state is never overwritten: with ``strict`` it raises RecipeError, else a warning."""
@@ -406,6 +430,11 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
             ui.error(message)
         return 2
     state_path = Path(state) if state else default_state_path(recipe_path)
+    try:
+        check_state_path(state_path, recipe_path)   # before any step runs (or is shown)
+    except OutputRefused as exc:
+        ui.error(str(exc))
+        return 2
     if dry_run:
         done = {} if restart else _read_state(state_path, ui)
         for step in recipe.steps:

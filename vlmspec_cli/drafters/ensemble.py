@@ -148,7 +148,8 @@ class EnsembleDrafter:
         tokens: list[int] = []
         mixtures: list[torch.Tensor] = []
         st.block_q = []
-        adaptive = st.weights.policy != "static"
+        # one member has nothing to weigh (its weight is 1): no history to keep
+        adaptive = st.weights.policy != "static" and len(self.inputs) > 1
         # a single member at T = 0 needs no distributions: its argmax is the mixture's
         need_q = not self.sampling.greedy or len(self.inputs) > 1
         for i in range(max_tokens):

@@ -332,12 +332,9 @@ def list_profiles() -> list[tuple[str, Path, str]]:
 
 
 # ------------------------------------------------------------------- loading
-def _file_layer(path: Path, chain: tuple[Path, ...] = ()) -> dict:
-    real = path.resolve()
-    if real in chain:
-        names = " -> ".join(_display(p) for p in (*chain, real))
-        raise ProfileError(f"{_display(chain[-1])}: include cycle: {names}")
-    data = dict(_read_yaml(path))
+def _includes(path: Path, data: dict) -> list[Path]:
+    """The files ``data`` (read from ``path``, its ``include`` key popped) includes: each
+    name next to the file first, else on the profile search path."""
     source = _display(path)
     includes = data.pop("include", None)
     if includes is None:
@@ -346,15 +343,49 @@ def _file_layer(path: Path, chain: tuple[Path, ...] = ()) -> dict:
         includes = [includes]
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
         raise ProfileError(f"{source}: key 'include' must be a file name or a list of them")
-    merged: dict = {}
+    out = []
     for inc in includes:
         cand = path.parent / inc
         target = cand if cand.is_file() else _lookup_name(inc)
         if target is None:
             raise ProfileError(f"{source}: include '{inc}' not found next to the file "
                                f"or in the profile search path")
+        out.append(target)
+    return out
+
+
+def _no_cycle(path: Path, chain: tuple[Path, ...]) -> Path:
+    """``path`` resolved; ProfileError if the include chain that led here already holds it."""
+    real = path.resolve()
+    if real in chain:
+        names = " -> ".join(_display(p) for p in (*chain, real))
+        raise ProfileError(f"{_display(chain[-1])}: include cycle: {names}")
+    return real
+
+
+def _file_layer(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    real = _no_cycle(path, chain)
+    data = dict(_read_yaml(path))
+    merged: dict = {}
+    for target in _includes(path, data):
         merged = _merge(merged, _file_layer(target, (*chain, real)))
-    return _merge(merged, _normalize(Profile, data, "", source))
+    return _merge(merged, _normalize(Profile, data, "", _display(path)))
+
+
+def include_chain(name_or_path: str | os.PathLike) -> list[Path]:
+    """A profile's file and every file it includes, directly or not (resolved, each once,
+    the profile's own first). Raises ProfileError as loading would."""
+    out: list[Path] = []
+
+    def walk(path: Path, chain: tuple[Path, ...]) -> None:
+        real = _no_cycle(path, chain)
+        if real not in out:
+            out.append(real)
+        for target in _includes(path, dict(_read_yaml(path))):
+            walk(target, (*chain, real))
+
+    walk(resolve_profile_path(name_or_path), ())
+    return out
 
 
 def load_profile(name_or_path: str | os.PathLike | None = None,

@@ -60,6 +60,28 @@ def resolve_model_source(name: str) -> str:
     return name
 
 
+# weight files that would be unpickled (torch.load): never read, even with weights_only
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def require_safetensors(name: str | None, role: str) -> None:
+    """A local model directory must hold safetensors weights: vlmspec never unpickles, so a
+    directory with only pickle weights (pytorch_model.bin …) is refused before anything of
+    it loads. Hub ids are loaded with use_safetensors=True, which refuses them as well."""
+    if not name:
+        return
+    path = Path(resolve_model_source(name))
+    if not path.is_dir() or any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json")):
+        return
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if pickles:
+        raise ModelLoadError(
+            f"{role} model directory {path}: holds {pickles[0]} (pickle weights) and no "
+            "*.safetensors; vlmspec loads safetensors only (it never unpickles): convert it "
+            "where you trust it (save_pretrained(..., safe_serialization=True)) and point "
+            f"'{role}.model' at the result")
+
+
 def pick_device(spec: str = "auto") -> torch.device:
     """``auto`` prefers cuda, then mps, then cpu."""
     if spec != "auto":
@@ -143,6 +165,7 @@ def load_model(spec, role: str = "target") -> LoadedModel:
     transformers.utils.logging.disable_progress_bar()
     if not spec.model:
         raise ModelLoadError(f"no {role} model set (profile key '{role}.model')")
+    require_safetensors(spec.model, role)
     source = resolve_model_source(spec.model)
     is_local = Path(source).is_dir()
     common: dict[str, Any] = {"trust_remote_code": bool(spec.trust_remote_code)}
@@ -167,7 +190,7 @@ def load_model(spec, role: str = "target") -> LoadedModel:
     try:
         config = AutoConfig.from_pretrained(source, **common)
         adapter = adapter_for(config, role)
-        kwargs: dict[str, Any] = dict(common, dtype=dtype)
+        kwargs: dict[str, Any] = dict(common, dtype=dtype, use_safetensors=True)
         qconf = _quantization_config(getattr(spec, "quantize", "none"), adapter,
                                      getattr(spec, "int8_threshold", 0.0))
         if qconf is not None:
@@ -196,12 +219,14 @@ def load_twig(name: str, target: LoadedModel):
     layer-K hidden states; loaded with from_pretrained onto the target's device and dtype."""
     from transformers import AutoModelForCausalLM
 
+    require_safetensors(name, "twig")
     source = resolve_model_source(name)
     if not Path(source).is_dir() and not _hub_reachable():
         raise ModelLoadError(f"twig '{name}' is not a local directory and the hub is unreachable "
                              "(offline?); set twig.model to a directory, or to none for layer-skip")
     try:
-        twig = AutoModelForCausalLM.from_pretrained(source, dtype=target.dtype, trust_remote_code=False)
+        twig = AutoModelForCausalLM.from_pretrained(source, dtype=target.dtype, trust_remote_code=False,
+                                                    use_safetensors=True)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load twig '{name}': {exc}") from exc
     return twig.to(target.device).eval()
@@ -212,12 +237,13 @@ def load_hidden_head(name: str, target: LoadedModel):
     safetensors, loaded with from_pretrained onto the target's device and dtype."""
     from vlmspec_cli.runtime.hidden_head import HiddenDraftHead
 
+    require_safetensors(name, "hidden")
     source = resolve_model_source(name)
     if not Path(source).is_dir() and not _hub_reachable():
         raise ModelLoadError(f"hidden head '{name}' is not a local directory and the hub is "
                              "unreachable (offline?); set hidden.model to a directory")
     try:
-        head = HiddenDraftHead.from_pretrained(source, dtype=target.dtype)
+        head = HiddenDraftHead.from_pretrained(source, dtype=target.dtype, use_safetensors=True)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load hidden head '{name}': {exc}") from exc
     return head.to(target.device).eval()

@@ -10,7 +10,8 @@ from vlmspec_cli.runtime.batch import BatchDrafter, BatchedEngine
 from vlmspec_cli.runtime.captioner import Captioner
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible,
-                                        load_hidden_head, load_model, load_twig)
+                                        load_hidden_head, load_model, load_twig,
+                                        require_safetensors)
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
 class SessionError(Exception):
@@ -52,6 +53,7 @@ BATCHED_METHODS = ("none", "chain")
 IMAGE_METHODS = ("none", "tree", "adt")       # generate-image: tree-shaped drafts only
 TREE_METHODS = ("tree", "adt")
 VIDEO_METHODS = ("none", "chain", "hidden")   # describe-video
+VIDEO_INPUTS = ("multimodal", "text")         # what a chain draft reads a video through
 
 
 def chain_variant(profile) -> str:
@@ -101,6 +103,10 @@ def validate_method(profile) -> None:
         raise SessionError("adaptive_tree: min_depth must be <= max_depth and min_top_k <= max_top_k")
     if profile.method in ("chain", "tree") and not image:
         chain_variant(profile)
+    if video and profile.method == "chain" and inputs[0] not in VIDEO_INPUTS:
+        raise SessionError(f"describe-video drafts with --inputs {' or '.join(VIDEO_INPUTS)} "
+                           f"(the draft reads the video, or the prompt without it), not "
+                           f"'{inputs[0]}'")
     if len(set(inputs)) != len(inputs):
         raise SessionError(f"drafting.inputs lists an input twice: {inputs}")
     if profile.method in ("chain", "tabed") and "caption" in inputs and not profile.captioner.model:
@@ -146,6 +152,8 @@ def build_session(profile, trace=None) -> Session:
     """Load the models the profile names and build its engine. ``trace``: a callable that
     receives one dict per drafting block of an ensemble (for ``--trace``)."""
     validate_method(profile)
+    for role, name in _model_names(profile):  # pickle-only weights: refused before any load
+        require_safetensors(name, role)
     sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
     target = load_model(profile.target, "target")
     image = profile.task == "image"
@@ -219,6 +227,21 @@ def build_session(profile, trace=None) -> Session:
     if profile.acceptance == "relaxed":
         engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
     return Session(profile, target, draft, captioner_lm, engine, sampling)
+
+
+def _model_names(profile) -> list[tuple[str, str | None]]:
+    """(role, model name) of every model build_session loads for this profile."""
+    m, inputs = profile.method, profile.drafting.inputs
+    names = [("target", profile.target.model)]
+    if m not in ("none", "twig", "hidden"):
+        names.append(("draft", profile.draft.model))
+    if m in ("chain", "tabed") and "caption" in inputs and profile.task == "caption":
+        names.append(("captioner", profile.captioner.model))
+    if m == "twig" and not _no_twig(profile.twig.model):
+        names.append(("twig", profile.twig.model))
+    if m == "hidden":
+        names.append(("hidden", profile.hidden.model))
+    return names
 
 
 def _hidden_drafter(profile, target, sampling):

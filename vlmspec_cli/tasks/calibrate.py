@@ -16,16 +16,20 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.drafters.members import LETTERS
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.latency import measure_tables
-from vlmspec_cli.runtime.request import Request
+from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.stats import SpecStats
+from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_profile, same_file,
+                                            write_checked)
 
 
 @dataclass
@@ -201,3 +205,92 @@ def winner_yaml(winner: Candidate, base_source: str, name: str, include: str, ta
 
 def as_dicts(candidates: list[Candidate]) -> list[dict]:
     return [dict(dataclasses.asdict(c), label=c.label) for c in candidates]
+
+
+# ------------------------------------------------------------------ samples and models
+def sample_requests(profile, items) -> tuple[list[Request], list[str]]:
+    """One request per usable sample image (expanded input items), and the one-line error
+    of each unusable one."""
+    from vlmspec_cli.tasks.inputs import InputError, load_image
+
+    requests, errors = [], []
+    for item in items:
+        try:
+            if item.error:
+                raise InputError(item.path, item.error)
+            image = load_image(item.path)
+        except InputError as exc:
+            errors.append(str(exc))
+            continue
+        requests.append(Request([Message("user", profile.generation.prompt, (image,))],
+                                max_new_tokens=profile.generation.max_new_tokens,
+                                seed=profile.sampling.seed, request_id=item.path))
+    return requests, errors
+
+
+def calibration_session(profile):
+    """(session, captioner or None, why caption drafting was left out or None): calibrating
+    needs the draft, so method none is measured as chain."""
+    from vlmspec_cli.runtime.captioner import Captioner
+    from vlmspec_cli.runtime.models import ModelLoadError, load_model
+    from vlmspec_cli.runtime.session import build_session
+
+    if profile.method == "none":
+        profile.method = "chain"
+    session = build_session(profile)
+    captioner, note = None, None
+    if profile.captioner.model:
+        try:
+            captioner = Captioner(load_model(profile.captioner, "captioner"), profile.captioner.prompt,
+                                  profile.captioner.max_new_tokens)
+        except ModelLoadError as exc:
+            note = f"caption drafting left out: {exc}"
+    return session, captioner, note
+
+
+# ------------------------------------------------------------------ the written profile
+def profile_write_path(name: str) -> Path:
+    """``--write NAME`` -> profiles/NAME.yaml; FILE.yaml or a path as given."""
+    if name.endswith((".yaml", ".yml")) or os.sep in name or "/" in name:
+        return Path(name)
+    return Path("profiles") / f"{name}.yaml"
+
+
+def include_for(profile_arg: str | None, base_source: str, path: Path) -> str:
+    """How the written profile names its base: by name if the base was given by name, else
+    by its path relative to the new file (absolute when that climbs out of its folder)."""
+    by_name = profile_arg is None or not (profile_arg.endswith((".yaml", ".yml"))
+                                          or os.sep in profile_arg)
+    if by_name:
+        return Path(base_source).stem
+    rel = os.path.relpath(base_source, path.parent.resolve())
+    return base_source if rel.startswith("..") else rel
+
+
+def _profile_rules(force: bool, inputs) -> dict:
+    return dict(force=force, ours=is_profile, what="vlmspec profile", inputs=list(inputs))
+
+
+def check_profile_write(path: Path, base_source: str, *, force: bool, inputs=()) -> None:
+    """Before anything is measured: OutputRefused (one line) unless the calibrated profile
+    may be written to ``path``. Never the base profile, nor a profile it includes, nor under
+    the name of one (``--write tinyworld-caption`` would shadow the include and loop), even
+    with ``force``; never over an input (``inputs``: the samples); an existing file only
+    with ``force``, and only if it is a vlmspec profile."""
+    from vlmspec_cli.profile import include_chain
+
+    label = f"--write {path}"
+    chain = include_chain(base_source)
+    if same_file(path, chain[0]):
+        raise OutputRefused(f"{label}: is the base profile, which the new profile includes: "
+                            "pick another name")
+    for included in chain:
+        if same_file(path, included) or path.stem == included.stem:
+            raise OutputRefused(f"{label}: would shadow profile '{included.stem}' ({included}), "
+                                "which the new profile includes: pick another name")
+    check_output(path, label, **_profile_rules(force, inputs))
+
+
+def write_profile(path: Path, text: str, *, force: bool, inputs=()) -> None:
+    """Write the calibrated profile (checked again, atomic, the folder created)."""
+    write_checked(path, text.encode("utf-8"), f"--write {path}", **_profile_rules(force, inputs))

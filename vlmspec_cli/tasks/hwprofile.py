@@ -15,7 +15,8 @@ import yaml
 from vlmspec_cli.runtime.latency import (LatencyTables, eq1_speedup, measure_tables, median_ms,
                                          remarks)
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.tasks.records import atomic_write_text
+from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_png, is_profile,
+                                            same_file, write_checked)
 from vlmspec_cli.zoo import world
 
 TAUS = (2.0, 3.0, 4.0)
@@ -112,13 +113,50 @@ def hardware_yaml(hardware: dict, source: str) -> str:
     return head + yaml.safe_dump({"hardware": hardware}, sort_keys=False, allow_unicode=True)
 
 
-def write_hardware_yaml(path: str, hardware: dict, source: str) -> None:
-    atomic_write_text(path, hardware_yaml(hardware, source))
+def _is_hardware_profile(path) -> bool:
+    return is_profile(path, "hardware")
 
 
-def plot_tables(path: str, hardware: dict) -> None:
+def output_rules(write_path: str | None, plot_path: str | None, source: str, force: bool
+                 ) -> list[tuple[str, str, dict]]:
+    """(path, label, rules) of --write and --plot: new files, or with ``force`` what this
+    command writes (a hardware profile, a PNG); never the profile it measures (``source``)
+    nor both options on one file."""
+    if write_path and plot_path and same_file(write_path, plot_path):
+        raise OutputRefused(f"--plot {plot_path}: is the --write file too; give two files")
+    out = []
+    if write_path:
+        out.append((write_path, f"--write {write_path}",
+                    dict(force=force, ours=_is_hardware_profile, inputs=[source],
+                         what="hardware profile (written by `vlmspec profile`)")))
+    if plot_path:
+        out.append((plot_path, f"--plot {plot_path}",
+                    dict(force=force, ours=is_png, inputs=[source], what="PNG image")))
+    return out
+
+
+def check_outputs(write_path: str | None, plot_path: str | None, source: str, force: bool) -> None:
+    """Before anything is measured: OutputRefused (one line) if --write or --plot may not
+    be written."""
+    for path, label, rules in output_rules(write_path, plot_path, source, force):
+        check_output(path, label, **rules)
+
+
+def save_outputs(write_path: str | None, plot_path: str | None, hardware: dict, source: str,
+                 force: bool) -> list[str]:
+    """Write the hardware profile and the plot (each checked again, atomic); their paths."""
+    written = []
+    for path, label, rules in output_rules(write_path, plot_path, source, force):
+        data = (hardware_yaml(hardware, source).encode("utf-8") if path == write_path
+                else plot_png(hardware))
+        write_checked(path, data, label, **rules)
+        written.append(path)
+    return written
+
+
+def plot_png(hardware: dict) -> bytes:
     """T_p vs tokens verified (per S), T_q vs S (per B), T_q vs B (per S)."""
-    from vlmspec_cli.plot import Panel, Series, line_chart
+    from vlmspec_cli.plot import Panel, Series, line_chart_png
 
     m = hardware["measurements"]
     verify = m["target_verify_ms"]
@@ -132,4 +170,4 @@ def plot_tables(path: str, hardware: dict) -> None:
         contexts = sorted(next(iter(draft.values())))
         panels.append(Panel("draft: batch rows", "rows B", "ms",
                             [Series(f"S={s}", [(b, draft[b][s]) for b in sorted(draft)]) for s in contexts]))
-    line_chart(path, panels, title=f"vlmspec profile - {hardware['device']}")
+    return line_chart_png(panels, title=f"vlmspec profile - {hardware['device']}")

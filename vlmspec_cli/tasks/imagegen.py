@@ -3,10 +3,13 @@
 A job is one image: the k-th of ``images_per_prompt`` for one prompt, with its own seed
 (the run's seed + k, so the images of a prompt differ at T > 0 and every record can be
 replayed). The target decodes the image grid token by token (speculatively), the VQ
-decoder turns the codes into pixels, and the PNG is written atomically: into a temporary
-file in the output folder, then linked to its name, which fails rather than overwrite an
-existing file (unless ``force``). A file already there is an error for that job unless
-``skip_existing`` (resume); either way the batch goes on.
+decoder turns the codes into pixels, and the PNG (and with ``heatmap`` its
+``NAME.heatmap.png``) is written atomically: into a temporary file in the output folder,
+then linked to its name, which fails rather than overwrite an existing file (unless
+``force``, and then only over a PNG). Whether each file may be written is decided before
+the job decodes (tasks/output_files.py): a file already there is an error for that job
+unless ``skip_existing`` (resume: it is kept and the job only writes what is missing);
+either way the batch goes on.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ import torch
 
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.tasks.caption import BatchSummary, CaptionEvents
-from vlmspec_cli.tasks.records import fsync_dir
+from vlmspec_cli.tasks.output_files import OutputRefused, is_png, refusal, write_new
 
 TASK = "image"
 
@@ -84,35 +86,27 @@ def png_bytes(image) -> bytes:
     return buf.getvalue()
 
 
-def write_new(path: Path, data: bytes, force: bool) -> None:
-    """Write ``data`` to ``path`` atomically; without ``force`` never replace a file that
-    exists (os.link refuses an existing name; the check and the rename are one step)."""
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    try:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if force:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise
-            except OSError:          # no hard links here: check, then rename
-                if path.exists():
-                    raise FileExistsError(str(path)) from None
-                os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)
-
-
 def heatmap_path(path: str | os.PathLike) -> Path:
     p = Path(path)
     return p.with_name(p.stem + ".heatmap.png")
+
+
+_KEEP_HINT = "use --force to overwrite, --skip-existing to keep it"
+
+
+def files_to_write(job: ImageJob, heatmap: bool, *, force: bool, skip_existing: bool) -> list[Path]:
+    """The files of ``job`` this run writes: its PNG and, with ``heatmap``, its heatmap; with
+    ``skip_existing`` only those missing (none: skip the job). Decided before decoding:
+    raises OutputRefused when one may not be written (it exists and no --force, or with
+    --force it is not a PNG), so no image is decoded for nothing."""
+    files = [Path(job.path)] + ([heatmap_path(job.path)] if heatmap else [])
+    if skip_existing:
+        return [p for p in files if not (p.exists() or p.is_symlink())]
+    for p in files:
+        reason = refusal(p, force=force, ours=is_png, what="PNG image", exists_hint=_KEEP_HINT)
+        if reason is not None:
+            raise OutputRefused(reason if p == files[0] else f"heatmap {p} {reason}")
+    return files
 
 
 def base_record(session, job: ImageJob) -> dict:
@@ -153,11 +147,14 @@ def run_images(session, jobs: list[ImageJob], events: CaptionEvents, *, force: b
                emit=None) -> BatchSummary:
     """Generate every job's image; failures become error records, the batch goes on."""
     from vlmspec_cli.plot import grid_heatmap
+    from vlmspec_cli.runtime.session import TREE_METHODS
 
+    heatmap = heatmap and session.profile.method in TREE_METHODS   # trees have accept lengths
     summary = BatchSummary(items=len(jobs))
     todo = []
     for job in jobs:
-        if job.error is None and skip_existing and Path(job.path).exists():
+        if job.error is None and skip_existing and not files_to_write(
+                job, heatmap, force=force, skip_existing=True):
             summary.skipped += 1
         else:
             todo.append(job)
@@ -169,21 +166,22 @@ def run_images(session, jobs: list[ImageJob], events: CaptionEvents, *, force: b
         try:
             if job.error:
                 raise ValueError(job.error)
-            if Path(job.path).exists() and not force:
-                raise FileExistsError(job.path)
+            writes = files_to_write(job, heatmap, force=force, skip_existing=skip_existing)
             request = image_request(session, job)
             limit = request.max_new_tokens
             result = session.engine.generate(
                 request, lambda st: events.tokens(job, len(st.tokens), limit))
             image = render(session, result.tokens)
-            write_new(Path(job.path), png_bytes(image), force)
+            if Path(job.path) in writes:       # else kept (--skip-existing)
+                write_new(Path(job.path), png_bytes(image), force)
             record["file"] = job.path
             stats = result.state.stats
             trees = stats.trees or {}
-            if heatmap and "accept_lengths" in trees:
+            hpath = heatmap_path(job.path)
+            if hpath in writes and "accept_lengths" in trees:
                 grid = [trees["accept_lengths"][r * cols:(r + 1) * cols] for r in range(rows)]
-                hpath = heatmap_path(job.path)
-                write_new(hpath, png_bytes(grid_heatmap(grid, image.size)), True)
+                write_new(hpath, png_bytes(grid_heatmap(grid, image.size)), force)
+            if heatmap and hpath.exists():
                 record["heatmap"] = str(hpath)
             record["tokens"] = result.tokens
             record["stats"] = stats.to_dict()
@@ -199,7 +197,7 @@ def run_images(session, jobs: list[ImageJob], events: CaptionEvents, *, force: b
                     summary.mismatches += 1
                 record["compare"] = {"target_only_s": round(base_s, 4), "identical": same,
                                      "speedup": round(base_s / stats.wall_s, 3) if stats.wall_s else None}
-        except (OSError, ValueError, RuntimeError) as exc:
+        except (OSError, ValueError, RuntimeError, OutputRefused) as exc:
             reason = _reason(exc)
             record["error"] = reason
             summary.failures += 1
@@ -214,7 +212,7 @@ def run_images(session, jobs: list[ImageJob], events: CaptionEvents, *, force: b
 
 def _reason(exc: Exception) -> str:
     if isinstance(exc, FileExistsError):
-        return "exists (use --force to overwrite, --skip-existing to keep it)"
+        return f"exists ({_KEEP_HINT})"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return str(exc) or type(exc).__name__

@@ -272,7 +272,7 @@ def main(argv=None) -> None:
     }
     if args.eval_only:
         for name in args.only or list(models):
-            model = LlavaForConditionalGeneration.from_pretrained(args.out / name).eval()
+            model = LlavaForConditionalGeneration.from_pretrained(args.out / name, use_safetensors=True).eval()
             report.setdefault(name, {}).update(
                 evaluate(model, processor, args.eval_scenes, seed=10_000 + args.seed))
             print(f"[{name}] {json.dumps(report[name])}", flush=True)

@@ -125,8 +125,13 @@ class Qwen25VLAdapter(ModelAdapter):
         return out
 
     def prompt_embeds(self, lm, prompt, images, pool: int = 1):
-        raise ValueError(f"model '{lm.name}' (Qwen2.5-VL) cannot be read through embeddings here; "
-                         "use method none, chain or hidden")
+        """A prompt without visual tokens as embeddings: the text drafting input, whose
+        video placeholders are already replaced (a text prefill: 1-D positions, delta 0).
+        Visual inputs go through ``encode`` (the multimodal input reads the video there)."""
+        if images:
+            raise ValueError(f"model '{lm.name}' (Qwen2.5-VL) reads videos through its own "
+                             "inputs, not embeddings: use drafting.inputs [multimodal] or [text]")
+        return super().prompt_embeds(lm, prompt, None, pool)
 
     # -- forwards: explicit 3-D positions ------------------------------------------------
     def _prefill_inputs(self, inputs: dict, cache) -> dict:

@@ -137,7 +137,7 @@ def main(argv=None) -> None:
 
     if args.eval_only:
         tok = AutoTokenizer.from_pretrained(args.out / "janus-target")
-        target, draft = (JanusForConditionalGeneration.from_pretrained(args.out / f"janus-{r}").eval()
+        target, draft = (JanusForConditionalGeneration.from_pretrained(args.out / f"janus-{r}", use_safetensors=True).eval()
                          for r in ("target", "draft"))
         for role in ("target", "draft"):
             report.setdefault(f"janus-{role}", {})

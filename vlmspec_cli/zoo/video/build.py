@@ -53,8 +53,8 @@ def main(argv=None) -> None:
     tdir, ddir = args.out / "qwen-video-target", args.out / "qwen-video-draft"
     if args.report_only:
         write_report(tdir / "BUILD_REPORT.md", json.loads((tdir / "BUILD_REPORT.json").read_text()),
-                     Qwen2_5_VLForConditionalGeneration.from_pretrained(tdir),
-                     Qwen2_5_VLForConditionalGeneration.from_pretrained(ddir))
+                     Qwen2_5_VLForConditionalGeneration.from_pretrained(tdir, use_safetensors=True),
+                     Qwen2_5_VLForConditionalGeneration.from_pretrained(ddir, use_safetensors=True))
         return
     t_start = time.time()
     report: dict = {"seed": args.seed}
@@ -93,8 +93,8 @@ def _load(args, tdir: Path, ddir: Path, report: dict):
     """The saved tokenizer and target (and with --eval-only the draft; else None), and the
     training entries of the saved report."""
     tok = AutoTokenizer.from_pretrained(tdir)
-    target = Qwen2_5_VLForConditionalGeneration.from_pretrained(tdir).eval()
-    draft = Qwen2_5_VLForConditionalGeneration.from_pretrained(ddir).eval() if args.eval_only else None
+    target = Qwen2_5_VLForConditionalGeneration.from_pretrained(tdir, use_safetensors=True).eval()
+    draft = Qwen2_5_VLForConditionalGeneration.from_pretrained(ddir, use_safetensors=True).eval() if args.eval_only else None
     old = tdir / "BUILD_REPORT.json"
     if old.exists():
         report.update({k: v for k, v in json.loads(old.read_text()).items()

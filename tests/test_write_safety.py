@@ -1,0 +1,67 @@
+"""tasks/output_files.py: the one rule every whole-file output follows (new file, or with
+--force a file in the output's own format; never an input; atomic), and the profile
+include chain calibrate checks against."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from PIL import Image
+
+from corpus import write_foreign_json, write_foreign_yaml, write_user_notes
+from vlmspec_cli.profile import include_chain
+from vlmspec_cli.tasks.output_files import (OutputRefused, is_png, is_profile, refusal,
+                                            write_checked)
+
+PNG = dict(ours=is_png, what="PNG image")
+
+
+def test_refusal_rules(tmp_path):
+    new, png, notes = tmp_path / "new.png", tmp_path / "a.png", tmp_path / "b.png"
+    Image.new("RGB", (2, 2)).save(png)
+    write_user_notes(notes)
+    assert refusal(new, force=False, **PNG) is None
+    assert refusal(png, force=False, **PNG) == "exists (use --force to overwrite)"
+    assert refusal(png, force=True, **PNG) is None
+    assert "is not a PNG image" in refusal(notes, force=True, **PNG)
+    assert refusal(tmp_path, force=True, **PNG) == "is a directory"
+    link = tmp_path / "link.png"
+    os.symlink(png, link)
+    assert "is an input" in refusal(link, force=True, inputs=[png], **PNG)   # one file, two names
+    assert refusal(png / "sub" / "x.png", force=True, **PNG) == f"cannot be created: {png} is not a folder"
+    dangling = tmp_path / "dangling.png"
+    os.symlink(tmp_path / "gone", dangling)
+    assert "is not a PNG image" in refusal(dangling, force=True, **PNG)
+
+
+def test_is_profile(tmp_path):
+    hw, mine, empty = tmp_path / "hw.yaml", tmp_path / "mine.yaml", tmp_path / "empty.yaml"
+    hw.write_text("# written by vlmspec profile\nhardware: {latency_ratio: 0.2}\n")
+    mine.write_text("include: tinyworld-caption\nname: mine\nmethod: tabed\n")
+    empty.write_text("")
+    assert is_profile(hw) and is_profile(hw, "hardware") and is_profile(mine)
+    assert not is_profile(mine, "hardware") and not is_profile(empty)
+    for make in (write_user_notes, write_foreign_yaml, write_foreign_json):
+        other = tmp_path / f"{make.__name__}.yaml"
+        make(other)
+        assert not is_profile(other)
+
+
+def test_write_checked_is_atomic_and_never_clobbers(tmp_path):
+    target = tmp_path / "sub" / "out.png"
+    write_checked(target, b"\x89PNG\r\n\x1a\nfirst", force=False, **PNG)     # folder created
+    with pytest.raises(OutputRefused, match="out.png: exists"):
+        write_checked(target, b"\x89PNG\r\n\x1a\nsecond", force=False, **PNG)
+    write_checked(target, b"\x89PNG\r\n\x1a\nthird", "--plot out.png", force=True, **PNG)
+    assert target.read_bytes().endswith(b"third") and os.listdir(target.parent) == ["out.png"]
+
+
+def test_include_chain(tmp_path):
+    chain = include_chain("tinyworld-tabed")
+    assert [p.stem for p in chain] == ["tinyworld-tabed", "tinyworld-caption"]
+    (tmp_path / "hw.yaml").write_text("hardware: {latency_ratio: 0.2}\n")
+    base = tmp_path / "base.yaml"
+    base.write_text("include: [tinyworld-tabed, hw.yaml]\n")
+    assert [p.stem for p in include_chain(str(base))] == ["base", "tinyworld-tabed",
+                                                          "tinyworld-caption", "hw"]

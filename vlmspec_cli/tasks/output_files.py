@@ -1,0 +1,148 @@
+"""May a command write this file? The one rule every whole-file output follows.
+
+vlmspec never destroys a file. A whole-file output (a PNG, a heatmap, a profile, a plot, a
+recipe state file) may be written
+
+- when nothing is there yet, or
+- with ``force``, over a file in that output's own format (``ours``: a PNG over a PNG, a
+  vlmspec profile over a vlmspec profile), never over anything else, and
+- never over an input of the same run (the samples, the profile it reads, the recipe).
+
+:func:`refusal` says why not (one phrase, no path: callers name the file or option), and
+:func:`write_new` writes atomically without replacing a file that appeared meanwhile.
+Decide with :func:`refusal` before any work (before models load or images decode), then
+write with :func:`write_new`. Knows nothing of click or rich.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Callable, Iterable
+
+from vlmspec_cli.tasks.records import fsync_dir
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_OWN_BYTES = 1 << 20    # a profile or state file is a few KB; a bigger one is not ours
+
+
+class OutputRefused(Exception):
+    """A file may not be written; the message is one line naming it and why."""
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """One file under two names (links and relative paths resolved)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refusal(path: str | os.PathLike, *, force: bool, ours: Callable[[Path], bool], what: str,
+            inputs: Iterable[str | os.PathLike] = (),
+            exists_hint: str = "use --force to overwrite",
+            foreign_hint: str = "not overwritten, even with --force") -> str | None:
+    """Why ``path`` may not be written (e.g. "exists (use --force to overwrite)"), or None.
+    ``what`` names the format in messages ("PNG image", "vlmspec profile"); a command
+    that owns its file outright (a recipe's state file) passes ``force=True``."""
+    p = Path(path)
+    if any(same_file(p, i) for i in inputs):
+        return "is an input of this run: write the output somewhere else"
+    if p.is_dir():
+        return "is a directory"
+    if not (p.exists() or p.is_symlink()):
+        return _folder_problem(p.parent)
+    if not force:
+        return f"exists ({exists_hint})"
+    if not p.is_file() or not ours(p):
+        return f"exists and is not a {what}: {foreign_hint}"
+    return None
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why a new file cannot be made in ``folder`` (created if missing), or None."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent                 # the nearest folder that exists
+    if not folder.is_dir():
+        return f"cannot be created: {folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot be created: folder {folder} is not writable"
+    return None
+
+
+def check_output(path: str | os.PathLike, label: str | None = None, **rules) -> None:
+    """:func:`refusal` as an exception: ``OutputRefused("LABEL: reason")`` (label: the path,
+    or e.g. "--write hw.yaml")."""
+    reason = refusal(path, **rules)
+    if reason is not None:
+        raise OutputRefused(f"{label or path}: {reason}")
+
+
+def write_checked(path: str | os.PathLike, data: bytes, label: str | None = None, **rules) -> None:
+    """Write a whole-file output once its work is done: the rule is checked again (a file
+    may have appeared meanwhile), the parent folder created, the write atomic and, without
+    ``force``, never over a file (not even one that appears during the write)."""
+    check_output(path, label, **rules)
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_new(path, data, rules["force"])
+    except FileExistsError:
+        raise OutputRefused(f"{label or path}: exists (use --force to overwrite)") from None
+    except OSError as exc:
+        raise OutputRefused(f"{label or path}: cannot write: {exc.strerror or exc}") from None
+
+
+def is_png(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
+    except OSError:
+        return False
+
+
+def is_profile(path: Path, required: str | None = None) -> bool:
+    """A vlmspec profile: a YAML mapping whose keys are all profile keys (or ``include``),
+    with ``required`` among them when given (``hardware`` for a hardware profile)."""
+    import yaml
+
+    from vlmspec_cli.profile import profile_keys
+
+    try:
+        if path.stat().st_size > MAX_OWN_BYTES:
+            return False
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    if not isinstance(data, dict) or not data:
+        return False
+    allowed = {k.split(".")[0] for k in profile_keys()} | {"include"}
+    return set(map(str, data)) <= allowed and (required is None or required in data)
+
+
+def write_new(path: Path, data: bytes, force: bool) -> None:
+    """Write ``data`` to ``path`` atomically; without ``force`` never replace a file that
+    exists (os.link refuses an existing name; the check and the rename are one step)."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    try:
+        with open(tmp, "xb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if force:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise
+            except OSError:          # no hard links here: check, then rename
+                if path.exists():
+                    raise FileExistsError(str(path)) from None
+                os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_dir(path.parent)
