@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import os
 import re
 import types
@@ -33,6 +34,17 @@ _SUFFIXES = (".yaml", ".yml")
 
 class ProfileError(Exception):
     """A user-facing profile problem; the message names the file and key path."""
+
+
+class _RangeError(ProfileError):
+    """A value of the right type that no field can hold (inf, nan, beyond 64 bits); a
+    union type reports it rather than "expects X or Y"."""
+
+
+# Every integer key is a signed 64-bit integer (torch tensors and generators hold no
+# more; sampling.seed is exactly this range, leaving room for the seeds derived from it);
+# every float key is finite.
+INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 def _rule(*, choices=None, pattern=None, allowed=None, ge=None, gt=None, le=None,
@@ -175,6 +187,9 @@ class VideoSpec:
     fps: float | None = field(default=None, metadata=_rule(gt=0))    # or by time
     max_pixels: int | None = field(default=None, metadata=_rule(ge=1))
     folder_fps: float = field(default=2.0, metadata=_rule(gt=0))     # a folder of frames
+    # the most frames one video may be sampled to (--fps on a long clip, --frames N): past
+    # it the video fails with both numbers, before its frames are decoded
+    max_frames: int = field(default=256, metadata=_rule(ge=1))
 
 
 @dataclass
@@ -215,10 +230,13 @@ class HardwareSpec:
     torch: str | None = None
     transformers: str | None = None
     date: str | None = None
-    target_ms: float | None = None       # T_p(1, S, 1): one target decoding step
-    target_verify_ms: float | None = None  # T_p(1, S, γ): the target verifying γ tokens
-    draft_ms: float | None = None        # T_q(B, S, 1): one draft step, B = drafting rows
-    prefill_ms: float | None = None      # target prefill of the sample request
+    # timings in ms, >= 0:
+    target_ms: float | None = field(default=None, metadata=_rule(ge=0))  # T_p(1, S, 1): one target step
+    # T_p(1, S, γ): the target verifying γ tokens
+    target_verify_ms: float | None = field(default=None, metadata=_rule(ge=0))
+    # T_q(B, S, 1): one draft step, B = drafting rows
+    draft_ms: float | None = field(default=None, metadata=_rule(ge=0))
+    prefill_ms: float | None = field(default=None, metadata=_rule(ge=0))  # the sample request's
     # the full tables: target_verify_ms[S][k], draft_step_ms[B][S], remarks
     measurements: Any = None
 
@@ -364,6 +382,8 @@ def _coerce(value, tp, key: str, source: str):
                 continue
             try:
                 return _coerce(value, arg, key, source)
+            except _RangeError:
+                raise
             except ProfileError:
                 pass
         raise bad()
@@ -375,14 +395,38 @@ def _coerce(value, tp, key: str, source: str):
         (item,) = typing.get_args(tp) or (Any,)
         return [_coerce(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise bad()
+        return _finite_float(value, key, source, bad)
     if tp is int and isinstance(value, bool):
         raise bad()
+    if tp is int and isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+        raise _RangeError(f"{source}: key '{key}' must be a 64-bit integer, from {INT_MIN} "
+                          f"to {INT_MAX} (got {_short(value)})")
     if isinstance(tp, type) and isinstance(value, tp):
         return value
     raise bad()
+
+
+def _finite_float(value, key: str, source: str, bad) -> float:
+    """An int or float as a finite float; inf, nan (also spelt as text) and ints too large
+    for a float are errors naming the key."""
+    if isinstance(value, str) and value.strip().lower().lstrip("+-.") in ("inf", "infinity", "nan"):
+        raise _RangeError(f"{source}: key '{key}' must be a finite number (got {value!r})")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise bad()
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise _RangeError(f"{source}: key '{key}' must be a finite number (got {_short(value)})")
+    return number
+
+
+def _short(value) -> str:
+    """A number for a message: huge integers by their size, not their 400 digits."""
+    if isinstance(value, int) and abs(value) > 10 ** 30:
+        return f"a {value.bit_length()}-bit integer"
+    return repr(value)
 
 
 def _check(value, meta: Mapping, key: str, source: str) -> None:
@@ -540,12 +584,18 @@ def _read_yaml(path: Path):
                            f"{e.problem or e.context or e}") from e
     except yaml.YAMLError as e:
         raise ProfileError(f"{_display(path)}: invalid YAML: {e}") from e
+    except ValueError as e:  # e.g. an integer of more digits than int() converts
+        raise ProfileError(f"{_display(path)}: invalid YAML: {_value_error(e)}") from e
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ProfileError(f"{_display(path)}: top level must be a mapping of keys, "
                            f"got {type(data).__name__}")
     return data
+
+
+def _value_error(e: ValueError) -> str:
+    return str(e).split(";")[0]
 
 
 def list_profiles() -> list[tuple[str, Path, str]]:
@@ -608,6 +658,8 @@ def load_profile(name_or_path: str | os.PathLike | None = None,
             parse_error = None
         except yaml.YAMLError as e:
             value, parse_error = None, e
+        except ValueError as e:  # e.g. an integer of more digits than int() converts
+            value, parse_error = None, _value_error(e)
         tp = _leaf_type(key.split("."))
         # For string keys, take the text verbatim if YAML turned it into
         # something else (e.g. 'revision=1234', 'prompt=yes') or failed.
