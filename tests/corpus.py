@@ -217,3 +217,70 @@ def write_foreign_json(path: Path) -> bytes:
     data = b'{"name": "my-app", "version": "1.0.0", "steps": ["build", "test"]}\n'
     Path(path).write_bytes(data)
     return data
+
+
+# ------------------------------------------------------------------ input limits
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+JPEG_SIGNATURE = b"\xff\xd8\xff\xe0"
+GIB = 1024 ** 3
+
+
+def make_sparse_file(path: Path, size: int = 2 * GIB, head: bytes = PNG_SIGNATURE) -> Path:
+    """``head`` then zeros up to ``size`` bytes, as a sparse file: it takes no disk space,
+    but a loader that reads it whole reads (and holds) ``size`` bytes."""
+    path = Path(path)
+    with open(path, "wb") as fh:
+        fh.write(head)
+        fh.truncate(size)
+    return path
+
+
+def make_huge_png(root: Path, name: str = "huge.png") -> Path:
+    """A 2 GiB sparse file that starts like a PNG (far past any sane image file size)."""
+    return make_sparse_file(Path(root) / name, 2 * GIB, PNG_SIGNATURE)
+
+
+def make_garbage_after_signature(root: Path, name: str = "fake.jpg", size: int = 64 * 1024 ** 2,
+                                 head: bytes = JPEG_SIGNATURE) -> Path:
+    """A sparse file under the image size cap whose signature is an image's and whose
+    rest is zeros (PIL scans such a JPEG / GIF byte by byte to its end)."""
+    return make_sparse_file(Path(root) / name, size, head)
+
+
+def long_prompt(chars: int = 20_000) -> str:
+    """A prompt far longer than the tinyworld models' context (1,024 / 256 positions)."""
+    words = "what colour is the circle and where is the square "
+    return (words * (chars // len(words) + 1))[:chars]
+
+
+NEWLINE_NAME = "two\nlines\tand a tab\\slash.png"
+
+
+def make_newline_named_image(root: Path, size: int = 16) -> Path:
+    """A valid PNG whose name holds a newline, a tab and a backslash (legal on POSIX)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / NEWLINE_NAME
+    Image.new("RGB", (size, size), (200, 30, 30)).save(path, format="PNG")
+    return path
+
+
+def make_long_video(path: Path, frames: int = 300, fps: int = 30, size: int = 16) -> Path:
+    """A clip of ``frames`` tiny frames (10 s at 30 fps by default; fast to write): --fps 30
+    samples every frame, more than the default video.max_frames 256. Use .mp4: Matroska
+    keeps millisecond timestamps, so --fps 30 there samples only 2 frames in 3."""
+    from videofiles import moving_square_frames, write_video
+
+    return write_video(Path(path), moving_square_frames(frames, size=size, square=4), fps=fps)
+
+
+def make_long_chat(path: Path, image: Path, chars: int = 20_000) -> Path:
+    """Two conversations about ``image``: one with a turn far past the context, one short."""
+    import json
+
+    lines = [{"id": "long", "messages": [{"role": "user", "text": long_prompt(chars),
+                                          "images": [str(image)]}]},
+             {"id": "short", "messages": [{"role": "user", "text": "what colour is it?",
+                                           "images": [str(image)]}]}]
+    Path(path).write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return Path(path)

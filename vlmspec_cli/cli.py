@@ -9,6 +9,19 @@ import sys
 import click
 
 from vlmspec_cli import __version__
+from vlmspec_cli.cli_types import FiniteFloat, IntList, Seed
+
+# stdout text lines are two tab-separated columns; a file name or a model output can hold
+# any character, so these four are escaped in both columns (one line = one record)
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"})
+TSV_HELP = ("backslash, tab, newline and CR in a column are written as \\\\, \\t, \\n "
+            "and \\r")
+
+
+def tsv_field(text) -> str:
+    """One column of a stdout text line, escaped (see _TSV_ESCAPES)."""
+    return str(text).translate(_TSV_ESCAPES)
+
 
 EPILOG_CAPTION = """\b
 Examples:
@@ -114,12 +127,13 @@ set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
 @click.option("--batch-size", "-b", type=click.IntRange(min=1),
               help="Decode B inputs together (methods none and chain); each output is the one "
                    "decoded alone [profile: generation.batch_size, default 1].")
-@click.option("--temperature", "-t", type=click.FloatRange(min=0), help="0 = greedy (default); >0 samples.")
-@click.option("--seed", type=int, help="Sampling seed (recorded in every record).")
+@click.option("--temperature", "-t", type=FiniteFloat(min=0), help="0 = greedy (default); >0 samples.")
+@click.option("--seed", type=Seed(), help="Sampling seed, a signed 64-bit integer (recorded in every record).")
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
 @click.option("--out", "-o", type=click.Path(dir_okay=False, writable=True), metavar="FILE.jsonl",
               help="Append one JSON record per input; a rerun skips inputs already recorded.")
-@click.option("--json", "as_json", is_flag=True, help="Write JSONL records to stdout instead of text.")
+@click.option("--json", "as_json", is_flag=True,
+              help=f"Write JSONL records to stdout instead of INPUT<TAB>OUTPUT lines ({TSV_HELP}).")
 @click.option("--compare", is_flag=True, help="Also decode with the target alone and report the speedup.")
 @click.option("--dry-run", is_flag=True, help="Show the resolved profile and the inputs; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
@@ -141,6 +155,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     or --json), progress and the summary table to stderr.
     """
     from vlmspec_cli import ui
+    from vlmspec_cli.runtime.limits import check_prompt_fits
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.caption import chat_jobs, image_jobs, input_files, run_batch
@@ -184,6 +199,8 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
         try:
             session = (build_session(prof, trace=trace_sink and trace_sink.append)
                        if executor == "local" else None)
+            if session is not None and not chat_file:  # the same prompt for every image
+                check_prompt_fits(session, prof.generation.prompt)
         except (SessionError, ModelLoadError, ValueError) as exc:
             _fail(str(exc))
         with ui.BatchUI(quiet=quiet) as events:
@@ -247,12 +264,13 @@ def exit_130_on_interrupt(sink, emit):
 
 
 def record_printer(as_json: bool):
-    """stdout for each finished record: JSONL, or "input<TAB>output" for the good ones."""
+    """stdout for each finished record: JSONL, or "input<TAB>output" for the good ones
+    (both columns escaped: tsv_field)."""
     def emit(record: dict) -> None:
         if as_json:
             click.echo(json.dumps(record, ensure_ascii=False))
         elif record["error"] is None:
-            click.echo(f"{record['input']}\t{record['output']}")
+            click.echo(f"{tsv_field(record['input'])}\t{tsv_field(record['output'])}")
     return emit
 
 
@@ -281,7 +299,7 @@ def _print_plan(prof, noun: str, rows: list[tuple[str, str | None]]) -> None:
     click.echo(profile_to_yaml(prof), nl=False)
     click.echo(f"# {len(rows)} {noun}")
     for name, error in rows:
-        click.echo(f"# {name}" + (f"  ({error})" if error else ""))
+        click.echo(f"# {tsv_field(name)}" + (f"  ({tsv_field(error)})" if error else ""))
 
 
 def _draft_summary(prof) -> str:
@@ -358,11 +376,12 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
               help="Write the hardware profile here (atomically) instead of to stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png",
               help="Draw T vs tokens verified, context length S and batch rows B.")
-@click.option("--contexts", metavar="S,S,...", help="Extra context lengths S to time [256,512].")
+@click.option("--contexts", type=IntList(min=1), metavar="S,S,...",
+              help="Extra context lengths S to time, positive integers [256,512].")
 @click.option("--repeats", type=click.IntRange(min=3), default=15, show_default=True,
               help="Timed calls per number (the median is kept).")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
-@click.option("--tau", type=click.FloatRange(min=1), help="Also give Eq. 1's speedup for this τ.")
+@click.option("--tau", type=FiniteFloat(min=1), help="Also give Eq. 1's speedup for this τ.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --write / --plot file (only "
                                             "a hardware profile / a PNG; never the --profile).")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")
@@ -377,19 +396,19 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError, build_session
-    from vlmspec_cli.tasks.hwprofile import check_outputs, hardware_yaml, run_profile, save_outputs
+    from vlmspec_cli.runtime.limits import check_fits
+    from vlmspec_cli.tasks.hwprofile import (check_contexts, check_outputs, hardware_yaml,
+                                             run_profile, sample_request, save_outputs)
     from vlmspec_cli.tasks.output_files import OutputRefused
 
     prof = _load_profile(profile, sets, {"target.device": device, "draft.device": device},
                          task="caption")
-    try:
-        extra = [int(x) for x in contexts.split(",")] if contexts else None
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {contexts!r}",
-                                 param_hint="--contexts") from None
+    extra = contexts or None
     try:
         check_outputs(write_path, plot_path, prof.source, force)  # before anything loads
         session = build_session(prof)
+        check_fits(session, sample_request(prof))
+        check_contexts(session.target, extra)
     except (OutputRefused, SessionError, ModelLoadError, ValueError) as exc:
         _fail(str(exc))
     with ui.Status(quiet) as status:
@@ -425,17 +444,17 @@ deterministic (the latency model then comes from it instead of a fresh measureme
 @click.argument("samples", nargs=-1, metavar="SAMPLES...")
 @profile_option()
 @set_option
-@click.option("--gammas", default="1,2,3,4,5,6,8", show_default=True, metavar="G,G,...",
-              help="Draft lengths γ to consider.")
+@click.option("--gammas", type=IntList(min=1), default="1,2,3,4,5,6,8", show_default=True,
+              metavar="G,G,...", help="Draft lengths γ to consider.")
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
               help="Modelled-best candidates decoded for real (plus the profile's own).")
-@click.option("--budget", type=click.FloatRange(min=1), default=120, show_default=True,
+@click.option("--budget", type=FiniteFloat(min=1), default=120, show_default=True,
               metavar="SECONDS", help="Stop probing / measuring new candidates after this.")
-@click.option("--margin", type=click.FloatRange(min=0), default=0.10, show_default=True,
+@click.option("--margin", type=FiniteFloat(min=0), default=0.10, show_default=True,
               help="Prefer a measured candidate over the modelled best only when it was "
                    "this much faster (0.10 = 10%); large values keep the modelled choice.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per sample.")
-@click.option("--seed", type=int, help="Sampling seed [profile: sampling.seed].")
+@click.option("--seed", type=Seed(), help="Sampling seed [profile: sampling.seed].")
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps.")
 @click.option("--write", "write_name", metavar="NAME|FILE.yaml",
               help="Write the winner as a profile including the base one (NAME -> profiles/NAME.yaml).")
@@ -452,6 +471,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_t
     against target-only decoding, and prints a ranked table.
     """
     from vlmspec_cli import ui
+    from vlmspec_cli.runtime.limits import check_fits
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError
     from vlmspec_cli.tasks.calibrate import (as_dicts, calibrate, calibration_session,
@@ -462,13 +482,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_t
 
     if not samples:
         raise click.UsageError("no SAMPLES given (images, directories or globs)")
-    try:
-        gamma_list = sorted({int(g) for g in gammas.split(",")})
-        if gamma_list[0] < 1:
-            raise ValueError
-    except ValueError:
-        raise click.BadParameter(f"expected positive integers like 2,4,6, got {gammas!r}",
-                                 param_hint="--gammas") from None
+    gamma_list = list(gammas)
     prof = _load_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
                                          "sampling.seed": seed, "target.device": device,
                                          "draft.device": device}, task="caption")
@@ -487,6 +501,8 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_t
         _fail("no usable samples")
     try:
         session, captioner, note = calibration_session(prof)
+        for request in requests:  # the samples share the prompt: one too long, all are
+            check_fits(session, request)
     except (SessionError, ModelLoadError, ValueError) as exc:
         _fail(str(exc))
     if note:

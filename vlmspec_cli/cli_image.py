@@ -7,7 +7,9 @@ import sys
 
 import click
 
-from vlmspec_cli.cli import _fail, _load_profile, _print_plan, profile_option, set_option
+from vlmspec_cli.cli import (TSV_HELP, _fail, _load_profile, _print_plan, profile_option,
+                             set_option, tsv_field)
+from vlmspec_cli.cli_types import FiniteFloat, Seed
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
 
@@ -40,16 +42,17 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 @set_option
 @click.option("--method", "-m", help="none (target only), tree (EAGLE-2 or static trees, "
                                      "section tree:) or adt (ADT-Tree) [profile: method].")
-@click.option("--cfg", type=click.FloatRange(min=0),
+@click.option("--cfg", type=FiniteFloat(min=0),
               help="Classifier-free guidance scale [profile: image.cfg; default the model's].")
-@click.option("--temperature", "-t", type=click.FloatRange(min=0), help="0 = greedy (default); >0 samples.")
-@click.option("--seed", type=int, help="Seed of the first image of each prompt (+K for image K).")
+@click.option("--temperature", "-t", type=FiniteFloat(min=0), help="0 = greedy (default); >0 samples.")
+@click.option("--seed", type=Seed(), help="Seed of the first image of each prompt (+K for image K).")
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
 @click.option("--heatmap", is_flag=True,
               help="Also write NAME.heatmap.png: each token's acceptance length (tree methods).")
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
 @click.option("--skip-existing", is_flag=True, help="Keep existing files and skip their images (resume).")
-@click.option("--json", "as_json", is_flag=True, help="Write JSONL records to stdout instead of paths.")
+@click.option("--json", "as_json", is_flag=True,
+              help=f"Write JSONL records to stdout instead of FILE<TAB>PROMPT lines ({TSV_HELP}).")
 @click.option("--compare", is_flag=True, help="Also decode with the target alone: speedup and identity.")
 @click.option("--dry-run", is_flag=True, help="Show the resolved profile and the planned files; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
@@ -112,7 +115,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         if as_json:
             click.echo(json.dumps(record, ensure_ascii=False))
         elif record["error"] is None:
-            click.echo(f"{record['file']}\t{record['prompt']}")
+            click.echo(f"{tsv_field(record['file'])}\t{tsv_field(record['prompt'])}")
 
     with ui.BatchUI(quiet=quiet, label="images") as events:
         summary = run_images(session, jobs, events, force=force, skip_existing=skip_existing,

@@ -7,9 +7,10 @@ import sys
 
 import click
 
-from vlmspec_cli.cli import (_draft_summary, _fail, _load_profile, _parse_inputs, _print_plan,
-                             exit_130_on_interrupt, finish_batch, profile_option,
+from vlmspec_cli.cli import (TSV_HELP, _draft_summary, _fail, _load_profile, _parse_inputs,
+                             _print_plan, exit_130_on_interrupt, finish_batch, profile_option,
                              record_printer, records_sink, set_option)
+from vlmspec_cli.cli_types import FiniteFloat, Seed
 
 DEFAULT_VIDEO_PROFILE = "tinyworld-video"
 
@@ -43,17 +44,18 @@ loads), 130 interrupted (Ctrl-C).
 @set_option
 @click.option("--frames", type=click.IntRange(min=1),
               help="Sample N frames uniformly [profile: video.frames, default 8].")
-@click.option("--fps", type=click.FloatRange(min=0, min_open=True),
+@click.option("--fps", type=FiniteFloat(min=0, min_open=True),
               help="Sample F frames per second of video time instead of --frames.")
 @click.option("--max-pixels", type=click.IntRange(min=1),
               help="Downscale frames to at most this many pixels [profile: video.max_pixels].")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per video.")
-@click.option("--temperature", "-t", type=click.FloatRange(min=0), help="0 = greedy (default); >0 samples.")
-@click.option("--seed", type=int, help="Sampling seed (recorded in every record).")
+@click.option("--temperature", "-t", type=FiniteFloat(min=0), help="0 = greedy (default); >0 samples.")
+@click.option("--seed", type=Seed(), help="Sampling seed (recorded in every record).")
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
 @click.option("--out", "-o", type=click.Path(dir_okay=False, writable=True), metavar="FILE.jsonl",
               help="Append one JSON record per video; a rerun skips videos already recorded.")
-@click.option("--json", "as_json", is_flag=True, help="Write JSONL records to stdout instead of text.")
+@click.option("--json", "as_json", is_flag=True,
+              help=f"Write JSONL records to stdout instead of VIDEO<TAB>OUTPUT lines ({TSV_HELP}).")
 @click.option("--compare", is_flag=True, help="Also decode with the target alone and report the speedup.")
 @click.option("--dry-run", is_flag=True, help="Show the resolved profile and the inputs; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
@@ -67,6 +69,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
     (text or --json); progress, one line per bad file and the summary to stderr.
     """
     from vlmspec_cli import ui
+    from vlmspec_cli.runtime.limits import check_prompt_fits
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.caption import input_files, run_batch
@@ -90,7 +93,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
         _fail(str(exc))
     v = prof.video
     items = video_jobs(expand_video_inputs(inputs, stdin=sys.stdin), prof.generation.prompt,
-                       v.frames, v.fps, v.max_pixels, v.folder_fps)
+                       v.frames, v.fps, v.max_pixels, v.folder_fps, v.max_frames)
     if dry_run:
         _print_plan(prof, "video(s)", [(item.path, item.error) for item in items])
         return
@@ -102,6 +105,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
           exit_130_on_interrupt(sink, record_printer(as_json)) as emit):
         try:
             session = build_session(prof)
+            check_prompt_fits(session, prof.generation.prompt)  # before the videos' own tokens
         except (SessionError, ModelLoadError, ValueError) as exc:
             _fail(str(exc))
         with ui.BatchUI(quiet=quiet) as events:

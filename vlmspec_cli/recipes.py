@@ -27,6 +27,7 @@ import yaml
 from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.tasks.output_files import (MAX_OWN_BYTES, OutputRefused, check_output,
                                             same_file)
+from vlmspec_cli.cli_types import IntList
 from vlmspec_cli.tasks.records import atomic_write_text
 
 __all__ = ["RecipeError", "Recipe", "Step", "load_recipe", "parse_vars", "run_recipe", "cli_run"]
@@ -35,7 +36,7 @@ TOP_KEYS = ("name", "description", "vars", "steps")
 _VAR = re.compile(r"\$(?:\$|\{([^}]*)\})")  # $$ is a literal $, ${name} a variable
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
 _CHECKED_TYPES = (click.types.IntParamType, click.types.FloatParamType,
-                  click.types.BoolParamType, click.Choice)
+                  click.types.BoolParamType, click.Choice, IntList)
 
 
 class RecipeError(Exception):

@@ -13,16 +13,25 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def error(message: str) -> None:
-    """One line on stderr (rich markup in the message is not interpreted)."""
-    stderr.print(f"[bold red]error:[/] {escape(message)}")
+    """One line on stderr (rich markup in the message is not interpreted; a newline or CR
+    in it, e.g. from a file name, is shown as \\n / \\r)."""
+    stderr.print(f"[bold red]error:[/] {escape(one_line(message))}")
 
 
 def warning(message: str) -> None:
-    stderr.print(f"[yellow]warning:[/] {escape(message)}")
+    stderr.print(f"[yellow]warning:[/] {escape(one_line(message))}")
 
 
 def info(message: str) -> None:
-    stderr.print(escape(message), style="dim")
+    stderr.print(escape(one_line(message)), style="dim")
+
+
+_LINE_BREAKS = str.maketrans({"\n": "\\n", "\r": "\\r"})
+
+
+def one_line(text) -> str:
+    """``text`` with its line breaks escaped, so a message stays one line."""
+    return str(text).translate(_LINE_BREAKS)
 
 
 def escape(text: str) -> str:
@@ -65,7 +74,7 @@ class BatchUI:
 
     def item_started(self, item) -> None:
         if self.progress is not None:
-            self.progress.update(self.items_task, note=escape(item.path))
+            self.progress.update(self.items_task, note=escape(one_line(item.path)))
             self.progress.reset(self.tokens_task, total=1, note="")
 
     def tokens(self, item, generated: int, limit: int) -> None:

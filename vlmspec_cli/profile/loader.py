@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import re
 import types
@@ -30,6 +31,17 @@ _SUFFIXES = (".yaml", ".yml")
 
 class ProfileError(Exception):
     """A user-facing profile problem; the message names the file and key path."""
+
+
+class _RangeError(ProfileError):
+    """A value of the right type that no field can hold (inf, nan, beyond 64 bits); a
+    union type reports it rather than "expects X or Y"."""
+
+
+# Every integer key is a signed 64-bit integer (torch tensors and generators hold no
+# more; sampling.seed is exactly this range, leaving room for the seeds derived from it);
+# every float key is finite.
+INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 # ------------------------------------------------------------ schema helpers
@@ -133,6 +145,8 @@ def _coerce(value, tp, key: str, source: str):
                 continue
             try:
                 return _coerce(value, arg, key, source)
+            except _RangeError:
+                raise
             except ProfileError:
                 pass
         raise bad()
@@ -144,14 +158,38 @@ def _coerce(value, tp, key: str, source: str):
         (item,) = typing.get_args(tp) or (Any,)
         return [_coerce(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise bad()
+        return _finite_float(value, key, source, bad)
     if tp is int and isinstance(value, bool):
         raise bad()
+    if tp is int and isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+        raise _RangeError(f"{source}: key '{key}' must be a 64-bit integer, from {INT_MIN} "
+                          f"to {INT_MAX} (got {_short(value)})")
     if isinstance(tp, type) and isinstance(value, tp):
         return value
     raise bad()
+
+
+def _finite_float(value, key: str, source: str, bad) -> float:
+    """An int or float as a finite float; inf, nan (also spelt as text) and ints too large
+    for a float are errors naming the key."""
+    if isinstance(value, str) and value.strip().lower().lstrip("+-.") in ("inf", "infinity", "nan"):
+        raise _RangeError(f"{source}: key '{key}' must be a finite number (got {value!r})")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise bad()
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise _RangeError(f"{source}: key '{key}' must be a finite number (got {_short(value)})")
+    return number
+
+
+def _short(value) -> str:
+    """A number for a message: huge integers by their size, not their 400 digits."""
+    if isinstance(value, int) and abs(value) > 10 ** 30:
+        return f"a {value.bit_length()}-bit integer"
+    return repr(value)
 
 
 def _check(value, meta: Mapping, key: str, source: str) -> None:
@@ -306,12 +344,18 @@ def _read_yaml(path: Path):
                            f"{e.problem or e.context or e}") from e
     except yaml.YAMLError as e:
         raise ProfileError(f"{_display(path)}: invalid YAML: {e}") from e
+    except ValueError as e:  # e.g. an integer of more digits than int() converts
+        raise ProfileError(f"{_display(path)}: invalid YAML: {_value_error(e)}") from e
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ProfileError(f"{_display(path)}: top level must be a mapping of keys, "
                            f"got {type(data).__name__}")
     return data
+
+
+def _value_error(e: ValueError) -> str:
+    return str(e).split(";")[0]
 
 
 def list_profiles() -> list[tuple[str, Path, str]]:
@@ -405,6 +449,8 @@ def load_profile(name_or_path: str | os.PathLike | None = None,
             parse_error = None
         except yaml.YAMLError as e:
             value, parse_error = None, e
+        except ValueError as e:  # e.g. an integer of more digits than int() converts
+            value, parse_error = None, _value_error(e)
         tp = _leaf_type(key.split("."))
         # For string keys, take the text verbatim if YAML turned it into
         # something else (e.g. 'revision=1234', 'prompt=yes') or failed.

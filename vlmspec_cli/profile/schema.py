@@ -152,6 +152,9 @@ class VideoSpec:
     fps: float | None = field(default=None, metadata=_rule(gt=0))    # or by time
     max_pixels: int | None = field(default=None, metadata=_rule(ge=1))
     folder_fps: float = field(default=2.0, metadata=_rule(gt=0))     # a folder of frames
+    # the most frames one video may be sampled to (--fps on a long clip, --frames N): past
+    # it the video fails with both numbers, before its frames are decoded
+    max_frames: int = field(default=256, metadata=_rule(ge=1))
 
 
 @dataclass
@@ -192,10 +195,13 @@ class HardwareSpec:
     torch: str | None = None
     transformers: str | None = None
     date: str | None = None
-    target_ms: float | None = None       # T_p(1, S, 1): one target decoding step
-    target_verify_ms: float | None = None  # T_p(1, S, γ): the target verifying γ tokens
-    draft_ms: float | None = None        # T_q(B, S, 1): one draft step, B = drafting rows
-    prefill_ms: float | None = None      # target prefill of the sample request
+    # timings in ms, >= 0:
+    target_ms: float | None = field(default=None, metadata=_rule(ge=0))  # T_p(1, S, 1): one target step
+    # T_p(1, S, γ): the target verifying γ tokens
+    target_verify_ms: float | None = field(default=None, metadata=_rule(ge=0))
+    # T_q(B, S, 1): one draft step, B = drafting rows
+    draft_ms: float | None = field(default=None, metadata=_rule(ge=0))
+    prefill_ms: float | None = field(default=None, metadata=_rule(ge=0))  # the sample request's
     # the full tables: target_verify_ms[S][k], draft_step_ms[B][S], remarks
     measurements: Any = None
 

@@ -21,6 +21,7 @@ from typing import Callable, Protocol
 
 from vlmspec_cli.tasks.chat import ChatLineError, load_conversation_images, read_chat_file
 
+from vlmspec_cli.runtime.limits import ContextLimitError, check_fits
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.stats import SpecStats
 from vlmspec_cli.tasks.inputs import InputError, InputItem, load_image
@@ -195,12 +196,18 @@ def base_record(session, item: Job, prompt: str) -> dict:
 
 
 def make_request(session, item: Job) -> Request:
-    """The job's decoding request (loads its images; raises InputError for input problems)."""
+    """The job's decoding request (loads its images; raises InputError for input problems,
+    a prompt too long for the model's positions included)."""
     if item.error:
         raise InputError(item.path, item.error)
     p = session.profile
-    return Request(item.load(), max_new_tokens=p.generation.max_new_tokens,
-                   seed=p.sampling.seed, request_id=item.path)
+    request = Request(item.load(), max_new_tokens=p.generation.max_new_tokens,
+                      seed=p.sampling.seed, request_id=item.path)
+    try:
+        check_fits(session, request)
+    except ContextLimitError as exc:
+        raise InputError(item.path, str(exc)) from None
+    return request
 
 
 def result_record(session, item: Job, request: Request, result, compare: bool) -> dict:

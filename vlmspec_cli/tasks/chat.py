@@ -31,6 +31,7 @@ This module knows nothing about the UI (no click/rich imports).
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from dataclasses import dataclass
@@ -157,11 +158,20 @@ def _parse_conversation(conv: Any, base_dir: str) -> list[ChatTurn]:
 
 
 def _read_text(path: str) -> str:
-    data = read_regular_file(path)
+    # a binary file fails on its first KB, not after being read whole
+    data = read_regular_file(path, check_head=_not_utf8)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise InputError(path, f"not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+def _not_utf8(head: bytes) -> str | None:
+    try:  # incremental: a character cut at the end of the head is fine
+        codecs.getincrementaldecoder("utf-8-sig")("strict").decode(head, final=False)
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 text (invalid byte at offset {e.start})"
+    return None
 
 
 def read_chat_file(path: str) -> list[Conversation | ChatLineError]:

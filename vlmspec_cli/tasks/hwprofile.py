@@ -14,6 +14,7 @@ import yaml
 
 from vlmspec_cli.runtime.latency import (LatencyTables, eq1_speedup, measure_tables, median_ms,
                                          remarks)
+from vlmspec_cli.runtime.limits import position_limit
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_png, is_profile,
                                             same_file, write_checked)
@@ -41,10 +42,30 @@ def draft_rows(profile) -> int:
     return len(profile.drafting.inputs) if profile.method == "tabed" else 1
 
 
+# positions left free above a timed context S for the tokens verified there (up to 64)
+VERIFY_ROOM = 80
+
+
+def context_range(target) -> tuple[int, int]:
+    """The context lengths S the target can be timed at."""
+    return 8, (position_limit(target) or 4096) - VERIFY_ROOM
+
+
+def check_contexts(target, extra: list[int] | None) -> None:
+    """ValueError naming the first requested context length the target cannot be timed at
+    (rather than dropping it from the tables without a word)."""
+    lo, hi = context_range(target)
+    for s in extra or []:
+        if not lo <= s <= hi:
+            raise ValueError(f"--contexts {s:,}: the target has {hi + VERIFY_ROOM:,} positions, "
+                             f"so context lengths run from {lo} to {hi:,} ({VERIFY_ROOM} stay "
+                             "free for the tokens verified)")
+
+
 def context_lengths(target, prompt_len: int, extra: list[int] | None) -> list[int]:
-    limit = int(getattr(target.model.config.get_text_config(), "max_position_embeddings", 4096)) - 80
+    lo, hi = context_range(target)
     wanted = [prompt_len] + list(extra or [256, 512])
-    return sorted({s for s in wanted if 8 <= s <= limit})
+    return sorted({s for s in wanted if lo <= s <= hi})
 
 
 def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: list[int] | None = None,

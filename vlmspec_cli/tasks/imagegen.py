@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from vlmspec_cli.runtime.limits import check_fits
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.tasks.caption import BatchSummary, CaptionEvents
 from vlmspec_cli.tasks.output_files import OutputRefused, is_png, refusal, write_new
@@ -129,9 +130,13 @@ def base_record(session, job: ImageJob) -> dict:
 
 
 def image_request(session, job: ImageJob) -> Request:
+    """The job's request: its prompt, then the whole image grid (ContextLimitError when
+    the two do not fit in the target's positions)."""
     lm = session.target
-    return Request([Message("user", job.prompt)], seed=job.seed, request_id=job.path,
-                   max_new_tokens=lm.adapter.num_image_tokens(lm))
+    request = Request([Message("user", job.prompt)], seed=job.seed, request_id=job.path,
+                      max_new_tokens=lm.adapter.num_image_tokens(lm))
+    check_fits(session, request, generated="image tokens")
+    return request
 
 
 def render(session, tokens: list[int]):

@@ -13,14 +13,15 @@ from __future__ import annotations
 import codecs
 import errno
 import glob
-import io
 import os
 import stat
 import sys
 from dataclasses import dataclass
-from typing import Iterable, Sequence, TextIO
+from typing import Callable, Iterable, Sequence, TextIO
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from vlmspec_cli.tasks.image_header import HeaderReader, HeaderTooLong, header_problem
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -29,6 +30,8 @@ __all__ = [
     "expand_inputs",
     "read_stdin_paths",
     "load_image",
+    "check_image_size",
+    "MAX_IMAGE_BYTES",
     "REASON_MISSING",
     "REASON_BROKEN_LINK",
     "REASON_IS_DIR",
@@ -317,6 +320,11 @@ _IMAGE_MAGICS: tuple[bytes, ...] = (
 )
 _SNIFF_BYTES = 4096
 
+# An image file larger than this is refused before any of it is read (a constant, not a
+# profile key). 256 MiB holds an uncompressed 85 M-pixel RGB (64 M-pixel RGBA) image;
+# PIL refuses images past ~179 M pixels anyway, and a model sees a few hundred thousand.
+MAX_IMAGE_BYTES = 256 * 1024 ** 2
+
 
 def _looks_like_image_magic(head: bytes) -> bool:
     if head.startswith(_IMAGE_MAGICS):
@@ -385,8 +393,8 @@ def _to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
-def read_regular_file(path: str) -> bytes:
-    """The bytes of a regular, non-empty file; InputError naming why not otherwise."""
+def _stat_regular(path: str) -> os.stat_result:
+    """``os.stat`` of a regular, non-empty file; InputError naming why not otherwise."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -399,9 +407,36 @@ def read_regular_file(path: str) -> bytes:
         raise InputError(path, REASON_NOT_REGULAR)
     if st.st_size == 0:
         raise InputError(path, REASON_EMPTY)
+    return st
+
+
+def _size_text(n: int) -> str:
+    for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def check_image_size(path: str, size: int, max_bytes: int = MAX_IMAGE_BYTES) -> None:
+    """InputError when a file of ``size`` bytes is too big to be an image input (its
+    bytes are never read)."""
+    if size > max_bytes:
+        raise InputError(path, f"{REASON_TOO_LARGE} (the file is {_size_text(size)}, more than "
+                               f"the {_size_text(max_bytes)} an image file may be; not read)")
+
+
+def read_regular_file(path: str, check_head: Callable[[bytes], str | None] | None = None) -> bytes:
+    """The bytes of a regular, non-empty file; InputError naming why not otherwise.
+    ``check_head``: the reason to reject the file from its first bytes, or None; the
+    rest is read only when it returns None."""
+    _stat_regular(path)
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            data = fh.read(_SNIFF_BYTES)
+            reason = check_head(data) if check_head is not None and data else None
+            if reason:
+                raise InputError(path, reason)
+            data += fh.read()
     except OSError as e:
         raise InputError(path, _os_reason(e)) from None
     if not data:  # emptied between stat and read
@@ -409,25 +444,49 @@ def read_regular_file(path: str) -> bytes:
     return data
 
 
-def load_image(path: str) -> Image.Image:
+def load_image(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
     """Fully decode ``path`` into an RGB image or raise :class:`InputError`.
 
-    The file is read into memory once (no file handle outlives the call), the
-    image is opened from the bytes, fully decoded with ``.load()`` and
-    converted to RGB.  EXIF orientation is applied (best effort).  Animated
-    images yield their first frame.
+    A file larger than ``max_bytes`` is refused unread. Otherwise the header is checked
+    from the first bytes, PIL identifies the file reading at most a header budget
+    (image_header.py), and only then is the rest read, for the pixels: a 200 MB
+    non-image is rejected after a few KB or MB. No file handle outlives the call.
+    The image is fully decoded with ``.load()`` and converted to RGB. EXIF orientation
+    is applied (best effort). Animated images yield their first frame.
     """
     path = os.fspath(path)
-    data = read_regular_file(path)
+    check_image_size(path, _stat_regular(path).st_size, max_bytes)
 
     # Our contract: truncated images fail.  Something else in the process may
     # have flipped this global; the loader relies on it being False.
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         ImageFile.LOAD_TRUNCATED_IMAGES = False
 
-    head = data[:_SNIFF_BYTES]
     try:
-        im = Image.open(io.BytesIO(data))
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+            if not head:  # emptied between stat and read
+                raise InputError(path, REASON_EMPTY)
+            problem = header_problem(head)
+            if problem:
+                raise InputError(path, f"{REASON_TRUNCATED} ({problem})")
+            fh.seek(0)
+            reader = HeaderReader(fh)
+            im = _open_header(path, reader, head)
+            reader.lift()
+            _decode_pixels(path, im)
+            return _upright_rgb(path, im)
+    except OSError as e:  # open / read errors (PIL's own are InputErrors by now)
+        raise InputError(path, _os_reason(e)) from None
+
+
+def _open_header(path: str, fh, head: bytes) -> Image.Image:
+    """Identify the image from its header (PIL reads only the first bytes here)."""
+    try:
+        return Image.open(fh)
+    except HeaderTooLong as e:
+        kind = REASON_TRUNCATED if _looks_like_image_magic(head) else REASON_UNRECOGNIZED
+        raise InputError(path, f"{kind} ({e}; the rest is not read)") from None
     except Image.DecompressionBombError as e:
         raise InputError(path, f"{REASON_TOO_LARGE} ({e})") from None
     except UnidentifiedImageError:
@@ -443,6 +502,8 @@ def load_image(path: str) -> Image.Image:
     except Exception as e:  # header parse errors of a recognized format
         raise InputError(path, f"{REASON_TRUNCATED} ({_pil_msg(e)})") from None
 
+
+def _decode_pixels(path: str, im: Image.Image) -> None:
     try:
         im.load()
     except Image.DecompressionBombError as e:
@@ -452,6 +513,8 @@ def load_image(path: str) -> Image.Image:
     except Exception as e:  # OSError, SyntaxError, ValueError, zlib.error, EOFError, ...
         raise InputError(path, f"{REASON_TRUNCATED} ({_pil_msg(e)})") from None
 
+
+def _upright_rgb(path: str, im: Image.Image) -> Image.Image:
     try:
         if im.getexif().get(0x0112, 1) in (2, 3, 4, 5, 6, 7, 8):  # EXIF Orientation
             im = ImageOps.exif_transpose(im)

@@ -15,7 +15,8 @@ from typing import Callable, TextIO
 from vlmspec_cli.runtime.request import Message
 from vlmspec_cli.tasks.caption import Job
 from vlmspec_cli.tasks.inputs import REASON_EMPTY_DIR, InputError, InputItem, expand_inputs
-from vlmspec_cli.tasks.video_io import FRAME_SUFFIXES, VIDEO_SUFFIXES, VideoError, read_video
+from vlmspec_cli.tasks.video_io import (DEFAULT_MAX_FRAMES, FRAME_SUFFIXES, VIDEO_SUFFIXES,
+                                        VideoError, read_video)
 
 REASON_NO_VIDEOS = "directory holds no videos and no image frames"
 
@@ -41,14 +42,16 @@ def expand_video_inputs(args, stdin: TextIO | None = None) -> list[InputItem]:
 
 
 def video_jobs(items: list[InputItem], prompt: str, frames: int | None, fps: float | None,
-               max_pixels: int | None, folder_fps: float) -> list[Job]:
+               max_pixels: int | None, folder_fps: float,
+               max_frames: int | None = DEFAULT_MAX_FRAMES) -> list[Job]:
     def loader(item: InputItem) -> Callable[[], list[Message]]:
         def load() -> list[Message]:
             if item.error:
                 raise InputError(item.path, item.error)
             try:
                 clip = read_video(item.path, frames=None if fps else frames, fps=fps,
-                                  max_pixels=max_pixels, folder_fps=folder_fps)
+                                  max_pixels=max_pixels, folder_fps=folder_fps,
+                                  max_frames=max_frames)
             except VideoError as exc:
                 raise InputError(item.path, exc.reason) from None
             return [Message("user", prompt, videos=(clip,))]

@@ -48,9 +48,15 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from vlmspec_cli.tasks.inputs import InputError, check_image_size
+
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".gif", ".avi", ".mov")
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 DEFAULT_FRAMES = 8
+# The most frames one video is sampled to (profile key video.max_frames): every kept frame
+# is held as an RGB image and then as vision patches, and 256 frames is already more
+# than a Qwen2.5-VL context holds at its default resolution (~640 tokens a frame).
+DEFAULT_MAX_FRAMES = 256
 
 # Leading bytes of the containers we write or expect: a file that starts like
 # a video but cannot be opened is reported as truncated/corrupt, not "not a video".
@@ -134,7 +140,17 @@ def _plan(times: list[float], frames: int | None, fps: float | None) -> list[int
     return uniform_indices(len(times), frames)
 
 
-def _check_args(frames, fps, max_pixels, folder_fps):
+def _check_plan(path: str, plan, count: int, frames, fps, max_frames: int | None) -> None:
+    """VideoError when sampling would keep more than ``max_frames`` frames (raised before
+    those frames are decoded)."""
+    if max_frames is not None and len(plan) > max_frames:
+        how = f"{fps:g} fps" if fps is not None else f"{frames} frames"
+        raise VideoError(path, f"sampling at {how} would take {len(plan):,} of its {count:,} "
+                               f"frames, more than video.max_frames {max_frames:,} (lower "
+                               "--fps / --frames or raise video.max_frames)")
+
+
+def _check_args(frames, fps, max_pixels, folder_fps, max_frames=None):
     if frames is not None and fps is not None:
         raise ValueError("frames and fps are mutually exclusive")
     if frames is not None and int(frames) < 1:
@@ -145,6 +161,8 @@ def _check_args(frames, fps, max_pixels, folder_fps):
         raise ValueError("max_pixels must be >= 1")
     if not folder_fps > 0:
         raise ValueError("folder_fps must be > 0")
+    if max_frames is not None and int(max_frames) < 1:
+        raise ValueError("max_frames must be >= 1")
     return (DEFAULT_FRAMES if frames is None and fps is None else frames), fps
 
 
@@ -308,7 +326,7 @@ def _to_image(frame, max_pixels: int | None) -> Image.Image:
     return apply_rotation(image, getattr(frame, "rotation", 0))
 
 
-def _read_file(path: str, frames, fps, max_pixels) -> VideoClip:
+def _read_file(path: str, frames, fps, max_pixels, max_frames=None) -> VideoClip:
     try:
         size = os.path.getsize(path)
     except OSError as exc:
@@ -320,10 +338,12 @@ def _read_file(path: str, frames, fps, max_pixels) -> VideoClip:
     guess = _packet_times(path)
     if not guess:
         raise VideoError(path, "video stream has no frames")
-    plan = set(_plan(guess, frames, fps))
-    times, last_duration, kept = _decode(path, plan, max_pixels)
+    plan = _plan(guess, frames, fps)
+    _check_plan(path, plan, len(guess), frames, fps, max_frames)
+    times, last_duration, kept = _decode(path, set(plan), max_pixels)
     final = _plan(times, frames, fps)
     if any(i not in kept for i in final):  # the packets lied: decode again, keep the real plan
+        _check_plan(path, final, len(times), frames, fps, max_frames)
         wanted = set(final)
         times, last_duration, kept = _decode(path, wanted, max_pixels)
         final = [i for i in _plan(times, frames, fps) if i in kept]
@@ -344,7 +364,7 @@ def _natural_key(name: str):
     return [(0, int(tok), "") if tok.isdigit() else (1, 0, tok.lower()) for tok in re.split(r"(\d+)", name) if tok]
 
 
-def _read_folder(path: str, frames, fps, max_pixels, folder_fps) -> VideoClip:
+def _read_folder(path: str, frames, fps, max_pixels, folder_fps, max_frames=None) -> VideoClip:
     try:
         names = [
             e.name
@@ -362,14 +382,18 @@ def _read_folder(path: str, frames, fps, max_pixels, folder_fps) -> VideoClip:
         detail = detail.replace(os.path.join(path, name), "").replace(repr(os.path.join(path, name)), "").strip(" :")
         return VideoError(path, f"unreadable frame {name} ({detail.lower() or type(exc).__name__.lower()})")
 
-    for name in names:  # header check of every file: cheap, catches non-images and empty files
-        try:
-            with Image.open(os.path.join(path, name)):
-                pass
-        except Exception as exc:
-            raise bad(name, exc) from None
     times = [i / folder_fps for i in range(len(names))]
     chosen = _plan(times, frames, fps)
+    _check_plan(path, chosen, len(names), frames, fps, max_frames)
+    for name in names:  # header check of every file: cheap, catches non-images and empty files
+        try:
+            check_image_size(name, os.path.getsize(os.path.join(path, name)))
+            with Image.open(os.path.join(path, name)):
+                pass
+        except InputError as exc:
+            raise VideoError(path, f"unreadable frame {name} ({exc.reason})") from None
+        except Exception as exc:
+            raise bad(name, exc) from None
     images = []
     for i in chosen:
         name = names[i]
@@ -401,12 +425,15 @@ def read_video(
     fps: float | None = None,
     max_pixels: int | None = None,
     folder_fps: float = 2.0,
+    max_frames: int | None = DEFAULT_MAX_FRAMES,
 ) -> VideoClip:
-    """Sample frames from a video file or a folder of frames (see the module docstring)."""
-    frames, fps = _check_args(frames, fps, max_pixels, folder_fps)
+    """Sample frames from a video file or a folder of frames (see the module docstring).
+    A video that would be sampled to more than ``max_frames`` frames (None: no cap) is a
+    VideoError naming both numbers, raised before any frame is decoded."""
+    frames, fps = _check_args(frames, fps, max_pixels, folder_fps, max_frames)
     src = str(path)
     if os.path.isdir(src):
-        return _read_folder(src, frames, fps, max_pixels, folder_fps)
+        return _read_folder(src, frames, fps, max_pixels, folder_fps, max_frames)
     if not os.path.exists(src):
         raise VideoError(src, "no such file or directory")
-    return _read_file(src, frames, fps, max_pixels)
+    return _read_file(src, frames, fps, max_pixels, max_frames)

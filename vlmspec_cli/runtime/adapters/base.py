@@ -82,6 +82,13 @@ class ModelAdapter:
         enc = lm.tokenizer(prompt, return_tensors="pt")
         return {"input_ids": enc["input_ids"].to(lm.device)}
 
+    def prompt_length(self, lm, prompt: str, images: list | None, videos: list | None = None) -> int:
+        """How many positions the rendered ``prompt`` takes with its images and videos
+        expanded to the tokens the model sees (what ``encode`` gives; families whose
+        visual inputs are costly to build count them without building them)."""
+        extra = {"videos": videos} if videos else {}
+        return int(self.encode(lm, prompt, images or None, **extra)["input_ids"].shape[-1])
+
     def embed(self, lm, prompt: str, images: list | None, pool: int = 1) -> torch.Tensor:
         """The prompt as input embeddings (1, L, H): what ``encode`` feeds the model, with
         image features already in place (so rows of different kinds can share a batch)."""

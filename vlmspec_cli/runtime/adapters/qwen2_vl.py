@@ -75,6 +75,25 @@ class Qwen25VLAdapter(ModelAdapter):
         lm._qwen_vision = settings
         return settings
 
+    def video_tokens(self, lm, clip) -> int:
+        """The video tokens ``encode`` makes of ``clip``, from its frame count and size
+        alone (the same smart_resize and temporal padding as ``video_patches``)."""
+        s = self._vision_settings(lm)
+        width, height = clip.frames[0].size
+        h, w = smart_resize(height, width, s["patch"] * s["merge"], s["min_pixels"], s["max_pixels"])
+        t = -(-len(clip.frames) // s["temporal"])
+        return video_token_count((t, h // s["patch"], w // s["patch"]), s["merge"])
+
+    def prompt_length(self, lm, prompt: str, images: list | None, videos: list | None = None) -> int:
+        if images:
+            return super().prompt_length(lm, prompt, images, videos)  # its error
+        ids = lm.tokenizer(prompt)["input_ids"]
+        placeholders = sum(1 for i in ids if i == self.video_token_id(lm))
+        videos = list(videos or [])
+        if placeholders != len(videos):
+            return super().prompt_length(lm, prompt, images, videos)  # its error
+        return len(ids) + sum(self.video_tokens(lm, v) - 1 for v in videos)
+
     def video_patches(self, lm, clip) -> tuple[torch.Tensor, torch.Tensor, float]:
         """(pixel_values_videos, grid_thw (3,), seconds per temporal grid) for one clip."""
         s = self._vision_settings(lm)

@@ -1,0 +1,93 @@
+"""How many positions a model attends over, and whether a request fits in them.
+
+A prompt longer than a model's context does not fail in a forward pass: rotary positions
+past the trained range just give garbage, silently. So each request is checked when the
+tasks layer builds it, before any decoding: the prompt's tokens (its image and video
+tokens included, as the target sees them) + the tokens to generate, against the positions
+of the target and of every model that reads the same positions (a draft fed the
+multimodal prompt or an image grid, a twig on the target's layers). A hidden-state head
+reads text positions only and a text / caption / pooled draft reads a different sequence,
+so their limits are not the target's to check.
+"""
+
+from __future__ import annotations
+
+from vlmspec_cli.runtime.request import Message, Request
+
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
+
+
+class ContextLimitError(ValueError):
+    """A request does not fit in a model's positions; the message names both numbers."""
+
+
+def position_limit(model) -> int | None:
+    """The positions ``model`` (a LoadedModel, a module with ``.config``, or a config) can
+    attend over: its text config's max_position_embeddings (or the family's equivalent);
+    None when the config does not say."""
+    config = getattr(getattr(model, "model", None), "config", None) or getattr(model, "config", model)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for cfg in (text, config):
+        for key in _POSITION_KEYS:
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def position_limits(session) -> list[tuple[str, int]]:
+    """(role, positions) of the target and of the models that read its positions, the
+    smallest first."""
+    p = session.profile
+    readers = [("target", session.target)]
+    if session.draft is not None and (p.task == "image" or "multimodal" in p.drafting.inputs):
+        readers.append(("draft", session.draft))
+    twig = getattr(session.engine.drafter, "twig", None)
+    if twig is not None:
+        readers.append(("twig", twig))
+    limits = [(role, position_limit(m)) for role, m in readers]
+    return sorted(((role, n) for role, n in limits if n), key=lambda rn: rn[1])
+
+
+def prompt_tokens(lm, messages: list[Message]) -> int:
+    """The positions the conversation takes in ``lm`` (chat template applied, visual
+    inputs expanded)."""
+    images = [im for m in messages for im in m.images]
+    videos = [v for m in messages for v in m.videos]
+    return lm.adapter.prompt_length(lm, lm.adapter.prompt_text(lm, messages), images, videos)
+
+
+def check_fits(session, request: Request, generated: str = "max_new_tokens") -> None:
+    """Raise ContextLimitError when the request's prompt + max_new_tokens exceed the
+    positions of the target (or of a model reading its positions). ``generated`` names
+    what max_new_tokens is in the message ("image tokens" for an image grid)."""
+    limits = position_limits(session)
+    if not limits:
+        return
+    tokens = prompt_tokens(session.target, request.messages)
+    _raise_past(tokens, request.max_new_tokens, limits[0], generated)
+
+
+def check_prompt_fits(session, prompt: str, generated: str = "max_new_tokens") -> None:
+    """For a prompt shared by every input: raise ContextLimitError when it cannot fit
+    even without images (inputs add their image / video tokens to this)."""
+    limits = position_limits(session)
+    if not limits:
+        return
+    tokens = prompt_tokens(session.target, [Message("user", prompt)])
+    _raise_past(tokens, session.profile.generation.max_new_tokens, limits[0], generated,
+                " without images")
+
+
+def _raise_past(tokens: int, new: int, limit: tuple[str, int], generated: str,
+                note: str = "") -> None:
+    role, positions = limit
+    total = tokens + new
+    if total > positions:
+        added = f"max_new_tokens {new:,}" if generated == "max_new_tokens" else f"{new:,} {generated}"
+        raise ContextLimitError(f"prompt is {tokens:,} tokens{note} + {added} = {total:,} > "
+                                f"{positions:,} positions of the {role}")
+
+
+__all__ = ["ContextLimitError", "check_fits", "check_prompt_fits", "position_limit",
+           "position_limits", "prompt_tokens"]
