@@ -8,6 +8,7 @@ the YAML. Precedence, highest first: ``cli`` dict > ``--set`` overrides > profil
 
 from vlmspec_cli.profile.loader import (
     DEFAULT_PROFILE,
+    include_chain,
     ENV_VAR,
     ProfileError,
     list_profiles,
@@ -38,6 +39,7 @@ from vlmspec_cli.profile.schema import (
 )
 
 __all__ = [
+    "include_chain",
     "DEFAULT_PROFILE", "ENV_VAR", "ProfileError", "list_profiles", "load_profile", "profile_keys",
     "profile_search_path", "profile_to_dict", "profile_to_yaml", "resolve_profile_path",
     "AdaptiveTreeSpec", "CaptionerSpec", "DraftingSpec", "EnsembleSpec", "GenerationSpec",

@@ -12,6 +12,8 @@ calls, whichever comes first. No click, rich or torch.
 
 from __future__ import annotations
 
+import codecs
+
 # What PIL may read while identifying an image: its header and the metadata before the
 # pixels (EXIF, ICC profiles, XMP -- a few MB in some Photoshop exports --, PNG text
 # chunks, TIFF tag tables), counted in bytes read, not in file position (a TIFF's tag
@@ -80,3 +82,46 @@ class HeaderReader:
 
 
 __all__ = ["HEADER_BYTES", "HEADER_READS", "HeaderReader", "HeaderTooLong", "header_problem"]
+
+
+# ---------------------------------------------------------- what a file looks like
+_IMAGE_MAGICS: tuple[bytes, ...] = (
+    b"\x89PNG\r\n\x1a\n",
+    b"\xff\xd8\xff",  # JPEG
+    b"GIF87a",
+    b"GIF89a",
+    b"BM",  # BMP
+    b"II*\x00",  # TIFF little endian
+    b"MM\x00*",  # TIFF big endian
+    b"II+\x00",  # BigTIFF
+    b"MM\x00+",
+    b"\x00\x00\x01\x00",  # ICO
+    b"\x00\x00\x00\x0cjP  ",  # JPEG 2000
+    b"\xff\x4f\xff\x51",  # J2K codestream
+    b"8BPS",  # PSD
+    b"qoif",
+)
+
+
+def looks_like_image_magic(head: bytes) -> bool:
+    if head.startswith(_IMAGE_MAGICS):
+        return True
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return True
+    if head[4:8] == b"ftyp":  # HEIF/AVIF container
+        return True
+    return False
+
+
+def looks_like_text(head: bytes) -> bool:
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return True
+    if b"\x00" in head:
+        return False
+    try:
+        # incremental decode: a multi-byte char cut at the sniff boundary is fine
+        text = codecs.getincrementaldecoder("utf-8")("strict").decode(head, final=False)
+    except UnicodeDecodeError:
+        return False
+    control = sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r\f\v\x1b")
+    return control <= max(1, len(text) // 100)

@@ -10,7 +10,6 @@ This module knows nothing about the UI (no click/rich imports).
 
 from __future__ import annotations
 
-import codecs
 import errno
 import glob
 import os
@@ -21,7 +20,8 @@ from typing import Callable, Iterable, Sequence, TextIO
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from vlmspec_cli.tasks.image_header import HeaderReader, HeaderTooLong, header_problem
+from vlmspec_cli.tasks.image_header import (HeaderReader, HeaderTooLong, header_problem,
+                                            looks_like_image_magic, looks_like_text)
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -302,52 +302,12 @@ def expand_inputs(
 # loading
 # --------------------------------------------------------------------------
 
-_IMAGE_MAGICS: tuple[bytes, ...] = (
-    b"\x89PNG\r\n\x1a\n",
-    b"\xff\xd8\xff",  # JPEG
-    b"GIF87a",
-    b"GIF89a",
-    b"BM",  # BMP
-    b"II*\x00",  # TIFF little endian
-    b"MM\x00*",  # TIFF big endian
-    b"II+\x00",  # BigTIFF
-    b"MM\x00+",
-    b"\x00\x00\x01\x00",  # ICO
-    b"\x00\x00\x00\x0cjP  ",  # JPEG 2000
-    b"\xff\x4f\xff\x51",  # J2K codestream
-    b"8BPS",  # PSD
-    b"qoif",
-)
 _SNIFF_BYTES = 4096
 
 # An image file larger than this is refused before any of it is read (a constant, not a
 # profile key). 256 MiB holds an uncompressed 85 M-pixel RGB (64 M-pixel RGBA) image;
 # PIL refuses images past ~179 M pixels anyway, and a model sees a few hundred thousand.
 MAX_IMAGE_BYTES = 256 * 1024 ** 2
-
-
-def _looks_like_image_magic(head: bytes) -> bool:
-    if head.startswith(_IMAGE_MAGICS):
-        return True
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return True
-    if head[4:8] == b"ftyp":  # HEIF/AVIF container
-        return True
-    return False
-
-
-def _looks_like_text(head: bytes) -> bool:
-    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return True
-    if b"\x00" in head:
-        return False
-    try:
-        # incremental decode: a multi-byte char cut at the sniff boundary is fine
-        text = codecs.getincrementaldecoder("utf-8")("strict").decode(head, final=False)
-    except UnicodeDecodeError:
-        return False
-    control = sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r\f\v\x1b")
-    return control <= max(1, len(text) // 100)
 
 
 def _os_reason(e: OSError) -> str:
@@ -485,16 +445,16 @@ def _open_header(path: str, fh, head: bytes) -> Image.Image:
     try:
         return Image.open(fh)
     except HeaderTooLong as e:
-        kind = REASON_TRUNCATED if _looks_like_image_magic(head) else REASON_UNRECOGNIZED
+        kind = REASON_TRUNCATED if looks_like_image_magic(head) else REASON_UNRECOGNIZED
         raise InputError(path, f"{kind} ({e}; the rest is not read)") from None
     except Image.DecompressionBombError as e:
         raise InputError(path, f"{REASON_TOO_LARGE} ({e})") from None
     except UnidentifiedImageError:
         # Only sniff for text when PIL cannot identify the bytes, so text-based
         # image formats that PIL reads (e.g. ASCII PPM) still load.
-        if not _looks_like_image_magic(head) and _looks_like_text(head):
+        if not looks_like_image_magic(head) and looks_like_text(head):
             raise InputError(path, REASON_TEXT) from None
-        if _looks_like_image_magic(head):
+        if looks_like_image_magic(head):
             raise InputError(path, f"{REASON_TRUNCATED} (cannot parse image header)") from None
         raise InputError(path, REASON_UNRECOGNIZED) from None
     except MemoryError:
