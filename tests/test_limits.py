@@ -147,8 +147,9 @@ def test_long_conversation_fails_alone(image, tmp_path):
 
 def test_long_image_prompt_is_that_prompt_s_error(tmp_path):
     out = tmp_path / "imgs"
-    proc = vlmspec("generate-image", corpus.long_prompt(5_000), "a red\tcircle on a blue\nbackground",
-                   "-o", str(out), "-m", "none", "-q", "--device", "cpu")
+    proc = vlmspec("generate-image", corpus.long_prompt(5_000),
+                   "a red\tcircle on a blue\nbackground", "-o", str(out), "-m", "none", "-q",
+                   "--device", "cpu")
     assert proc.returncode == 1, proc.stderr
     (line,) = error_lines(proc.stderr)
     assert re.search(r"prompt is [\d,]+ tokens \+ 64 image tokens = [\d,]+ > 256 positions of "
@@ -167,8 +168,8 @@ def test_prompt_length_counts_what_the_target_sees():
     from videofiles import moving_square_frames
 
     cpu = {"target.device": "cpu", "draft.device": "cpu"}
-    video = build_session(load_profile("tinyworld-video", cli=dict(cpu, method="chain",
-                                                                   **{"drafting.inputs": ["multimodal"]})))
+    chain = dict(cpu, method="chain", **{"drafting.inputs": ["multimodal"]})
+    video = build_session(load_profile("tinyworld-video", cli=chain))
     lm = video.target
     assert position_limits(video) == [("target", 4096), ("draft", 4096)]
     for n, size in ((8, 32), (5, (48, 32))):
@@ -241,7 +242,8 @@ def test_profile_numbers_are_profile_errors(setting, message):
 
 
 def test_profile_yaml_numbers_are_profile_errors(tmp_path):
-    for body, message in (("sampling:\n  temperature: .inf\n", "'sampling.temperature' must be a finite"),
+    for body, message in (("sampling:\n  temperature: .inf\n",
+                           "'sampling.temperature' must be a finite"),
                           ("sampling:\n  seed: %d\n" % 2 ** 70, "'sampling.seed' must be a 64-bit"),
                           ("drafting:\n  gamma: %s\n" % ("9" * 5000), "invalid YAML")):
         path = tmp_path / "p.yaml"

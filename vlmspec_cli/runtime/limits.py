@@ -25,7 +25,8 @@ def position_limit(model) -> int | None:
     """The positions ``model`` (a LoadedModel, a module with ``.config``, or a config) can
     attend over: its text config's max_position_embeddings (or the family's equivalent);
     None when the config does not say."""
-    config = getattr(getattr(model, "model", None), "config", None) or getattr(model, "config", model)
+    inner = getattr(model, "model", None)  # a LoadedModel's HF model, a ForCausalLM's body
+    config = getattr(inner, "config", None) or getattr(model, "config", model)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     for cfg in (text, config):
         for key in _POSITION_KEYS:
@@ -84,7 +85,8 @@ def _raise_past(tokens: int, new: int, limit: tuple[str, int], generated: str,
     role, positions = limit
     total = tokens + new
     if total > positions:
-        added = f"max_new_tokens {new:,}" if generated == "max_new_tokens" else f"{new:,} {generated}"
+        added = (f"max_new_tokens {new:,}" if generated == "max_new_tokens"
+                 else f"{new:,} {generated}")
         raise ContextLimitError(f"prompt is {tokens:,} tokens{note} + {added} = {total:,} > "
                                 f"{positions:,} positions of the {role}")
 

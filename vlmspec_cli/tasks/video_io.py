@@ -9,7 +9,8 @@ How a file is read (memory stays bounded by the frames that are kept):
 1. *Packet pass* (demux only, nothing decoded, cheap): the presentation
    timestamps of the video packets give a provisional frame count and times.
    From them the frames to keep are planned (``frames=N`` -> indices,
-   ``fps=F`` -> times).
+   ``fps=F`` -> times). A plan of more than ``max_frames`` frames (profile key
+   video.max_frames) is a VideoError here, before anything is decoded.
 2. *Decode pass*: every frame is decoded once, in presentation order; its
    timestamp (``pts * time_base``, never the nominal rate) is recorded, and
    only the planned frames are converted to RGB, downscaled to ``max_pixels``
