@@ -262,9 +262,19 @@ def test_fifo_output_is_a_stream(tmp_path, image):
     fifo = tmp_path / "records.fifo"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
-    res = run(["caption", str(image), str(IMAGES[1]), "--out", str(fifo), *FAST])
+
+    def hung(*_):  # a sink that reads the FIFO for resume would wait for a writer forever
+        raise TimeoutError("the run blocked on the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    try:
+        res = run(["caption", str(image), str(IMAGES[1]), "--out", str(fifo), *FAST])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     reader.join(30)
     assert res.exit_code == 0, res.output
     assert [json.loads(x)["input"] for x in got[0].splitlines()] == [str(image), str(IMAGES[1])]
