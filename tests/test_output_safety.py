@@ -54,6 +54,12 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
             for p in sorted(root.rglob("*"))}
 
 
+@pytest.fixture(autouse=True)
+def this_checkouts_profiles(monkeypatch):
+    """Tests that chdir elsewhere still resolve profile names in this checkout."""
+    monkeypatch.setenv("VLMSPEC_PROFILES", str(ROOT / "profiles"))
+
+
 @pytest.fixture()
 def no_models(monkeypatch):
     """Fail the test if a command gets as far as loading a model."""
