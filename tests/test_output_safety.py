@@ -54,6 +54,12 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
             for p in sorted(root.rglob("*"))}
 
 
+@pytest.fixture(autouse=True)
+def this_checkouts_profiles(monkeypatch):
+    """Tests that chdir elsewhere still resolve profile names in this checkout."""
+    monkeypatch.setenv("VLMSPEC_PROFILES", str(ROOT / "profiles"))
+
+
 @pytest.fixture()
 def no_models(monkeypatch):
     """Fail the test if a command gets as far as loading a model."""
@@ -262,9 +268,19 @@ def test_fifo_output_is_a_stream(tmp_path, image):
     fifo = tmp_path / "records.fifo"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
-    res = run(["caption", str(image), str(IMAGES[1]), "--out", str(fifo), *FAST])
+
+    def hung(*_):  # a sink that reads the FIFO for resume would wait for a writer forever
+        raise TimeoutError("the run blocked on the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    try:
+        res = run(["caption", str(image), str(IMAGES[1]), "--out", str(fifo), *FAST])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     reader.join(30)
     assert res.exit_code == 0, res.output
     assert [json.loads(x)["input"] for x in got[0].splitlines()] == [str(image), str(IMAGES[1])]

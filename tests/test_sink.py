@@ -167,7 +167,7 @@ def test_non_regular_outputs_are_write_only_streams(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
     with JsonlSink(fifo) as sink:
         sink.append(vlmspec_record("a.png"))
@@ -227,7 +227,7 @@ def test_atomic_write_follows_links_and_writes_streams(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
     atomic_write_bytes(fifo, b"through the pipe\n")
     reader.join(10)
