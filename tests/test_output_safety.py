@@ -368,7 +368,10 @@ def test_recipe_state_never_overwrites_a_file_that_is_not_one(tmp_path, monkeypa
         res = run(["run", *args])
         assert res.exit_code == 2, res.output
         (line,) = error_lines(res.stderr)
-        assert line.startswith(f"error: {args[2]}: not a vlmspec recipe state file"), line
+        # one line naming the state file and why (the recipe itself, or not a state file)
+        assert line.startswith(f"error: state file {args[2]}: "), line
+        assert ("is the recipe itself" if args[2] == "r.yaml"
+                else "not a vlmspec recipe state file") in line, line
         assert "profile from" not in res.stdout  # no step ran
     assert snapshot(tmp_path) == before
     res = run(["run", "r.yaml", "--state", "ok.json"])
