@@ -64,7 +64,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     """
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
-    from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
+    from vlmspec_cli.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.imagegen import check_out_dir, plan_jobs, read_prompts, run_images
 
     if force and skip_existing:

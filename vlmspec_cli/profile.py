@@ -26,6 +26,8 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
+from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
+
 DEFAULT_PROFILE = "tinyworld-caption"
 ENV_VAR = "VLMSPEC_PROFILES"
 _SUFFIXES = (".yaml", ".yml")
@@ -65,7 +67,7 @@ class ModelSpec:
 class DraftingSpec:
     gamma: int = field(default=5, metadata=_rule(ge=1))
     inputs: list[str] = field(default_factory=lambda: ["multimodal"], metadata=_rule(
-        choices=("multimodal", "text", "caption", "pooled"), nonempty=True))
+        choices=DRAFTING_INPUTS, nonempty=True))
 
 
 @dataclass
