@@ -8,7 +8,7 @@ relaxed acceptance) and the target's loading.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
@@ -30,6 +30,7 @@ class Session:
     captioner: LoadedModel | None
     engine: SpeculativeEngine
     sampling: SamplingParams
+    _baseline: SpeculativeEngine | None = field(default=None, init=False, repr=False)
 
     @property
     def lossless(self) -> bool:
@@ -38,7 +39,7 @@ class Session:
     def baseline_engine(self) -> SpeculativeEngine:
         """Target-only decoding with the same sampling settings (for --compare); built once
         per session, since engines keep no per-request state."""
-        if getattr(self, "_baseline", None) is None:
+        if self._baseline is None:
             self._baseline = SpeculativeEngine(self.target, method_class("none")(), 1,
                                                self.sampling)
         return self._baseline
