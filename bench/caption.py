@@ -28,7 +28,7 @@ import transformers  # noqa: E402
 
 from benchlib import machine_info  # noqa: E402  (bench/benchlib.py)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
-from vlmspec_cli.drafters.members import member_prompt  # noqa: E402
+from vlmspec_cli.drafters.inputs import input_prompt  # noqa: E402
 from vlmspec_cli.profile import ProfileError, load_profile  # noqa: E402
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache  # noqa: E402
 from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
@@ -110,7 +110,7 @@ def measure_latencies(target, draft, req: Request, gamma: int) -> dict:
     """T_p, T_p(γ) (γ+1 tokens: pending + γ proposals) and T_q for the M and T draft inputs."""
     ad = target.adapter
     prompt = ad.prompt_text(target, req.messages)
-    text_prompt = member_prompt(prompt, req.images, "text", ad.image_token(target), [])
+    text_prompt = input_prompt(prompt, req.images, "text", ad.image_token(target), [])
     t_inputs = ad.encode(target, prompt, req.images)
     lat = {"T_p": step_latency(target, t_inputs, 1),
            "T_p_gamma": step_latency(target, t_inputs, gamma + 1),
@@ -225,7 +225,7 @@ def main() -> None:
     gc.assistant_confidence_threshold = args.hf_confidence
 
     def chain(variant: str) -> SpeculativeEngine:
-        drafter = create_drafter("chain", draft=draft, sampling=GREEDY, variant=variant,
+        drafter = create_drafter("chain", draft=draft, sampling=GREEDY, drafting_input=variant,
                                  image_token=image_token)
         return SpeculativeEngine(target, drafter, gamma, GREEDY)
 

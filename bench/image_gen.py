@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from benchlib import machine_info, print_table  # noqa: E402  (bench/benchlib.py)
 from vlmspec_cli.profile import load_profile  # noqa: E402
-from vlmspec_cli.runtime.session import build_session  # noqa: E402
+from vlmspec_cli.session import build_session  # noqa: E402
 from vlmspec_cli.tasks.imagegen import ImageJob, image_request, render  # noqa: E402
 from vlmspec_cli.zoo import imagegen as zoo_image  # noqa: E402
 

@@ -41,7 +41,8 @@ from benchlib import machine_info, print_table  # noqa: E402
 from conftest import fresh_scenes  # noqa: E402  (tests/conftest.py: fresh tinyworld scenes)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.profile import ModelSpec  # noqa: E402
-from vlmspec_cli.runtime.batch import BatchDrafter, BatchedEngine  # noqa: E402
+from vlmspec_cli.drafters.chain import ChainBatchDrafter  # noqa: E402
+from vlmspec_cli.runtime.batch import BatchedEngine  # noqa: E402
 from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
 from vlmspec_cli.runtime.models import load_model  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
@@ -66,7 +67,7 @@ def timed(fn):
 
 def run_single(target, draft, gamma, reqs):
     drafter = (create_drafter("none") if draft is None else
-               create_drafter("chain", draft=draft, sampling=GREEDY, variant="multimodal",
+               create_drafter("chain", draft=draft, sampling=GREEDY, drafting_input="multimodal",
                               image_token=target.adapter.image_token(target)))
     engine = SpeculativeEngine(target, drafter, gamma, GREEDY)
     engine.generate(reqs[0])  # warm-up
@@ -74,8 +75,8 @@ def run_single(target, draft, gamma, reqs):
 
 
 def run_batched(target, draft, gamma, reqs, batch_size):
-    drafter = None if draft is None else BatchDrafter(draft, "multimodal",
-                                                      target.adapter.image_token(target))
+    drafter = None if draft is None else ChainBatchDrafter(draft, "multimodal",
+                                                           target.adapter.image_token(target))
     engine = BatchedEngine(target, drafter, gamma, GREEDY, batch_size)
     list(engine.run(reqs[:batch_size], lambda r: r))  # warm-up at this batch size
 

@@ -28,7 +28,7 @@ import torch
 from benchlib import machine_info, print_table
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.session import build_session
+from vlmspec_cli.session import build_session
 from vlmspec_cli.tasks.video_io import clip_from_arrays
 from vlmspec_cli.zoo import video as world
 

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from conftest import fresh_scenes
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
-from vlmspec_cli.runtime.batch import BatchDrafter, BatchedEngine
+from vlmspec_cli.drafters.chain import ChainBatchDrafter
+from vlmspec_cli.runtime.batch import BatchedEngine
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.ragged import RaggedCache
 from vlmspec_cli.runtime.request import Message, Request
@@ -43,7 +44,7 @@ def _single(target, draft, variant, gamma, reqs):
     if draft is None:
         engine = SpeculativeEngine(target, create_drafter("none"), 1, GREEDY)
     else:
-        drafter = create_drafter("chain", draft=draft, sampling=GREEDY, variant=variant,
+        drafter = create_drafter("chain", draft=draft, sampling=GREEDY, drafting_input=variant,
                                  image_token=target.adapter.image_token(target))
         engine = SpeculativeEngine(target, drafter, gamma, GREEDY)
     return [engine.generate(r).tokens for r in reqs]
@@ -75,8 +76,8 @@ def _batched(engine, reqs):
 def test_batched_chain_equals_each_request_alone(zoo_target, zoo_draft, requests_, variant,
                                                  gamma, batch_size):
     refs = _single(zoo_target, zoo_draft, variant, gamma, requests_)
-    engine = BatchedEngine(zoo_target, BatchDrafter(zoo_draft, variant,
-                                                    zoo_target.adapter.image_token(zoo_target)),
+    engine = BatchedEngine(zoo_target, ChainBatchDrafter(zoo_draft, variant,
+                                                         zoo_target.adapter.image_token(zoo_target)),
                            gamma, GREEDY, batch_size)
     results, live = _batched(engine, requests_)
     for i, (res, ref) in enumerate(zip(results, refs)):
@@ -96,7 +97,7 @@ def test_batched_target_only_equals_each_request_alone(zoo_target, requests_):
 
 def test_a_request_that_fails_to_start_leaves_the_batch_going(zoo_target, zoo_draft, requests_):
     reqs = requests_[:4]
-    engine = BatchedEngine(zoo_target, BatchDrafter(zoo_draft, "text"), 3, GREEDY, 2)
+    engine = BatchedEngine(zoo_target, ChainBatchDrafter(zoo_draft, "text"), 3, GREEDY, 2)
 
     def admit(r):
         if r is reqs[1]:

@@ -17,7 +17,7 @@ from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.hidden_head import prompt_pairs
 from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.session import SessionError, build_session
+from vlmspec_cli.session import SessionError, build_session
 from vlmspec_cli.runtime.verify import SamplingParams
 from vlmspec_cli.zoo import world
 from vlmspec_cli.zoo.build import IMAGE_TOKENS

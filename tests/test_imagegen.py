@@ -18,7 +18,7 @@ from PIL import Image
 from corpus import write_user_notes
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
-from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
+from vlmspec_cli.session import SessionError, build_session, validate_method
 from vlmspec_cli.tasks.imagegen import ImageJob, image_request, render, write_new
 from vlmspec_cli.zoo import imagegen as zoo_image
 

@@ -163,7 +163,7 @@ def test_long_image_prompt_is_that_prompt_s_error(tmp_path):
 def test_prompt_length_counts_what_the_target_sees():
     from vlmspec_cli.runtime.limits import position_limit, position_limits, prompt_tokens
     from vlmspec_cli.runtime.request import Message
-    from vlmspec_cli.runtime.session import build_session
+    from vlmspec_cli.session import build_session
     from vlmspec_cli.tasks.video_io import clip_from_arrays
     from videofiles import moving_square_frames
 

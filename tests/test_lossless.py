@@ -53,7 +53,7 @@ def corpus(zoo_target):
 @pytest.mark.parametrize("gamma", [1, 3, 5, 8])
 @pytest.mark.parametrize("variant", ["multimodal", "text"])
 def test_chain_equals_target_greedy(zoo_target, zoo_draft, corpus, variant, gamma):
-    drafter = create_drafter("chain", draft=zoo_draft, sampling=GREEDY, variant=variant,
+    drafter = create_drafter("chain", draft=zoo_draft, sampling=GREEDY, drafting_input=variant,
                              image_token=zoo_target.adapter.image_token(zoo_target))
     engine = SpeculativeEngine(zoo_target, drafter, gamma, GREEDY)
     accepted = 0
@@ -76,7 +76,7 @@ def test_chain_equals_target_greedy_on_conversations(zoo_target, zoo_draft, kind
     assistant answer)."""
     rng = random.Random(zlib.crc32(kind.encode()))  # str hash() differs per process
     for variant in ("multimodal", "text"):
-        drafter = create_drafter("chain", draft=zoo_draft, sampling=GREEDY, variant=variant,
+        drafter = create_drafter("chain", draft=zoo_draft, sampling=GREEDY, drafting_input=variant,
                                  image_token=zoo_target.adapter.image_token(zoo_target))
         engine = SpeculativeEngine(zoo_target, drafter, 5, GREEDY)
         for _ in range(4):

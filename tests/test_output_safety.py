@@ -66,7 +66,7 @@ def no_models(monkeypatch):
     def build_session(*args, **kwargs):
         raise AssertionError("a model was loaded before the output was checked")
 
-    monkeypatch.setattr("vlmspec_cli.runtime.session.build_session", build_session)
+    monkeypatch.setattr("vlmspec_cli.session.build_session", build_session)
 
 
 @pytest.fixture()
@@ -314,7 +314,7 @@ def test_interrupt_exits_130_in_other_commands(tmp_path, monkeypatch, image):
     def build_session(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("vlmspec_cli.runtime.session.build_session", build_session)
+    monkeypatch.setattr("vlmspec_cli.session.build_session", build_session)
     monkeypatch.chdir(tmp_path)
     res = run(["generate-image", "a red circle", "--out-dir", str(tmp_path / "gen"), "-q"])
     assert res.exit_code == 130 and "interrupted" in res.stderr

@@ -13,7 +13,7 @@ from conftest import fresh_scenes
 from vlmspec_cli.profile import ModelSpec, load_profile
 from vlmspec_cli.runtime.models import ModelLoadError, load_model
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.session import build_session
+from vlmspec_cli.session import build_session
 
 pytest.importorskip("bitsandbytes", reason="CI installs vlmspec[test], which includes [quant]")
 

@@ -98,7 +98,7 @@ def _assert_samples_follow_target(engine, target, params, n: int = 2000, decode=
 @pytest.mark.parametrize("params,gamma", [(SamplingParams(1.0), 2), (SamplingParams(0.8, top_p=0.9), 3)])
 def test_first_tokens_follow_target_distribution(tiny_pair, params, gamma):
     target, draft = tiny_pair
-    drafter = create_drafter("chain", draft=draft, sampling=params, variant="text")
+    drafter = create_drafter("chain", draft=draft, sampling=params, drafting_input="text")
     engine = SpeculativeEngine(target, drafter, gamma, params)
     prompt_ids, exact = _assert_samples_follow_target(engine, target, params)
     # the draft's own distribution is clearly different (so the test could fail)
@@ -125,11 +125,12 @@ def test_twig_first_tokens_follow_target_distribution(tiny_pair, with_twig):
 def test_batched_first_tokens_follow_target_distribution(tiny_pair, batch_size, gamma):
     """Batched speculative sampling (runtime/batch.py): every row's samples follow the
     target's distribution, with rows at different accepted lengths in one batch."""
-    from vlmspec_cli.runtime.batch import BatchDrafter, BatchedEngine
+    from vlmspec_cli.drafters.chain import ChainBatchDrafter
+    from vlmspec_cli.runtime.batch import BatchedEngine
 
     target, draft = tiny_pair
     params = SamplingParams(1.0)
-    engine = BatchedEngine(target, BatchDrafter(draft, "text"), gamma, params, batch_size)
+    engine = BatchedEngine(target, ChainBatchDrafter(draft, "text"), gamma, params, batch_size)
 
     def decode(requests):
         for _, res in engine.run(requests, lambda r: r):
@@ -146,7 +147,7 @@ def test_tree_first_tokens_follow_target_distribution(tiny_pair, top_k, total, d
     for several branching factors."""
     target, draft = tiny_pair
     params = SamplingParams(1.0)
-    drafter = create_drafter("tree", draft=draft, sampling=params, variant="text", depth=depth,
+    drafter = create_drafter("tree", draft=draft, sampling=params, drafting_input="text", depth=depth,
                              top_k=top_k, total_tokens=total)
     _assert_samples_follow_target(SpeculativeEngine(target, drafter, depth, params), target,
                                   params, n=1500)
@@ -162,7 +163,7 @@ def test_tree_shape_policies_follow_target_distribution(tiny_pair, method, kwarg
     emitted tokens distributed as the target's."""
     target, draft = tiny_pair
     params = SamplingParams(1.0)
-    drafter = create_drafter(method, draft=draft, sampling=params, variant="text", **kwargs)
+    drafter = create_drafter(method, draft=draft, sampling=params, drafting_input="text", **kwargs)
     gamma = 8 if method == "adt" else kwargs["depth"]
     engine = SpeculativeEngine(target, drafter, gamma, params)
     _assert_samples_follow_target(engine, target, params, n=1500)

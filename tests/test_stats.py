@@ -32,7 +32,7 @@ def check_invariants(s: SpecStats, tokens: list[int], gamma: int, max_new: int) 
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_stats_add_up(zoo_target, zoo_draft, temperature, gamma):
     sampling = SamplingParams(temperature)
-    drafter = create_drafter("chain", draft=zoo_draft, sampling=sampling, variant="multimodal",
+    drafter = create_drafter("chain", draft=zoo_draft, sampling=sampling, drafting_input="multimodal",
                              image_token=zoo_target.adapter.image_token(zoo_target))
     engine = SpeculativeEngine(zoo_target, drafter, gamma, sampling)
     total = SpecStats()

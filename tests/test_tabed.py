@@ -15,7 +15,7 @@ import torch
 from conftest import fresh_scenes
 from test_lossless import reference
 from vlmspec_cli.drafters import create_drafter
-from vlmspec_cli.drafters.members import member_prompt, replace_images
+from vlmspec_cli.drafters.inputs import input_prompt, replace_images
 from vlmspec_cli.drafters.weights import EnsembleWeights, distance, grid_candidates
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.request import Message, Request
@@ -54,8 +54,8 @@ def _engine(zoo_target, zoo_draft, zoo_captioner, method, sampling=GREEDY, gamma
 
 
 @pytest.mark.parametrize("method,kw", [
-    ("chain", dict(variant="caption")),                                        # C
-    ("chain", dict(variant="pooled")),                                         # P
+    ("chain", dict(drafting_input="caption")),                                        # C
+    ("chain", dict(drafting_input="pooled")),                                         # P
     ("tabed", dict(inputs=["multimodal", "text"], policy="static")),           # MT
     ("tabed", dict(inputs=["multimodal", "text"], policy="grid")),             # MT*
     ("tabed", dict(inputs=["multimodal", "text", "caption", "pooled"], policy="static")),  # MTCP
@@ -83,7 +83,7 @@ def test_ensembles_equal_target_greedy(zoo_target, zoo_draft, zoo_captioner, cas
 
 
 def test_caption_member_gets_captions_and_time(zoo_target, zoo_draft, zoo_captioner, cases):
-    engine = _engine(zoo_target, zoo_draft, zoo_captioner, "chain", variant="caption")
+    engine = _engine(zoo_target, zoo_draft, zoo_captioner, "chain", drafting_input="caption")
     req = cases[0][0]
     state = engine.start(req)
     captions = state.drafter_state.captions
@@ -92,13 +92,13 @@ def test_caption_member_gets_captions_and_time(zoo_target, zoo_draft, zoo_captio
     assert state.stats.caption_s > 0
 
 
-def test_member_prompts():
+def test_input_prompts():
     prompt = "USER: <image>\n<image>\nspot the difference. ASSISTANT:"
-    assert member_prompt(prompt, [1, 2], "text", "<image>", []) == \
+    assert input_prompt(prompt, [1, 2], "text", "<image>", []) == \
         "USER: \n\n\n\nspot the difference. ASSISTANT:"
-    assert member_prompt(prompt, [1, 2], "caption", "<image>", ["a red circle", "a blue square"]) == \
+    assert input_prompt(prompt, [1, 2], "caption", "<image>", ["a red circle", "a blue square"]) == \
         "USER: image: a red circle\n\nimage: a blue square\n\nspot the difference. ASSISTANT:"
-    assert member_prompt(prompt, [1, 2], "pooled", "<image>", []) == prompt
+    assert input_prompt(prompt, [1, 2], "pooled", "<image>", []) == prompt
     with pytest.raises(ValueError, match="2 image placeholders for 1"):
         replace_images(prompt, "<image>", ["x"])
 
@@ -288,8 +288,8 @@ def test_ensemble_samples_from_the_mixture_it_hands_to_verification(zoo_target, 
         draft = engine.drafter.propose(state, 1)
         counts[draft.tokens[0]] += 1
     q = draft.probs[0]
-    q_text = first_q("chain", variant="text")[1].drafter_state.next_logits
-    q_image = first_q("chain", variant="multimodal")[1].drafter_state.next_logits
+    q_text = first_q("chain", drafting_input="text")[1].drafter_state.next_logits
+    q_image = first_q("chain", drafting_input="multimodal")[1].drafter_state.next_logits
     mixture = 0.5 * probabilities(q_text[0], params) + 0.5 * probabilities(q_image[0], params)
     torch.testing.assert_close(q, mixture, rtol=1e-4, atol=1e-6)
     assert (probabilities(q_text[0], params) - mixture).abs().sum() > 0.05  # members differ
@@ -301,20 +301,20 @@ def test_ensemble_samples_from_the_mixture_it_hands_to_verification(zoo_target, 
 
 
 @pytest.mark.parametrize("policy", ["grid", "softmax", "static"])
-@pytest.mark.parametrize("variant", ["multimodal", "text"])
-def test_one_member_ensemble_is_chain(zoo_target, zoo_draft, zoo_captioner, cases, policy, variant):
+@pytest.mark.parametrize("drafting_input", ["multimodal", "text"])
+def test_one_member_ensemble_is_chain(zoo_target, zoo_draft, zoo_captioner, cases, policy, drafting_input):
     """tabed with one drafting input (--inputs M) is chain with that input: at T=0 the
     target's greedy tokens and chain's drafts; at T>0 the same samples (no crash)."""
     for i, (req, ref) in enumerate(cases[:3]):
-        one = _engine(zoo_target, zoo_draft, zoo_captioner, "tabed", inputs=[variant], policy=policy)
-        chain = _engine(zoo_target, zoo_draft, zoo_captioner, "chain", variant=variant)
+        one = _engine(zoo_target, zoo_draft, zoo_captioner, "tabed", inputs=[drafting_input], policy=policy)
+        chain = _engine(zoo_target, zoo_draft, zoo_captioner, "chain", drafting_input=drafting_input)
         res, base = one.generate(req), chain.generate(req)
         assert res.tokens == ref == base.tokens, f"case {i} differs"
         assert res.state.stats.accepted_per_pos == base.state.stats.accepted_per_pos
     hot = SamplingParams(1.0)
     req = Request(cases[0][0].messages, max_new_tokens=12, seed=7)
-    one = _engine(zoo_target, zoo_draft, zoo_captioner, "tabed", sampling=hot, inputs=[variant],
+    one = _engine(zoo_target, zoo_draft, zoo_captioner, "tabed", sampling=hot, inputs=[drafting_input],
                   policy=policy).generate(req)
     chain = _engine(zoo_target, zoo_draft, zoo_captioner, "chain", sampling=hot,
-                    variant=variant).generate(req)
+                    drafting_input=drafting_input).generate(req)
     assert one.tokens == chain.tokens and len(one.tokens) > 0

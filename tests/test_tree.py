@@ -135,7 +135,7 @@ def corpus(zoo_target):
     ("multimodal", 5, 4, 20), ("multimodal", 6, 2, 10), ("multimodal", 3, 3, 60),
     ("multimodal", 4, 1, 4), ("text", 5, 3, 16)])
 def test_tree_equals_target_greedy(zoo_target, zoo_draft, corpus, variant, depth, top_k, total):
-    drafter = create_drafter("tree", draft=zoo_draft, sampling=GREEDY, variant=variant,
+    drafter = create_drafter("tree", draft=zoo_draft, sampling=GREEDY, drafting_input=variant,
                              depth=depth, top_k=top_k, total_tokens=total,
                              image_token=zoo_target.adapter.image_token(zoo_target),
                              eos_ids=eos_token_ids(zoo_target))
@@ -156,7 +156,7 @@ def test_tree_equals_target_greedy(zoo_target, zoo_draft, corpus, variant, depth
 
 def test_a_wider_tree_accepts_more_than_its_chain(zoo_target, zoo_draft, corpus):
     def tau(top_k, total):
-        drafter = create_drafter("tree", draft=zoo_draft, sampling=GREEDY, variant="multimodal",
+        drafter = create_drafter("tree", draft=zoo_draft, sampling=GREEDY, drafting_input="multimodal",
                                  depth=5, top_k=top_k, total_tokens=total,
                                  image_token=zoo_target.adapter.image_token(zoo_target),
                                  eos_ids=eos_token_ids(zoo_target))

@@ -16,7 +16,7 @@ from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.models import load_twig
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
+from vlmspec_cli.session import SessionError, build_session, validate_method
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.trunk import mean_retained_tokens
 from vlmspec_cli.runtime.verify import SamplingParams

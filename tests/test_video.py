@@ -17,7 +17,7 @@ import videofiles
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.session import SessionError, build_session
+from vlmspec_cli.session import SessionError, build_session
 from vlmspec_cli.tasks.video_io import clip_from_arrays
 from vlmspec_cli.zoo import video as world
 

@@ -22,6 +22,7 @@ def tsv_field(text) -> str:
     """One column of a stdout text line, escaped (see _TSV_ESCAPES)."""
     return str(text).translate(_TSV_ESCAPES)
 
+from vlmspec_cli.drafting_inputs import parse_inputs as _parse_inputs  # --inputs M,T → names
 
 EPILOG_CAPTION = """\b
 Examples:
@@ -157,7 +158,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.limits import check_prompt_fits
     from vlmspec_cli.runtime.models import ModelLoadError
-    from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
+    from vlmspec_cli.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.caption import chat_jobs, image_jobs, input_files, run_batch
     from vlmspec_cli.tasks.inputs import InputError, expand_inputs
 
@@ -303,39 +304,9 @@ def _print_plan(prof, noun: str, rows: list[tuple[str, str | None]]) -> None:
 
 
 def _draft_summary(prof) -> str:
-    if prof.method == "none":
-        return ""
-    if prof.method == "twig":
-        twig = prof.twig
-        text = (f", twig {twig.model} on layers[:{twig.layers or 'K'}] δ={prof.drafting.gamma} "
-                f"θ={twig.threshold}")
-        if prof.prune.active:
-            text += (f", pruning keep={prof.prune.keep} layer={prof.prune.layer} "
-                     f"final_wipe={prof.prune.final_wipe} (lossy)")
-        return text
-    if prof.method == "hidden":
-        h = prof.hidden
-        shape = (f"tree depth={prof.tree.depth} top_k={prof.tree.top_k}" if h.tree
-                 else f"γ={prof.drafting.gamma}")
-        return f", hidden-state head {h.model} {shape}"
-    if prof.method == "tree":
-        t = prof.tree
-        return (f", draft {prof.draft.model} {list(prof.drafting.inputs)} tree depth={t.depth} "
-                f"top_k={t.top_k} total_tokens={t.total_tokens}")
-    return f", draft {prof.draft.model} {list(prof.drafting.inputs)} γ={prof.drafting.gamma}"
+    from vlmspec_cli.drafters import method_class
 
-
-_INPUT_LETTERS = {"m": "multimodal", "t": "text", "c": "caption", "p": "pooled"}
-
-
-def _parse_inputs(value: str | None) -> list[str] | None:
-    """``--inputs M,T`` / ``multimodal,text`` / ``MTCP`` → a drafting.inputs list."""
-    if not value:
-        return None
-    parts = [v.strip() for v in value.split(",") if v.strip()]
-    if len(parts) == 1 and parts[0].isupper() and set(parts[0].lower()) <= set(_INPUT_LETTERS):
-        parts = list(parts[0])
-    return [_INPUT_LETTERS.get(p.lower(), p) if len(p) == 1 else p for p in parts]
+    return method_class(prof.method).describe(prof)
 
 
 @cli.command()
@@ -395,7 +366,7 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
     """
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
-    from vlmspec_cli.runtime.session import SessionError, build_session
+    from vlmspec_cli.session import SessionError, build_session
     from vlmspec_cli.runtime.limits import check_fits
     from vlmspec_cli.tasks.hwprofile import (check_contexts, check_outputs, hardware_yaml,
                                              run_profile, sample_request, save_outputs)
@@ -473,7 +444,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_t
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.limits import check_fits
     from vlmspec_cli.runtime.models import ModelLoadError
-    from vlmspec_cli.runtime.session import SessionError
+    from vlmspec_cli.session import SessionError
     from vlmspec_cli.tasks.calibrate import (as_dicts, calibrate, calibration_session,
                                              check_profile_write, include_for, profile_write_path,
                                              sample_requests, winner_yaml, write_profile)

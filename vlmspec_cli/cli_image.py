@@ -67,8 +67,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     """
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
-    from vlmspec_cli.runtime.session import (TREE_METHODS, SessionError, build_session,
-                                             validate_method)
+    from vlmspec_cli.session import SessionError, build_session, tree_methods, validate_method
     from vlmspec_cli.tasks.imagegen import (check_out_dir, heatmap_path, plan_jobs, read_prompts,
                                             run_images)
 
@@ -87,7 +86,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         _fail(str(exc))
     jobs = plan_jobs(texts, prof.image.images_per_prompt, prof.sampling.seed, out_dir)
     if dry_run:
-        with_map = heatmap and prof.method in TREE_METHODS
+        with_map = heatmap and prof.method in tree_methods()
         _print_plan(prof, "image(s)", [(f"{j.path}  seed={j.seed}" + (
             f"  + {heatmap_path(j.path).name}" if with_map and not j.error else ""), j.error)
             for j in jobs])

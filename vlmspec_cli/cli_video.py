@@ -71,7 +71,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.limits import check_prompt_fits
     from vlmspec_cli.runtime.models import ModelLoadError
-    from vlmspec_cli.runtime.session import SessionError, build_session, validate_method
+    from vlmspec_cli.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.caption import input_files, run_batch
     from vlmspec_cli.tasks.video import expand_video_inputs, video_jobs
 

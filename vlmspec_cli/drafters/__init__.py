@@ -1,6 +1,13 @@
-"""Drafting methods, one file each, registered by name."""
+"""Drafting methods, one module each, registered by name (base.register). Every module of
+the package is imported here, so a new method is one new file."""
 
-from vlmspec_cli.drafters import chain, ensemble, hidden, none, tree, twig  # noqa: F401  (registration side effects)
-from vlmspec_cli.drafters.base import Draft, Drafter, create_drafter, drafter_names, register
+import importlib
+import pkgutil
 
-__all__ = ["Draft", "Drafter", "create_drafter", "drafter_names", "register"]
+from vlmspec_cli.drafters.base import (DraftingMethod, create_drafter, method_class, method_names,
+                                       register)
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["DraftingMethod", "create_drafter", "method_class", "method_names", "register"]

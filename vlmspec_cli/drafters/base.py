@@ -1,75 +1,115 @@
-"""The drafter protocol and the registry of drafting methods by name."""
+"""Drafting methods as profiles name them, and the registry of them by name.
+
+The engine's side of a drafter is runtime/draft.py (``Drafter``: prefill, propose,
+accept, …). A ``DraftingMethod`` adds the profile's side, as class attributes and
+classmethods that need no model:
+
+- what it supports: ``tasks`` (caption, image, video), ``batches`` (batch_size > 1),
+  ``prunes`` (prune:), ``relaxes`` (acceptance: relaxed);
+- ``check(profile)``: its own profile checks, run before any model loads;
+- ``from_profile(profile, target, sampling, trace)``: load what it needs next to the
+  loaded target and build itself;
+- ``gamma(profile)``: the most tokens one round can accept (the engine's γ);
+- ``describe(profile)``: the line the CLI prints about it.
+
+A method is one module of this package with a ``@register("name")`` class; the package
+imports every module, so nothing else lists the methods.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
-import torch
+from vlmspec_cli.runtime.draft import Drafter
 
-from vlmspec_cli.runtime.request import DecodeState
-
-
-@dataclass
-class Draft:
-    """A chain of proposed tokens and the draft distributions q they were drawn from
-    (``probs``: (n, V); None at temperature 0, where only the tokens matter)."""
-
-    tokens: list[int]
-    probs: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def truncated(self, n: int) -> "Draft":
-        return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n])
+TASK_COMMANDS = {"caption": "caption", "image": "generate-image", "video": "describe-video"}
 
 
-class Drafter(Protocol):
-    name: str
-    needs_target_hidden: bool
-    lossless: bool
+class DraftingMethod(Drafter):
+    tasks: tuple[str, ...] = ("caption",)
+    batches = False
+    prunes = False
+    relaxes = False
+    trees = False         # drafts trees (per-token acceptance lengths: generate-image heatmaps)
+    draft = None          # the separate draft model it loaded (runtime.models.LoadedModel)
+    captioner = None      # the runtime.captioner.Captioner behind drafting input C
 
-    def prefill(self, state: DecodeState) -> None:
-        """Build the drafter's own cache for the request (stored on ``state.drafter_state``)."""
+    @classmethod
+    def check(cls, profile) -> None:
+        """Profile checks that need no model; raise ValueError with the user's message."""
 
-    def propose(self, state: DecodeState, max_tokens: int) -> Draft:
-        """Propose up to ``max_tokens`` tokens continuing ``state.tokens``."""
+    @classmethod
+    def from_profile(cls, profile, target, sampling, trace=None) -> "DraftingMethod":
+        """Load what the method needs (next to ``target``, already loaded) and build it.
+        ``trace``: a callable for per-block records (--trace), if the method has any."""
+        raise NotImplementedError
 
-    def accept(self, state: DecodeState, n_accepted: int,
-               target_logits: torch.Tensor | None = None) -> None:
-        """The first ``n_accepted`` proposals were kept (and ``state.tokens`` extended):
-        roll the drafter's own state back to match. ``target_logits`` (n + 1, V) are the
-        target's verified logits at the proposed positions, for adaptive drafters.
+    @classmethod
+    def models(cls, profile) -> list[tuple[str, str | None]]:
+        """(role, model name) of every model ``from_profile`` loads besides the target, so
+        the session can refuse pickle-only weights before anything loads."""
+        return []
 
-    Optional hooks: ``prepare(state)`` runs before the target's prefill (work that can
-    overlap it, e.g. captioning); ``finish(state)`` after the last round (report to stats).
-    A drafter with ``runs_target = True`` shares layers with the target (twig): its
-    ``prefill`` also prefills the target (sets ``state.target_cache`` and
-    ``state.target_next_logits``) and ``extend_target(state, ids)`` replaces the target's
-    cached forward, returning logits (1, n, V)."""
+    @classmethod
+    def gamma(cls, profile) -> int:
+        return profile.drafting.gamma
+
+    @classmethod
+    def describe(cls, profile) -> str:
+        """What the CLI adds after "method NAME" (", draft … γ=5"), or ""."""
+        return ""
+
+    @classmethod
+    def task_error(cls, task: str, methods: list[str]) -> str:
+        """The message when ``task`` is not among ``tasks`` (``methods``: those it allows)."""
+        hint = " (a chain is tree.top_k: 1)" if task == "image" else ""
+        return (f"{TASK_COMMANDS[task]} supports methods {', '.join(methods)}, not "
+                f"'{cls.name}'{hint}")
 
 
-DrafterFactory = Callable[..., Drafter]
-_REGISTRY: dict[str, DrafterFactory] = {}
+def draft_line(profile) -> str:
+    """``describe`` of the methods with a separate draft model drafting chains."""
+    return f", draft {profile.draft.model} {list(profile.drafting.inputs)} γ={profile.drafting.gamma}"
 
 
-def register(name: str):
-    def deco(factory: DrafterFactory) -> DrafterFactory:
-        _REGISTRY[name] = factory
-        return factory
+def one_input(profile) -> str:
+    """The single drafting input of a method that reads the request one way."""
+    inputs = list(profile.drafting.inputs)
+    if len(inputs) != 1:
+        raise ValueError(
+            f"method '{profile.method}' drafts from one input, but drafting.inputs is {inputs}; "
+            "to ensemble several inputs use method 'tabed'"
+        )
+    return inputs[0]
+
+
+_REGISTRY: dict[str, type[DraftingMethod]] = {}
+
+
+def register(name: str) -> Callable[[type[DraftingMethod]], type[DraftingMethod]]:
+    def deco(cls: type[DraftingMethod]) -> type[DraftingMethod]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
 
     return deco
 
 
-def drafter_names() -> list[str]:
-    return sorted(_REGISTRY)
+def method_names() -> list[str]:
+    """The registered methods: none (the baseline) first, then in the order their modules
+    register them (modules by file name, classes by their place in the file)."""
+    return sorted(_REGISTRY, key=lambda n: n != "none")
 
 
-def create_drafter(name: str, **kwargs) -> Drafter:
+def method_class(name: str) -> type[DraftingMethod]:
     if name not in _REGISTRY:
         from vlmspec_cli.suggest import did_you_mean
 
         hint = did_you_mean(name, _REGISTRY)
-        raise ValueError(f"unknown method '{name}'{hint}; available: {', '.join(drafter_names())}")
-    return _REGISTRY[name](**kwargs)
+        raise ValueError(f"unknown method '{name}'{hint}; available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def create_drafter(name: str, **kwargs) -> DraftingMethod:
+    """The method's drafter from keyword settings (tests, benchmarks, calibrate)."""
+    return method_class(name)(**kwargs)

@@ -1,7 +1,7 @@
 """``tabed``: one draft model, several drafting inputs, drafted as one batch (TABED §5).
 
-Each *member* is the same draft model reading the request through a different input
-(``members.py``): M (images), T (images → "\\n"), C (images → their captions), P (2×2-pooled
+Each *member* of the ensemble is the same draft model reading the request through a
+different drafting input (``inputs.py``): M (images), T (images → "\\n"), C (images → their captions), P (2×2-pooled
 images). The members are rows of one batch: prompts are left-padded to a common width
 and each row gets its own positions, so a single draft forward per token serves all of
 them. At every drafted position the members' distributions are mixed,
@@ -23,17 +23,14 @@ from typing import Any
 
 import torch
 
-from vlmspec_cli.drafters.base import Draft, register
-from vlmspec_cli.drafters.members import (MEMBER_INPUTS, check_members, member_embeds, prefill_video,
-                                          visuals)
+from vlmspec_cli.drafters.base import DraftingMethod, draft_line, register
+from vlmspec_cli.drafters.draft_model import draft_model_names, load_draft
+from vlmspec_cli.drafters.inputs import check_inputs, input_embeds, prefill_video, visuals
 from vlmspec_cli.drafters.weights import EnsembleWeights
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
+from vlmspec_cli.runtime.draft import Draft
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.verify import SamplingParams, probabilities
-
-# distances between distributions are taken at the sampling temperature, or at T = 1
-# when decoding greedily (the argmax ignores temperature; distances do not)
-_UNIT = SamplingParams(temperature=1.0, top_p=1.0)
 
 
 @dataclass
@@ -55,16 +52,14 @@ class EnsembleState:
         return self.prompt_mask.shape[1]
 
 
-class EnsembleDrafter:
-    needs_target_hidden = False
-    lossless = True
-
-    def __init__(self, draft, sampling: SamplingParams, inputs: list[str],
+@register("tabed")
+class EnsembleDrafter(DraftingMethod):
+    def __init__(self, draft, sampling: SamplingParams, inputs: list[str] | None = None,
                  image_token: str | None = None, captioner=None, policy: str = "grid",
                  distance: str = "kl", window: int | str = "all", grid: int = 10,
-                 temperature: float = 1.0, name: str = "tabed", trace=None, **_: object) -> None:
-        check_members(inputs, draft, captioner)
-        self.name = name
+                 temperature: float = 1.0, trace=None) -> None:
+        inputs = list(inputs or ["multimodal", "text"])
+        check_inputs(inputs, draft, captioner)
         self.draft = draft
         self.sampling = sampling
         self.inputs = list(inputs)
@@ -73,6 +68,28 @@ class EnsembleDrafter:
         self.weight_args = dict(policy=policy, distance_kind=distance, window=window,
                                 grid=grid, temperature=temperature)
         self.trace = trace                      # callable(dict) per block, or None
+
+    # -- from a profile --------------------------------------------------------------
+    @classmethod
+    def check(cls, profile) -> None:
+        if "caption" in profile.drafting.inputs and not profile.captioner.model:
+            raise ValueError("drafting input 'caption' needs a captioner: set captioner.model")
+
+    @classmethod
+    def models(cls, profile) -> list[tuple[str, str | None]]:
+        return draft_model_names(profile)
+
+    @classmethod
+    def from_profile(cls, profile, target, sampling, trace=None) -> "EnsembleDrafter":
+        m = load_draft(profile, target)
+        e = profile.ensemble
+        return cls(m.draft, sampling, m.inputs, image_token=m.image_token, captioner=m.captioner,
+                   policy=e.policy, distance=e.distance, window=e.window, grid=e.grid,
+                   temperature=e.temperature, trace=trace)
+
+    @classmethod
+    def describe(cls, profile) -> str:
+        return draft_line(profile)
 
     # -- request setup ---------------------------------------------------------------
     def prepare(self, state: DecodeState) -> None:
@@ -102,8 +119,8 @@ class EnsembleDrafter:
                 EnsembleWeights(1, **self.weight_args), next_logits=logits)
             return
         captions = self._captions(state)
-        rows = [member_embeds(lm, state.prompt, visuals(state.request), variant, self.image_token,
-                              captions) for variant in self.inputs]
+        rows = [input_embeds(lm, state.prompt, visuals(state.request), name, self.image_token,
+                             captions) for name in self.inputs]
         lengths = torch.tensor([r.shape[1] for r in rows])
         width = int(lengths.max())
         hidden = rows[0].shape[-1]
@@ -132,8 +149,9 @@ class EnsembleDrafter:
         return lm.adapter.extend(lm, ids, st.cache, attention_mask=mask, position_ids=positions)
 
     def _member_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        params = _UNIT if self.sampling.greedy else self.sampling
-        return probabilities(logits.float(), params)
+        # distances between distributions are taken at the sampling temperature, or at
+        # T = 1 when decoding greedily (the argmax ignores temperature; distances do not)
+        return probabilities(logits.float(), self.sampling.scoring)
 
     def propose(self, state: DecodeState, max_tokens: int) -> Draft:
         st: EnsembleState = state.drafter_state
@@ -177,8 +195,7 @@ class EnsembleDrafter:
         # first rejected one (its prefix was accepted too); the bonus position has no q
         seen = min(n_accepted + 1, len(st.block_q))
         if target_logits is not None and seen:
-            params = _UNIT if self.sampling.greedy else self.sampling
-            p = probabilities(target_logits[:seen].float(), params)
+            p = probabilities(target_logits[:seen].float(), self.sampling.scoring)
             st.weights.observe(p.to(st.block_q[0].device), torch.stack(st.block_q[:seen]))
         if self.trace is not None and len(self.inputs) > 1 and st.drafted:
             self.trace({"request": state.request.request_id, "block": len(st.block_weights) - 1,
@@ -200,11 +217,3 @@ class EnsembleDrafter:
             state.stats.ensemble = {"inputs": self.inputs, "policy": self.weight_args["policy"],
                                     "block_weights": st.block_weights}
 
-
-@register("tabed")
-def make_tabed(draft, sampling: SamplingParams, inputs: list[str] | None = None, **kwargs) -> EnsembleDrafter:
-    inputs = list(inputs or ["multimodal", "text"])
-    unknown = [i for i in inputs if i not in MEMBER_INPUTS]
-    if unknown:
-        raise ValueError(f"unknown drafting input '{unknown[0]}' (choose from {MEMBER_INPUTS})")
-    return EnsembleDrafter(draft, sampling, inputs, name="tabed", **kwargs)

@@ -30,14 +30,15 @@ from typing import Any
 
 import torch
 
-from vlmspec_cli.drafters.base import Draft, register
+from vlmspec_cli.drafters.base import DraftingMethod, register
+from vlmspec_cli.runtime.draft import Draft
+from vlmspec_cli.runtime.engine import eos_token_ids
 from vlmspec_cli.runtime.hidden_head import head_logits, prompt_pairs
+from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.tree import DraftTree, additive_mask, expand_tree
 from vlmspec_cli.runtime.tree_shape import FixedShape, RoundLog, TreeRound
 from vlmspec_cli.runtime.verify import SamplingParams, probabilities
-
-_UNIT = SamplingParams(temperature=1.0)
 
 
 @dataclass
@@ -61,13 +62,19 @@ class TreeSettings:
     static: bool = False
 
 
-class HiddenDrafter:
-    name = "hidden"
-    needs_target_hidden = True
-    lossless = True
+@register("hidden")
+class HiddenDrafter(DraftingMethod):
+    tasks = ("caption", "video")
 
     def __init__(self, target, head, sampling: SamplingParams, eos_ids=(),
                  tree: TreeSettings | None = None) -> None:
+        vocab = int(getattr(head.config, "vocab_size", 0) or 0)
+        if vocab and vocab != target.vocab_size:
+            raise ValueError(f"the hidden head was trained for a vocabulary of {vocab} tokens, "
+                             f"the target has {target.vocab_size}: train a head for this target")
+        if head.config.hidden_size != target.model.get_input_embeddings().weight.shape[1]:
+            raise ValueError(f"hidden head width {head.config.hidden_size} does not match the "
+                             f"target's hidden size")
         self.target = target
         self.head = head
         self.sampling = sampling
@@ -77,6 +84,42 @@ class HiddenDrafter:
         self.eos_ids = set(eos_ids)
         self.tree = tree
         self.shape = FixedShape(tree.depth, tree.top_k) if tree else None
+
+    # -- from a profile --------------------------------------------------------------
+    @classmethod
+    def check(cls, profile) -> None:
+        if not profile.hidden.model:
+            raise ValueError("method 'hidden' needs a trained head: set hidden.model")
+
+    @classmethod
+    def models(cls, profile) -> list[tuple[str, str | None]]:
+        return [("hidden", profile.hidden.model)]
+
+    @classmethod
+    def from_profile(cls, profile, target, sampling, trace=None) -> "HiddenDrafter":
+        """HiViS / Sparrow: the head loads next to the target, on its device and dtype."""
+        head = load_hidden_head(profile.hidden.model, target)
+        trained = int(head.config.target_layer)
+        layer = profile.hidden.layer
+        if layer is not None and int(layer) != trained:
+            raise ValueError(f"hidden head '{profile.hidden.model}' was trained on target layer "
+                             f"{trained} (hidden_states[{trained}]), but hidden.layer is {layer}; "
+                             f"set hidden.layer: {trained} or train a head for layer {layer}")
+        t = profile.tree
+        tree = (TreeSettings(t.depth, t.top_k, t.total_tokens, static=t.policy == "static")
+                if profile.hidden.tree else None)
+        return cls(target, head, sampling, eos_ids=eos_token_ids(target), tree=tree)
+
+    @classmethod
+    def gamma(cls, profile) -> int:
+        return profile.tree.depth if profile.hidden.tree else profile.drafting.gamma
+
+    @classmethod
+    def describe(cls, profile) -> str:
+        h = profile.hidden
+        shape = (f"tree depth={profile.tree.depth} top_k={profile.tree.top_k}" if h.tree
+                 else f"γ={profile.drafting.gamma}")
+        return f", hidden-state head {h.model} {shape}"
 
     # -- head forwards ----------------------------------------------------------------
     @torch.inference_mode()
@@ -228,15 +271,3 @@ class HiddenDrafter:
 def out_dtype(module) -> torch.dtype:
     return next(module.parameters()).dtype
 
-
-@register("hidden")
-def make_hidden(target, head, sampling: SamplingParams, eos_ids=(), tree: TreeSettings | None = None,
-                **_: object) -> HiddenDrafter:
-    vocab = int(getattr(head.config, "vocab_size", 0) or 0)
-    if vocab and vocab != target.vocab_size:
-        raise ValueError(f"the hidden head was trained for a vocabulary of {vocab} tokens, the "
-                         f"target has {target.vocab_size}: train a head for this target")
-    if head.config.hidden_size != target.model.get_input_embeddings().weight.shape[1]:
-        raise ValueError(f"hidden head width {head.config.hidden_size} does not match the "
-                         f"target's hidden size")
-    return HiddenDrafter(target, head, sampling, eos_ids=eos_ids, tree=tree)

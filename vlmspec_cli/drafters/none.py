@@ -1,25 +1,20 @@
-"""``none``: no draft at all; the engine then decodes with the target alone (baseline)."""
+"""``none``: no draft at all; the engine then decodes with the target alone (baseline).
+The protocol's defaults (runtime/draft.py) already draft nothing."""
 
 from __future__ import annotations
 
-from vlmspec_cli.drafters.base import Draft, register
-from vlmspec_cli.runtime.request import DecodeState
+from vlmspec_cli.drafters.base import DraftingMethod, register
+from vlmspec_cli.runtime.draft import BatchDrafter
 
 
 @register("none")
-class NoDrafter:
-    name = "none"
-    needs_target_hidden = False
-    lossless = True
+class NoDrafter(DraftingMethod):
+    tasks = ("caption", "image", "video")
+    batches = True
 
-    def __init__(self, **_: object) -> None:
-        pass
+    @classmethod
+    def from_profile(cls, profile, target, sampling, trace=None) -> "NoDrafter":
+        return cls()
 
-    def prefill(self, state: DecodeState) -> None:
-        state.drafter_state = None
-
-    def propose(self, state: DecodeState, max_tokens: int) -> Draft:
-        return Draft([])
-
-    def accept(self, state: DecodeState, n_accepted: int, target_logits=None) -> None:
-        pass
+    def batched(self) -> BatchDrafter:
+        return BatchDrafter()

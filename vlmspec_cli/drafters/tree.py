@@ -1,7 +1,7 @@
 """``tree``: a separate draft model proposes a draft *tree* (EAGLE-2 dynamic expansion,
 runtime/tree.py) instead of a chain; the target verifies every branch in one forward.
 
-The draft reads the request through one drafting input (members.py: M, T, C or P) and keeps
+The draft reads the request through one drafting input (inputs.py: M, T, C or P) and keeps
 its own KV cache: the prompt and the committed tokens it has read. Each expansion level
 feeds the frontier nodes in one forward, at positions base + depth, with a 4-D mask that
 lets a node see the cache, its ancestors and itself. After verification the cache is cut
@@ -11,17 +11,20 @@ index_select along the sequence), so the next round starts from a plain prefix a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from vlmspec_cli.drafters.base import register
-from vlmspec_cli.drafters.members import MEMBER_INPUTS, check_members, prefill_member
+from vlmspec_cli.drafters.base import DraftingMethod, draft_line, one_input, register
+from vlmspec_cli.drafters.draft_model import draft_model_names, load_draft
+from vlmspec_cli.drafters.inputs import check_inputs, prefill_input
+from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
 from vlmspec_cli.runtime.adapters.base import cache_length, select_cache_positions
+from vlmspec_cli.runtime.engine import eos_token_ids
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.tree import DraftTree, additive_mask, expand_tree
-from vlmspec_cli.runtime.tree_shape import AdjacencyAdaptive, FixedShape, RoundLog, TreeRound
+from vlmspec_cli.runtime.tree_shape import AdjacencyAdaptive, AdtBounds, FixedShape, RoundLog, TreeRound
 from vlmspec_cli.runtime.verify import SamplingParams
 
 TREE_POLICIES = ("dynamic", "static")
@@ -40,37 +43,77 @@ class TreeState:
     shape_generator: torch.Generator | None = None   # ADT's random initialisation only
 
 
-class TreeDrafter:
-    needs_target_hidden = False
-    lossless = True
-    name = "tree"
+@register("tree")
+class TreeDrafter(DraftingMethod):
+    tasks = ("caption", "image")
+    relaxes = True     # acceptance: relaxed judges tree nodes (image codes)
+    trees = True
 
-    def __init__(self, draft, sampling: SamplingParams, variant: str = "multimodal",
+    @classmethod
+    def models(cls, profile) -> list[tuple[str, str | None]]:
+        return draft_model_names(profile)
+
+    def __init__(self, draft, sampling: SamplingParams, drafting_input: str = "multimodal",
                  depth: int = 5, top_k: int = 4, total_tokens: int = 20,
                  image_token: str | None = None, captioner=None, eos_ids=(),
-                 policy: str = "dynamic", shape=None, per_token: bool = False,
-                 **_: object) -> None:
-        check_members([variant], draft, captioner)
+                 policy: str = "dynamic", shape=None, per_token: bool = False) -> None:
+        if drafting_input not in DRAFTING_INPUTS:
+            raise ValueError(f"{self.name} drafting supports inputs {DRAFTING_INPUTS}, not "
+                             f"'{drafting_input}'")
+        check_inputs([drafting_input], draft, captioner)
         if min(depth, top_k, total_tokens) < 1:
             raise ValueError("tree.depth, tree.top_k and tree.total_tokens must be >= 1")
         if policy not in TREE_POLICIES:
             raise ValueError(f"tree.policy must be one of {TREE_POLICIES}, not '{policy}'")
         self.draft = draft
         self.sampling = sampling
-        self.variant = variant
+        self.drafting_input = drafting_input
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.static = policy == "static"
         # what sizes each round's tree: FixedShape, or AdjacencyAdaptive (method adt)
         self.shape = shape or FixedShape(depth, top_k)
-        self.policy = "adt" if isinstance(self.shape, AdjacencyAdaptive) else policy
+        self.policy = policy
         self.per_token = per_token     # report each token's acceptance length (images)
         self.image_token = image_token
         self.captioner = captioner
         self.eos_ids = set(eos_ids)
 
+    # -- from a profile --------------------------------------------------------------
+    @classmethod
+    def check(cls, profile) -> None:
+        if profile.task != "image":
+            one_input(profile)
+
+    @classmethod
+    def from_profile(cls, profile, target, sampling, trace=None) -> "TreeDrafter":
+        m = load_draft(profile, target)
+        image = profile.task == "image"
+        t = profile.tree
+        return cls(m.draft, sampling, m.inputs[0] if image else one_input(profile),
+                   depth=t.depth, top_k=t.top_k, total_tokens=t.total_tokens, policy=t.policy,
+                   per_token=image, eos_ids=eos_token_ids(target), image_token=m.image_token,
+                   captioner=m.captioner, **cls._shape_settings(profile, target))
+
+    @classmethod
+    def _shape_settings(cls, profile, target) -> dict:
+        """Keyword settings of the tree's shape policy beyond section tree:."""
+        return {}
+
+    @classmethod
+    def gamma(cls, profile) -> int:
+        # a tree's depth bounds the tokens a round can accept, as γ bounds a chain's
+        return profile.tree.depth
+
+    @classmethod
+    def describe(cls, profile) -> str:
+        t = profile.tree
+        return (f", draft {profile.draft.model} {list(profile.drafting.inputs)} tree "
+                f"depth={t.depth} top_k={t.top_k} total_tokens={t.total_tokens}")
+
+    # -- decoding --------------------------------------------------------------------
     def prefill(self, state: DecodeState) -> None:
-        cache, logits = prefill_member(self.draft, state, self.variant, self.image_token,
-                                       self.captioner)
+        cache, logits = prefill_input(self.draft, state, self.drafting_input, self.image_token,
+                                      self.captioner)
         shape_gen = torch.Generator(device="cpu").manual_seed(state.request.seed + 0x5EED)
         state.drafter_state = TreeState(cache, next_logits=logits, shape_generator=shape_gen)
 
@@ -141,19 +184,40 @@ class TreeDrafter:
         state.stats.trees = {"policy": self.policy, **summary}
 
 
-@register("tree")
-def make_tree(draft, sampling: SamplingParams, variant: str = "multimodal", **kwargs) -> TreeDrafter:
-    if variant not in MEMBER_INPUTS:
-        raise ValueError(f"tree drafting supports inputs {MEMBER_INPUTS}, not '{variant}'")
-    return TreeDrafter(draft, sampling, variant, **kwargs)
-
 
 @register("adt")
-def make_adt(draft, sampling: SamplingParams, variant: str = "multimodal", cols: int = 1,
-             adaptive=None, depth: int = 4, top_k: int = 4, **kwargs) -> TreeDrafter:
+class AdtDrafter(TreeDrafter):
     """ADT-Tree: EAGLE-2 dynamic trees whose depth and width follow the image region
     (tree_shape.AdjacencyAdaptive; ``adaptive``: its keyword settings, ``cols``: tokens
     per image row)."""
-    shape = AdjacencyAdaptive(cols, depth=depth, top_k=top_k, **(adaptive or {}))
-    kwargs.pop("policy", None)
-    return make_tree(draft, sampling, variant, depth=depth, top_k=top_k, shape=shape, **kwargs)
+
+    tasks = ("image",)
+
+    def __init__(self, draft, sampling: SamplingParams, drafting_input: str = "multimodal",
+                 cols: int = 1, adaptive=None, depth: int = 4, top_k: int = 4, **kwargs) -> None:
+        shape = AdjacencyAdaptive(cols, depth=depth, top_k=top_k, **(adaptive or {}))
+        kwargs.pop("policy", None)
+        super().__init__(draft, sampling, drafting_input, depth=depth, top_k=top_k, shape=shape,
+                         **kwargs)
+        self.policy = "adt"
+
+    @classmethod
+    def task_error(cls, task: str, methods: list[str]) -> str:
+        if task != "caption":
+            return super().task_error(task, methods)
+        return ("method 'adt' adapts trees to an image-token grid: it is for "
+                "generate-image; use method 'tree' here")
+
+    @classmethod
+    def _shape_settings(cls, profile, target) -> dict:
+        a = asdict(profile.adaptive_tree)
+        bounds = AdtBounds(*(a.pop(k) for k in ("min_depth", "max_depth", "min_top_k", "max_top_k")))
+        return dict(cols=target.adapter.image_grid(target)[1], adaptive=dict(a, bounds=bounds))
+
+    @classmethod
+    def gamma(cls, profile) -> int:
+        return profile.adaptive_tree.max_depth
+
+    @classmethod
+    def describe(cls, profile) -> str:
+        return draft_line(profile)

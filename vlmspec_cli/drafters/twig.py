@@ -31,12 +31,12 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from vlmspec_cli.drafters.base import Draft, register
+from vlmspec_cli.drafters.base import DraftingMethod, register
+from vlmspec_cli.runtime.draft import Draft
+from vlmspec_cli.runtime.models import load_twig
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.trunk import SplitTarget, mean_retained_tokens, run_layers
 from vlmspec_cli.runtime.verify import SamplingParams, probabilities
-
-_UNIT = SamplingParams(temperature=1.0, top_p=1.0)
 
 
 @dataclass
@@ -80,13 +80,13 @@ def select_visual_rows(attention: torch.Tensor, visual: torch.Tensor, keep: int)
     return text | kept
 
 
-class TwigDrafter:
-    name = "twig"
-    needs_target_hidden = True
+@register("twig")
+class TwigDrafter(DraftingMethod):
     runs_target = True     # the engine lets this drafter run the target's forwards
+    prunes = True
 
     def __init__(self, target, sampling: SamplingParams, layers: int, twig=None,
-                 threshold: float = 0.0, prune: PrunePlan | None = None, **_: object) -> None:
+                 threshold: float = 0.0, prune: PrunePlan | None = None) -> None:
         self.target = target
         self.sampling = sampling
         self.split = SplitTarget(target, layers)
@@ -105,6 +105,45 @@ class TwigDrafter:
         if self.prune is not None:
             self._check_prune(self.prune)
         self.lossless = self.prune is None
+
+    # -- from a profile --------------------------------------------------------------
+    @classmethod
+    def check(cls, profile) -> None:
+        if _no_twig(profile.twig.model) and profile.twig.layers is None:
+            raise ValueError("twig.model: none (layer-skip) needs twig.layers: K, the number "
+                             "of target layers the draft runs")
+        if _no_twig(profile.twig.model) and profile.prune.active:
+            raise ValueError("prune needs a twig (its attention ranks the visual tokens); "
+                             "set twig.model")
+
+    @classmethod
+    def models(cls, profile) -> list[tuple[str, str | None]]:
+        return [] if _no_twig(profile.twig.model) else [("twig", profile.twig.model)]
+
+    @classmethod
+    def from_profile(cls, profile, target, sampling, trace=None) -> "TwigDrafter":
+        """The twig (if any) loads next to the target, on its device and dtype."""
+        twig = None if _no_twig(profile.twig.model) else load_twig(profile.twig.model, target)
+        layers = profile.twig.layers
+        if layers is None:
+            layers = getattr(twig.config, "twig_from_layer", None)
+            if layers is None:
+                raise ValueError(f"twig '{profile.twig.model}' does not say which target layer "
+                                 "it grows from (config twig_from_layer); set twig.layers: K")
+        p = profile.prune
+        plan = PrunePlan(keep=p.keep, layer=p.layer, final_wipe=p.final_wipe)
+        return cls(target, sampling, int(layers), twig=twig, threshold=profile.twig.threshold,
+                   prune=plan)
+
+    @classmethod
+    def describe(cls, profile) -> str:
+        twig = profile.twig
+        text = (f", twig {twig.model} on layers[:{twig.layers or 'K'}] δ={profile.drafting.gamma} "
+                f"θ={twig.threshold}")
+        if profile.prune.active:
+            text += (f", pruning keep={profile.prune.keep} layer={profile.prune.layer} "
+                     f"final_wipe={profile.prune.final_wipe} (lossy)")
+        return text
 
     def _check_prune(self, plan: PrunePlan) -> None:
         k, n = self.split.k, self.split.num_layers
@@ -184,8 +223,7 @@ class TwigDrafter:
             if feed:
                 logits = self._draft_step(st, state, feed)
             # greedy without early exit needs no distribution, only the argmax
-            q = None if greedy and not early_exit else probabilities(
-                logits, _UNIT if greedy else self.sampling)
+            q = None if greedy and not early_exit else probabilities(logits, self.sampling.scoring)
             if greedy:
                 tok = int(logits.argmax())
             else:
@@ -287,7 +325,6 @@ class TwigDrafter:
         return keep_from or None, report
 
 
-@register("twig")
-def make_twig(target, sampling: SamplingParams, layers: int, twig=None, threshold: float = 0.0,
-              prune: PrunePlan | None = None, **_: object) -> TwigDrafter:
-    return TwigDrafter(target, sampling, layers, twig=twig, threshold=threshold, prune=prune)
+
+def _no_twig(model: str | None) -> bool:
+    return model is None or str(model).lower() == "none"

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
+
 
 def _rule(*, choices=None, pattern=None, allowed=None, ge=None, gt=None, le=None,
           nonempty=False) -> dict:
@@ -42,7 +44,7 @@ class ModelSpec:
 class DraftingSpec:
     gamma: int = field(default=5, metadata=_rule(ge=1))
     inputs: list[str] = field(default_factory=lambda: ["multimodal"], metadata=_rule(
-        choices=("multimodal", "text", "caption", "pooled"), nonempty=True))
+        choices=DRAFTING_INPUTS, nonempty=True))
 
 
 @dataclass

@@ -33,18 +33,21 @@ the verifier sees): nothing can follow it, and the target adds it itself when it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+from vlmspec_cli.runtime.adapters.base import cache_length
+from vlmspec_cli.runtime.draft import Proposal, Verdict
+from vlmspec_cli.runtime.request import DecodeState, TargetFeatures
+from vlmspec_cli.runtime.verify import SamplingParams, probabilities, verify_tree
 
-# scores at T = 0 use the draft's plain softmax (the argmax ignores temperature)
-_UNIT = SamplingParams(temperature=1.0)
+if TYPE_CHECKING:
+    from vlmspec_cli.runtime.engine import SpeculativeEngine
 
 
 @dataclass
-class DraftTree:
+class DraftTree(Proposal):
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     depth: list[int] = field(default_factory=list)
@@ -83,6 +86,37 @@ class DraftTree:
                           if u < 0 or u in index},
                          origin=[self.origin[i] if self.origin else i for i in keep])
 
+    def verify(self, engine: "SpeculativeEngine", state: DecodeState) -> Verdict:
+        """One target forward over the pending token and every node (4-D mask: a node sees
+        the cache, the pending token, its ancestors and itself; node i at position
+        base + depth_i); ``verify_tree`` picks the accepted path, and the target cache
+        will keep only that path (``Verdict.keep``, an index_select)."""
+        lm = engine.target
+        past = cache_length(state.target_cache)
+        lead = len(state.target_pending)
+        if len(self):
+            ids = torch.tensor([state.target_pending + self.tokens], device=lm.device)
+            positions = torch.tensor([list(range(past, past + lead)) +
+                                      [past + lead + d for d in self.depth]], device=lm.device)
+            mask = tree_mask(self, past, lead, lm.dtype, lm.device)
+            logits = engine.extend(state, ids, attention_mask=mask, position_ids=positions)
+            root = logits[lead - 1] if lead else state.target_next_logits
+            node_logits = logits[lead:]
+        else:  # nothing drafted: an ordinary step of the pending token
+            pending = torch.tensor([state.target_pending], device=lm.device)
+            root = engine.extend(state, pending)[-1] if lead else state.target_next_logits
+            node_logits = None
+        path, tok = verify_tree(self, root, node_logits, engine.sampling, state.target_generator,
+                                engine.relax)
+        if state.features is not None and len(self):  # the kept rows: pending, then the path
+            rows = state.features.hidden
+            state.features = TargetFeatures(torch.cat([rows[:lead], rows[lead:][path]]), past)
+        self.accepted = path
+        verified = torch.cat([root[None]] + ([node_logits[path]] if path else []))
+        return Verdict([self.tokens[n] for n in path], tok, verified, drafted=len(self),
+                       positions=self.max_depth,
+                       keep=list(range(past + lead)) + [past + lead + n for n in path])
+
 
 StepFn = Callable[[DraftTree, list[int]], torch.Tensor]
 
@@ -112,7 +146,7 @@ def expand_tree(root_logits: torch.Tensor, step: StepFn, depth: int, top_k: int,
                 break
             budget = max(1, min(top_k, left // (depth - level) // len(frontier)))
         for u, row in zip(frontier, logits):
-            q = probabilities(row.float(), _UNIT if greedy else sampling)
+            q = probabilities(row.float(), sampling.scoring)
             for e in eos_ids:
                 if e < q.shape[-1]:
                     q[e] = 0.0

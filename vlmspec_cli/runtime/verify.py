@@ -33,6 +33,18 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    @property
+    def scoring(self) -> "SamplingParams":
+        """The warp for a draft distribution that is used as a distribution (tree scores,
+        distances between distributions, confidence thresholds): these settings, or the
+        plain softmax (``UNIT_TEMPERATURE``) when decoding greedily, since the argmax
+        ignores temperature and those uses do not."""
+        return UNIT_TEMPERATURE if self.greedy else self
+
+
+# the plain softmax, softmax(logits) (T = 1, no nucleus)
+UNIT_TEMPERATURE = SamplingParams(temperature=1.0)
+
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The sampling distribution for ``logits`` (…, V): softmax(logits / T), restricted to
@@ -156,9 +168,6 @@ class Relaxation:
         return float(p[x]) + (float(within[-1]) if within.numel() else 0.0)
 
 
-_UNIT = SamplingParams(temperature=1.0)
-
-
 def verify_tree(tree, root_logits: torch.Tensor, node_logits: torch.Tensor,
                 params: SamplingParams, generator: torch.Generator | None,
                 relax: Relaxation | None = None) -> tuple[list[int], int]:
@@ -188,7 +197,7 @@ def verify_tree(tree, root_logits: torch.Tensor, node_logits: torch.Tensor,
             choice = int(p_logits.argmax())
             nxt = next((c for c in kids if tree.tokens[c] == choice), None)
             if nxt is None and relax is not None and kids:
-                p = probabilities(p_logits, _UNIT)
+                p = probabilities(p_logits, UNIT_TEMPERATURE)
                 top = float(p[choice])
                 nxt = next((c for c in kids if relax.raised(p, tree.tokens[c]) >= top), None)
             if nxt is None:

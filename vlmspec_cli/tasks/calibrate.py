@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from vlmspec_cli.drafters import create_drafter
-from vlmspec_cli.drafters.members import LETTERS
+from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS, letters
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.latency import measure_tables
 from vlmspec_cli.runtime.request import Message, Request
@@ -47,9 +47,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        letters = "".join(LETTERS[i] for i in self.inputs)
         star = "*" if self.policy in ("grid", "softmax") else ""
-        return f"{self.method} {letters}{star} γ={self.gamma}"
+        return f"{self.method} {letters(self.inputs)}{star} γ={self.gamma}"
 
     def key(self) -> tuple:
         return (self.method, tuple(self.inputs), self.policy)
@@ -58,13 +57,13 @@ class Candidate:
 def variants(profile, session, captioner_ok: bool) -> list[tuple[str, list[str], str | None]]:
     """(method, inputs, policy) worth probing with these models."""
     images = session.draft is not None and session.draft.adapter.takes_images
-    singles = [i for i in ("multimodal", "text", "caption", "pooled")
+    singles = [i for i in DRAFTING_INPUTS
                if (i not in ("multimodal", "pooled") or images) and (i != "caption" or captioner_ok)]
     out = [("chain", [i], None) for i in singles]
     if images:
         out.append(("tabed", ["multimodal", "text"], "grid"))
         if captioner_ok:
-            out.append(("tabed", ["multimodal", "text", "caption", "pooled"], "softmax"))
+            out.append(("tabed", list(DRAFTING_INPUTS), "softmax"))
     own = (profile.method, list(profile.drafting.inputs),
            profile.ensemble.policy if profile.method == "tabed" else None)
     if profile.method in ("chain", "tabed") and own not in out:
@@ -112,7 +111,7 @@ def _drafter(session, captioner, method: str, inputs: list[str], policy: str | N
     common = dict(draft=session.draft, sampling=session.sampling, captioner=captioner,
                   image_token=session.target.adapter.image_token(session.target))
     if method == "chain":
-        return create_drafter("chain", variant=inputs[0], **common)
+        return create_drafter("chain", drafting_input=inputs[0], **common)
     return create_drafter(method, inputs=inputs, policy=policy or "grid", **common)
 
 
@@ -233,7 +232,7 @@ def calibration_session(profile):
     needs the draft, so method none is measured as chain."""
     from vlmspec_cli.runtime.captioner import Captioner
     from vlmspec_cli.runtime.models import ModelLoadError, load_model
-    from vlmspec_cli.runtime.session import build_session
+    from vlmspec_cli.session import build_session
 
     if profile.method == "none":
         profile.method = "chain"

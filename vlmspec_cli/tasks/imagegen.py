@@ -152,9 +152,9 @@ def run_images(session, jobs: list[ImageJob], events: CaptionEvents, *, force: b
                emit=None) -> BatchSummary:
     """Generate every job's image; failures become error records, the batch goes on."""
     from vlmspec_cli.plot import grid_heatmap
-    from vlmspec_cli.runtime.session import TREE_METHODS
+    from vlmspec_cli.session import tree_methods
 
-    heatmap = heatmap and session.profile.method in TREE_METHODS   # trees have accept lengths
+    heatmap = heatmap and session.profile.method in tree_methods()   # trees have accept lengths
     summary = BatchSummary(items=len(jobs))
     todo = []
     for job in jobs:

@@ -127,7 +127,7 @@ def _worker_class(profile, shard_dir: str, cwd: str):
 
     class CaptionWorker:
         def __init__(self):
-            from vlmspec_cli.runtime.session import build_session
+            from vlmspec_cli.session import build_session
 
             if os.path.isdir(cwd):
                 os.chdir(cwd)  # relative inputs and model paths mean what they meant

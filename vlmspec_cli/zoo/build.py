@@ -26,7 +26,7 @@ from transformers import (
     LlavaProcessor,
 )
 
-from vlmspec_cli.drafters.members import image_replacements, replace_images
+from vlmspec_cli.drafters.inputs import image_replacements, replace_images
 from vlmspec_cli.zoo import world
 from vlmspec_cli.zoo.tokenizer import train_tokenizer
 from vlmspec_cli.zoo.train import arg_parser, batches, collate, optimize, parse_args, warmup_cosine
@@ -75,7 +75,7 @@ def make_model(tok, text: dict, vision: dict, seed: int) -> LlavaForConditionalG
     return model
 
 
-# drafting inputs the draft also trains on (TABED App. I.2 prompts, members.py): images
+# drafting inputs the draft also trains on (TABED App. I.2 prompts, drafters/inputs.py): images
 # replaced by "\n" (text, T) or by "image: <caption>\n" (caption, C)
 DRAFT_INPUT_MIX = {"multimodal": 0.6, "text": 0.2, "caption": 0.2}
 

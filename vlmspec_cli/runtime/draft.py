@@ -1,0 +1,209 @@
+"""The drafter protocol: what the engines ask of a drafting method, what they get back, and
+the one place a verified round is recorded (``commit``).
+
+A round, for one request (engine.py) or for every row of a batch (batch.py):
+
+1. the drafter proposes: a ``Proposal`` of at most n tokens, a chain (``Draft``) or a tree
+   (tree.DraftTree);
+2. the proposal is verified against the target: ``Proposal.verify`` runs the target's
+   forward the way its shape needs and lets verify.py decide acceptance, returning a
+   ``Verdict`` (accepted tokens, the token the target adds, the verified logits);
+3. ``commit`` records the verdict: target cache rolled back to the accepted prefix, tokens
+   appended, the drafter told (``accept``), the stats counted, the request ended at EOS or
+   its token limit.
+
+Every hook the engines call is declared on ``Drafter`` (one request at a time) or
+``BatchDrafter`` (a batch's rows together) with a default, so a method overrides only
+what it uses; the engines never probe a drafter for optional attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from vlmspec_cli.runtime.adapters.base import cache_length, select_cache_positions, truncate_cache
+from vlmspec_cli.runtime.request import DecodeState
+from vlmspec_cli.runtime.verify import SamplingParams, verify_chain
+
+if TYPE_CHECKING:
+    from vlmspec_cli.runtime.engine import SpeculativeEngine
+
+
+@dataclass
+class Verdict:
+    """The outcome of verifying one proposal."""
+
+    accepted: list[int]            # the accepted proposals' tokens, in order
+    token: int                     # the token the target adds after them
+    logits: torch.Tensor           # target logits at the verified positions (Drafter.accept)
+    drafted: int                   # proposals verified
+    positions: int | None = None   # how deep the proposals reach (a tree's depth)
+    rejected: int = 0              # chain: trailing proposals the target cache must forget
+    keep: list[int] | None = None  # tree: the target cache positions to keep, in order
+
+    def roll_back(self, state: DecodeState) -> None:
+        """Cut the request's target cache back to the prompt, the committed tokens and the
+        accepted proposals."""
+        if self.keep is not None:
+            select_cache_positions(state.target_cache, self.keep)
+        else:
+            truncate_cache(state.target_cache, cache_length(state.target_cache) - self.rejected)
+
+
+class Proposal:
+    """What ``Drafter.propose`` returns: a chain (``Draft``) or a tree (tree.DraftTree)."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def verify(self, engine: "SpeculativeEngine", state: DecodeState) -> Verdict:
+        """Run the target over the pending token and the proposals (``engine.extend``) and
+        decide, with verify.py, which proposals stay."""
+        raise NotImplementedError
+
+
+@dataclass
+class Draft(Proposal):
+    """A chain of proposed tokens and the draft distributions q they were drawn from
+    (``probs``: (n, V); None at temperature 0, where only the tokens matter)."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def truncated(self, n: int) -> "Draft":
+        return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n])
+
+    def cut_at(self, eos_ids: set[int]) -> "Draft":
+        """The proposals before the first EOS. An EOS proposal is never verified: nothing
+        can follow it, and a chain that stops early is still verified exactly (its length
+        depends only on the draft's samples)."""
+        for i, t in enumerate(self.tokens):
+            if t in eos_ids:
+                return self.truncated(i)
+        return self
+
+    def verify(self, engine: "SpeculativeEngine", state: DecodeState) -> Verdict:
+        """p_1..p_{n+1}: one target forward over the pending token and the proposals."""
+        draft = self.cut_at(engine.eos_ids)
+        feed = state.target_pending + draft.tokens
+        out = None
+        if feed:
+            out = engine.extend(state, torch.tensor([feed], device=engine.target.device))
+        return draft.judge(state, out, engine.sampling)
+
+    def judge(self, state: DecodeState, out: torch.Tensor | None,
+              sampling: SamplingParams) -> Verdict:
+        """Accept x_1..x_k (verify_chain) given ``out``, the target's logits (m, V) for the
+        fed pending token and proposals (None or empty when nothing was fed)."""
+        rows = [] if state.target_next_logits is None else [state.target_next_logits[None]]
+        if out is not None and len(out):
+            # the pending token's row is p_1; without one, p_1 is target_next_logits
+            rows.append(out[len(state.target_pending) - 1 if state.target_pending else 0:])
+        target_logits = torch.cat(rows, dim=0)[: len(self) + 1]
+        n, tok = verify_chain(self.tokens, self.probs, target_logits, sampling,
+                              state.target_generator)
+        return Verdict(self.tokens[:n], tok, target_logits, drafted=len(self),
+                       rejected=len(self) - n)
+
+
+def commit(state: DecodeState, verdict: Verdict, drafter: "Drafter | BatchDrafter",
+           eos_ids: set[int], target_drops: list[int] | None = None) -> None:
+    """Record one verified round: the target cache keeps the accepted prefix, the accepted
+    tokens and the target's own token are appended (that token becomes ``pending``: the
+    target has not run it yet), the drafter rolls its own state back (``accept``), the
+    stats count the round, and the request ends at EOS or at its token limit.
+
+    ``target_drops``: a batch's rows share one ragged cache, rolled back for every row at
+    once after the round; the row's number of rejected proposals is appended there."""
+    if target_drops is None:
+        verdict.roll_back(state)
+    else:
+        target_drops.append(verdict.rejected)
+    state.target_pending = [verdict.token]
+    state.target_next_logits = None
+    state.tokens.extend(verdict.accepted)
+    state.tokens.append(verdict.token)
+    n = len(verdict.accepted)
+    drafter.accept(state, n, verdict.logits)
+    state.stats.record_round(verdict.drafted, n, n + 1, positions=verdict.positions)
+    if verdict.token in eos_ids or len(state.tokens) >= state.request.max_new_tokens:
+        state.done = True
+
+
+class Drafter:
+    """A drafting method, one request at a time (SpeculativeEngine). The defaults draft
+    nothing: the engine then decodes with the target alone."""
+
+    name = "drafter"
+    lossless = True             # False when the method changes the target it verifies against
+    runs_target = False         # self-speculation: prefill and extend_target run the target
+    hidden_layer: int | None = None   # the target layer whose hidden states it reads
+
+    def prepare(self, state: DecodeState) -> None:
+        """Before the target's prefill: start work that can overlap it (e.g. captioning)."""
+
+    def prefill(self, state: DecodeState) -> None:
+        """After the target's prefill: build the drafter's own state for the request
+        (``state.drafter_state``). With ``runs_target`` this also prefills the target
+        (``state.target_cache`` and ``state.target_next_logits``); with ``hidden_layer``
+        the prompt's hidden states are on ``state.features``."""
+        state.drafter_state = None
+
+    def propose(self, state: DecodeState, max_tokens: int) -> Proposal:
+        """Propose at most ``max_tokens`` tokens continuing ``state.tokens``."""
+        return Draft([])
+
+    def accept(self, state: DecodeState, n_accepted: int,
+               target_logits: torch.Tensor | None = None) -> None:
+        """The first ``n_accepted`` proposals were kept (``state.tokens`` is extended and the
+        target cache cut back): roll the drafter's own state back to match.
+        ``target_logits`` are the target's logits at the verified positions (``Verdict``)."""
+
+    def finish(self, state: DecodeState) -> None:
+        """After the last round: copy what the record reports to ``state.stats``."""
+
+    def extend_target(self, state: DecodeState, ids: torch.Tensor) -> torch.Tensor:
+        """``runs_target`` drafters: the target's logits (1, n, V) for ``ids`` after its
+        cache, replacing the engine's own forward."""
+        raise NotImplementedError(f"method '{self.name}' does not run the target")
+
+    def batched(self) -> "BatchDrafter":
+        """This method's drafting for BatchedEngine (generation.batch_size > 1)."""
+        raise ValueError(f"method '{self.name}' decodes one request at a time")
+
+
+class BatchDrafter:
+    """Drafting for BatchedEngine: the rows of a batch draft together. The rows' states are
+    passed in row order; a row's own drafting state lives on ``state.drafter_state``.
+    The defaults draft nothing (target-only batches)."""
+
+    def reset(self, sampling: SamplingParams, eos_ids: set[int]) -> None:
+        """A new batch (no rows yet): drafts are sampled with ``sampling`` and never
+        propose a token of ``eos_ids``."""
+
+    def admit(self, state: DecodeState) -> None:
+        """Prefill a new request alone and add it as the last row."""
+
+    def discard_partial(self, n_rows: int) -> None:
+        """A request failed halfway through admission: keep only the first ``n_rows`` rows."""
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only these rows go on (finished requests leave the batch)."""
+
+    def propose(self, states: list[DecodeState], budgets: list[int]) -> list[Draft]:
+        """At most ``budgets[b]`` proposals for row b."""
+        return [Draft([]) for _ in states]
+
+    def accept(self, state: DecodeState, n_accepted: int,
+               target_logits: torch.Tensor | None = None) -> None:
+        """One row's verdict (as ``Drafter.accept``); the cache is rolled back in
+        ``end_round`` for every row at once."""
+
+    def end_round(self, states: list[DecodeState]) -> None:
+        """After every row's ``accept``: roll the shared draft cache back."""

@@ -1,0 +1,144 @@
+"""Build the runtime a profile describes: target, drafter and engine, shared by every
+subcommand. Knows nothing of click or rich.
+
+The method's own checks and how it is built live with it (drafters/<name>.py,
+``DraftingMethod``); here are the checks every method shares (task, batch size, pruning,
+relaxed acceptance) and the target's loading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
+from vlmspec_cli.drafters.draft_model import check_image_model
+from vlmspec_cli.runtime.batch import BatchedEngine
+from vlmspec_cli.runtime.engine import SpeculativeEngine
+from vlmspec_cli.runtime.models import LoadedModel, ModelLoadError, load_model, require_safetensors
+from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
+
+
+class SessionError(Exception):
+    """The profile asks for something this runtime cannot do; the message says what."""
+
+
+@dataclass
+class Session:
+    profile: object
+    target: LoadedModel
+    draft: LoadedModel | None
+    captioner: LoadedModel | None
+    engine: SpeculativeEngine
+    sampling: SamplingParams
+    _baseline: SpeculativeEngine | None = field(default=None, init=False, repr=False)
+
+    @property
+    def lossless(self) -> bool:
+        return bool(self.profile.lossless and self.engine.drafter.lossless)
+
+    def baseline_engine(self) -> SpeculativeEngine:
+        """Target-only decoding with the same sampling settings (for --compare); built once
+        per session, since engines keep no per-request state."""
+        if self._baseline is None:
+            self._baseline = SpeculativeEngine(self.target, method_class("none")(), 1,
+                                               self.sampling)
+        return self._baseline
+
+    def batched_engine(self) -> BatchedEngine:
+        """generation.batch_size requests decoded together (the methods that batch)."""
+        p = self.profile
+        return BatchedEngine(self.target, self.engine.drafter.batched(), self.engine.gamma,
+                             self.sampling, p.generation.batch_size)
+
+
+def _supporting(check) -> list[str]:
+    """The methods for which ``check(cls)`` holds (none, the baseline, first)."""
+    return [n for n in method_names() if check(method_class(n))]
+
+
+def tree_methods() -> list[str]:
+    """The methods that draft trees (their records have per-token acceptance lengths)."""
+    return _supporting(lambda m: m.trees)
+
+
+def validate_method(profile) -> type[DraftingMethod]:
+    """Checks that need no model: run them before loading anything (and for --dry-run).
+    Returns the method's class."""
+    try:
+        method = method_class(profile.method)
+    except ValueError as exc:
+        raise SessionError(str(exc)) from None
+    task = profile.task
+    if task not in method.tasks:
+        raise SessionError(method.task_error(task, _supporting(lambda m: task in m.tasks)))
+    if task == "video" and profile.generation.batch_size > 1:
+        raise SessionError("describe-video decodes one video at a time (3-D positions differ "
+                           "per video); use --batch-size 1")
+    if profile.acceptance == "relaxed" and not (task == "image" and method.relaxes):
+        relaxing = _supporting(lambda m: m.relaxes and "image" in m.tasks)
+        raise SessionError("acceptance: relaxed (LANTERN) compares VQ image codes: it needs "
+                           f"generate-image with method {' or '.join(relaxing)}")
+    a = profile.adaptive_tree
+    if a.min_depth > a.max_depth or a.min_top_k > a.max_top_k:
+        raise SessionError("adaptive_tree: min_depth must be <= max_depth and min_top_k <= max_top_k")
+    inputs = list(profile.drafting.inputs)
+    if len(set(inputs)) != len(inputs):
+        raise SessionError(f"drafting.inputs lists an input twice: {inputs}")
+    if profile.prune.active and not method.prunes:
+        pruning = " or ".join(f"'{n}'" for n in _supporting(lambda m: m.prunes))
+        raise SessionError(f"prune (visual-token pruning) works with method {pruning} only, not "
+                           f"'{profile.method}'; remove prune.keep / prune.final_wipe")
+    if profile.generation.batch_size > 1 and not method.batches:
+        raise SessionError(f"generation.batch_size > 1 (--batch-size) works with methods "
+                           f"{' and '.join(_supporting(lambda m: m.batches))}; "
+                           f"'{profile.method}' decodes one request at a time (use --batch-size 1)")
+    try:
+        method.check(profile)
+    except ValueError as exc:
+        raise SessionError(str(exc)) from None
+    return method
+
+
+def build_session(profile, trace=None) -> Session:
+    """Load the models the profile names and build its engine. ``trace``: a callable that
+    receives one dict per drafting block of an ensemble (for ``--trace``)."""
+    method = validate_method(profile)
+    for role, name in [("target", profile.target.model), *method.models(profile)]:
+        require_safetensors(name, role)  # pickle-only weights: refused before any model loads
+    sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
+    target = load_model(profile.target, "target")
+    try:
+        _prepare_target(profile, target)
+        drafter = method.from_profile(profile, target, sampling, trace=trace)
+    except ValueError as exc:
+        raise SessionError(str(exc)) from None
+    engine = SpeculativeEngine(target, drafter, method.gamma(profile), sampling)
+    if profile.acceptance == "relaxed":
+        engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
+    captioner = drafter.captioner.lm if drafter.captioner is not None else None
+    return Session(profile, target, drafter.draft, captioner, engine, sampling)
+
+
+def _prepare_target(profile, target: LoadedModel) -> None:
+    """What the task needs of the target: videos read, or images generated (with the
+    profile's guidance)."""
+    if profile.task == "video" and not getattr(target.adapter, "takes_videos", False):
+        raise ValueError(f"target '{target.name}' does not take videos (describe-video needs a "
+                         "Qwen2.5-VL-family model, e.g. zoo:tinyworld/qwen-video-target)")
+    if profile.task == "image":
+        check_image_model(target, "target")
+        target.adapter = target.adapter.with_guidance(profile.image.cfg)
+
+
+def relaxation(target: LoadedModel, k: int, delta: float) -> Relaxation:
+    """LANTERN's latent proximity sets: each code's k nearest codes by cosine similarity
+    of the target's VQ codebook (the decoder's normalised vectors)."""
+    codes = target.adapter.codebook(target)
+    sim = codes @ codes.T
+    sim.fill_diagonal_(-float("inf"))
+    k = min(k, codes.shape[0] - 1)
+    return Relaxation(sim.topk(k, dim=-1).indices.cpu(), float(delta))
+
+
+__all__ = ["Session", "SessionError", "ModelLoadError", "build_session", "tree_methods",
+           "validate_method"]
