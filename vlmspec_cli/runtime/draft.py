@@ -20,16 +20,12 @@ what it uses; the engines never probe a drafter for optional attributes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length, select_cache_positions, truncate_cache
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.verify import SamplingParams, verify_chain
-
-if TYPE_CHECKING:
-    from vlmspec_cli.runtime.engine import SpeculativeEngine
 
 
 @dataclass
@@ -59,8 +55,9 @@ class Proposal:
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def verify(self, engine: "SpeculativeEngine", state: DecodeState) -> Verdict:
-        """Run the target over the pending token and the proposals (``engine.extend``) and
+    def verify(self, engine, state: DecodeState) -> Verdict:
+        """Run the target over the pending token and the proposals (``engine.extend``;
+        ``engine`` is engine.SpeculativeEngine, not imported: it imports this module) and
         decide, with verify.py, which proposals stay."""
         raise NotImplementedError
 
@@ -88,7 +85,7 @@ class Draft(Proposal):
                 return self.truncated(i)
         return self
 
-    def verify(self, engine: "SpeculativeEngine", state: DecodeState) -> Verdict:
+    def verify(self, engine, state: DecodeState) -> Verdict:
         """p_1..p_{n+1}: one target forward over the pending token and the proposals."""
         draft = self.cut_at(engine.eos_ids)
         feed = state.target_pending + draft.tokens
