@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 import corpus
-from vlmspec_cli.cli import cli, record_printer
+from vlmspec_cli.cli import cli
+from vlmspec_cli.cli.common import record_printer
 from vlmspec_cli.profile import ProfileError, load_profile
 from vlmspec_cli.tasks import inputs, video_io
 from vlmspec_cli.tasks.chat import read_chat_file
@@ -208,7 +209,7 @@ def test_bad_numbers_subprocess():
 
 
 def test_seed_range_is_what_generators_take():
-    from vlmspec_cli.cli_types import SEED_MAX, SEED_MIN
+    from vlmspec_cli.cli.types import SEED_MAX, SEED_MIN
     from vlmspec_cli.runtime.request import make_generators
 
     for seed in (SEED_MIN, SEED_MAX):
@@ -354,7 +355,7 @@ def test_describe_video_frame_cap_subprocess(tmp_path):
 
 # ---------------------------------------------------- 15: one record, one line
 def test_tsv_fields_escape_line_breaks_tabs_and_backslashes():
-    from vlmspec_cli.cli import tsv_field
+    from vlmspec_cli.cli.common import tsv_field
 
     assert tsv_field("a\\b\nc\td\re") == "a\\\\b\\nc\\td\\re" == escaped("a\\b\nc\td\re")
     assert unescape(tsv_field("x\\n\n\t\\")) == "x\\n\n\t\\"

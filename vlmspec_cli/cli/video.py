@@ -7,10 +7,10 @@ import sys
 
 import click
 
-from vlmspec_cli.cli import (TSV_HELP, _draft_summary, _fail, _load_profile, _parse_inputs,
-                             _print_plan, exit_130_on_interrupt, finish_batch, profile_option,
-                             record_printer, records_sink, set_option)
-from vlmspec_cli.cli_types import FiniteFloat, Seed
+from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_interrupt, fail,
+                                    finish_batch, load_profile, parse_inputs, print_plan,
+                                    profile_option, record_printer, records_sink, set_option)
+from vlmspec_cli.cli.types import FiniteFloat
 
 DEFAULT_VIDEO_PROFILE = "tinyworld-video"
 
@@ -48,17 +48,7 @@ loads), 130 interrupted (Ctrl-C).
               help="Sample F frames per second of video time instead of --frames.")
 @click.option("--max-pixels", type=click.IntRange(min=1),
               help="Downscale frames to at most this many pixels [profile: video.max_pixels].")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per video.")
-@click.option("--temperature", "-t", type=FiniteFloat(min=0), help="0 = greedy (default); >0 samples.")
-@click.option("--seed", type=Seed(), help="Sampling seed (recorded in every record).")
-@click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
-@click.option("--out", "-o", type=click.Path(dir_okay=False, writable=True), metavar="FILE.jsonl",
-              help="Append one JSON record per video; a rerun skips videos already recorded.")
-@click.option("--json", "as_json", is_flag=True,
-              help=f"Write JSONL records to stdout instead of VIDEO<TAB>OUTPUT lines ({TSV_HELP}).")
-@click.option("--compare", is_flag=True, help="Also decode with the target alone and report the speedup.")
-@click.option("--dry-run", is_flag=True, help="Show the resolved profile and the inputs; load nothing.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
+@decode_options("video", "VIDEO")
 def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frames, fps, max_pixels,
                    max_new_tokens, temperature, seed, device, out, as_json, compare, dry_run, quiet):
     """Describe videos (or answer a question about each), drafted speculatively with a
@@ -80,34 +70,34 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
     if frames and fps:
         raise click.UsageError("give --frames or --fps, not both")
     cli_values = {
-        "method": method, "drafting.inputs": _parse_inputs(drafting_inputs),
+        "method": method, "drafting.inputs": parse_inputs(drafting_inputs),
         "generation.prompt": prompt, "generation.max_new_tokens": max_new_tokens,
         "sampling.temperature": temperature, "sampling.seed": seed,
         "video.frames": frames, "video.fps": fps, "video.max_pixels": max_pixels,
         "target.device": device, "draft.device": device,
     }
-    prof = _load_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values, task="video")
+    prof = load_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values, task="video")
     try:
         validate_method(prof)
     except SessionError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     v = prof.video
     items = video_jobs(expand_video_inputs(inputs, stdin=sys.stdin), prof.generation.prompt,
                        v.frames, v.fps, v.max_pixels, v.folder_fps, v.max_frames)
     if dry_run:
-        _print_plan(prof, "video(s)", [(item.path, item.error) for item in items])
+        print_plan(prof, "video(s)", [(item.path, item.error) for item in items])
         return
     if not quiet:
         sampling = f"{v.fps} fps" if v.fps else f"{v.frames} frames"
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
-                + _draft_summary(prof) + f", {sampling} per video")
+                + draft_summary(prof) + f", {sampling} per video")
     with (records_sink(out, input_files(items)) as (sink, _),
           exit_130_on_interrupt(sink, record_printer(as_json)) as emit):
         try:
             session = build_session(prof)
             check_prompt_fits(session, prof.generation.prompt)  # before the videos' own tokens
         except (SessionError, ModelLoadError, ValueError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
         with ui.BatchUI(quiet=quiet) as events:
             summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
     finish_batch(prof, summary, quiet)

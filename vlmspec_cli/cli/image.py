@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from vlmspec_cli.cli import (TSV_HELP, _fail, _load_profile, _print_plan, profile_option,
-                             set_option, tsv_field)
-from vlmspec_cli.cli_types import FiniteFloat, Seed
+from vlmspec_cli.cli.common import (TSV_HELP, fail, load_profile, print_plan, profile_option,
+                                    set_option, tsv_field)
+from vlmspec_cli.cli.types import FiniteFloat, Seed
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
 
@@ -79,21 +79,21 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     cli_values = {"method": method, "image.cfg": cfg, "image.images_per_prompt": n,
                   "sampling.temperature": temperature, "sampling.seed": seed,
                   "target.device": device, "draft.device": device}
-    prof = _load_profile(profile or DEFAULT_IMAGE_PROFILE, sets, cli_values, task="image")
+    prof = load_profile(profile or DEFAULT_IMAGE_PROFILE, sets, cli_values, task="image")
     try:
         validate_method(prof)
     except SessionError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     jobs = plan_jobs(texts, prof.image.images_per_prompt, prof.sampling.seed, out_dir)
     if dry_run:
         with_map = heatmap and prof.method in tree_methods()
-        _print_plan(prof, "image(s)", [(f"{j.path}  seed={j.seed}" + (
+        print_plan(prof, "image(s)", [(f"{j.path}  seed={j.seed}" + (
             f"  + {heatmap_path(j.path).name}" if with_map and not j.error else ""), j.error)
             for j in jobs])
         return
     problem = check_out_dir(out_dir)
     if problem:
-        _fail(problem)
+        fail(problem)
     if prof.sampling.temperature == 0 and prof.image.images_per_prompt > 1 and not quiet:
         ui.warning("temperature 0: the images of a prompt are identical; use -t 1 for variety")
     if not quiet:
@@ -103,7 +103,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     try:
         session = build_session(prof)
     except (SessionError, ModelLoadError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
     depths: list[float] = []
 

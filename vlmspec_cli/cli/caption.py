@@ -1,0 +1,135 @@
+"""``vlmspec caption``: parse, build the run, print (tasks/caption.py does the work)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_interrupt, fail,
+                                    finish_batch, load_profile, parse_inputs, print_plan,
+                                    profile_option, record_printer, records_sink, set_option)
+
+EPILOG_CAPTION = """\b
+Examples:
+  vlmspec caption examples/images/                     # embedded tinyworld models
+  vlmspec caption a.png b.png --prompt "what colour is the circle?"
+  vlmspec caption 'shots/**/*.png' --out captions.jsonl   # rerun resumes
+  find . -name '*.png' | vlmspec caption - --json | jq .stats.mean_accept_len
+  vlmspec caption img.png --method chain --inputs text --compare
+  vlmspec caption imgs/ --method tabed --inputs M,T,C,P --trace weights.jsonl
+  vlmspec caption imgs/ --batch-size 8 --out caps.jsonl  # 8 inputs decoded together
+  vlmspec caption imgs/ -m tree --set tree.top_k=2 --set tree.total_tokens=16  # draft trees
+  vlmspec caption --chat conversations.jsonl --json     # next assistant turn of each
+  vlmspec caption imgs/ --profile tinyworld-twig        # self-speculation, no draft model
+  vlmspec caption imgs/ -p tinyworld-twig --set prune.keep=3 --set prune.final_wipe=6  # lossy
+  vlmspec caption img.png --profile llava15-7b --dry-run
+  vlmspec caption shots/ --executor ray --workers 4 --out caps.jsonl  # Ray actor pool
+
+Exit codes: 0 all inputs done, 1 some input failed (the rest were still
+done and written), 2 usage, profile, model-loading or output error (--out or
+--trace unusable: checked before any model loads), 130 interrupted (Ctrl-C).
+"""
+
+
+@click.command(epilog=EPILOG_CAPTION)
+@click.argument("inputs", nargs=-1, metavar="INPUTS...")
+@click.option("--prompt", help="Question or instruction for every image [profile: generation.prompt].")
+@profile_option()
+@click.option("--method", "-m", help="none (target only), chain (one drafting input), tree "
+                                     "(EAGLE-2 draft trees, profile section tree:), tabed "
+                                     "(adaptive ensemble of inputs) or twig (self-speculation "
+                                     "on the target's first layers) [profile: method].")
+@click.option("--inputs", "drafting_inputs", metavar="LIST",
+              help="Drafting inputs, comma-separated: multimodal,text,caption,pooled "
+                   "(or letters M,T,C,P) [profile: drafting.inputs].")
+@click.option("--chat", "chat_file", type=click.Path(dir_okay=False), metavar="FILE.jsonl",
+              help="Conversations (JSONL, one per line; see README) instead of INPUTS: "
+                   "write each one's next assistant turn.")
+@click.option("--trace", "trace_file", type=click.Path(dir_okay=False, writable=True),
+              metavar="FILE.jsonl", help="tabed: append one line per drafting block "
+                                         "(weights, drafted, accepted) for plots.")
+@set_option
+@click.option("--batch-size", "-b", type=click.IntRange(min=1),
+              help="Decode B inputs together (methods none and chain); each output is the one "
+                   "decoded alone [profile: generation.batch_size, default 1].")
+@decode_options("input", "INPUT")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: decode here; ray: shard over a Ray actor pool, one session per GPU "
+                   "(or --workers CPU actors), same records and resume (needs "
+                   "pip install 'vlmspec[ray]'; not with --chat, --compare or --trace).")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="ray: actors in the pool (at most one per GPU).")
+@click.option("--ray-address", metavar="ADDR",
+              help="ray: an existing cluster (auto, ray://HOST:10001); default a local Ray.")
+def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_file, sets,
+            max_new_tokens, batch_size, temperature, seed, device, out, as_json, compare, dry_run, quiet,
+            executor, workers, ray_address):
+    """Caption images or answer a question about each one, or continue conversations.
+
+    INPUTS are image files, directories (searched recursively), glob patterns,
+    or - to read newline-separated paths from stdin. Results go to stdout (text
+    or --json), progress and the summary table to stderr.
+    """
+    from vlmspec_cli import ui
+    from vlmspec_cli.runtime.limits import check_prompt_fits
+    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.session import SessionError, build_session, validate_method
+    from vlmspec_cli.tasks.caption import chat_jobs, image_jobs, input_files, run_batch
+    from vlmspec_cli.tasks.inputs import InputError, expand_inputs
+
+    if not inputs and not chat_file:
+        raise click.UsageError("no INPUTS given (files, directories, globs, or - for stdin), "
+                               "and no --chat FILE")
+    if inputs and chat_file:
+        raise click.UsageError("give either INPUTS or --chat FILE, not both")
+    if executor == "ray" and (chat_file or compare or trace_file):
+        raise click.UsageError("--executor ray captions image INPUTS only: drop --chat, "
+                               "--compare and --trace, or use --executor local")
+    cli_values = {
+        "method": method, "drafting.inputs": parse_inputs(drafting_inputs),
+        "generation.prompt": prompt, "generation.max_new_tokens": max_new_tokens,
+        "generation.batch_size": batch_size,
+        "sampling.temperature": temperature, "sampling.seed": seed,
+        "target.device": device, "draft.device": device,
+    }
+    prof = load_profile(profile, sets, cli_values, task="caption")
+    try:
+        validate_method(prof)
+    except SessionError as exc:
+        fail(str(exc))
+    if chat_file:
+        try:
+            items = chat_jobs(chat_file)
+        except InputError as exc:
+            fail(str(exc))
+    else:
+        items = image_jobs(expand_inputs(inputs, stdin=sys.stdin), prof.generation.prompt)
+    if dry_run:
+        print_plan(prof, "input(s)", [(item.path, item.error) for item in items])
+        return
+    if not quiet:
+        ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
+                + draft_summary(prof))
+    with (records_sink(out, input_files(items), trace_file) as (sink, trace_sink),
+          exit_130_on_interrupt(sink, record_printer(as_json)) as emit):
+        try:
+            session = (build_session(prof, trace=trace_sink and trace_sink.append)
+                       if executor == "local" else None)
+            if session is not None and not chat_file:  # the same prompt for every image
+                check_prompt_fits(session, prof.generation.prompt)
+        except (SessionError, ModelLoadError, ValueError) as exc:
+            fail(str(exc))
+        with ui.BatchUI(quiet=quiet) as events:
+            if executor == "ray":  # the workers load the models, not this process
+                from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray
+                try:
+                    summary = run_ray(prof, items, events, sink=sink, emit=emit,
+                                      workers=workers, address=ray_address)
+                except RayExecutorError as exc:
+                    fail(str(exc))
+            else:
+                summary = run_batch(session, items, events, sink=sink, compare=compare,
+                                    emit=emit)
+    finish_batch(prof, summary, quiet)
+

@@ -1,0 +1,186 @@
+"""What the commands share: the error exit, profile loading, the repeated options, the
+--out/--trace sinks, the record printer, the batch summary and the --dry-run plan. click
+only; rich through ui.py; no model code."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+import click
+
+from vlmspec_cli.cli.types import FiniteFloat, Seed
+from vlmspec_cli.drafting_inputs import parse_inputs  # noqa: F401  (--inputs M,T -> names)
+
+# stdout text lines are two tab-separated columns; a file name or a model output can hold
+# any character, so these four are escaped in both columns (one line = one record)
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"})
+TSV_HELP = ("backslash, tab, newline and CR in a column are written as \\\\, \\t, \\n "
+            "and \\r")
+
+
+def tsv_field(text) -> str:
+    """One column of a stdout text line, escaped (see _TSV_ESCAPES)."""
+    return str(text).translate(_TSV_ESCAPES)
+
+
+def fail(message: str, code: int = 2):
+    """One error line on stderr, then exit ``code``."""
+    from vlmspec_cli import ui
+
+    ui.error(message)
+    sys.exit(code)
+
+
+def load_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task: str | None = None):
+    """The resolved profile (exit 2 on a profile error); with ``task``, it must be for it."""
+    from vlmspec_cli.profile import ProfileError, load_profile
+
+    try:
+        prof = load_profile(profile, overrides=list(sets), cli=cli)
+    except ProfileError as exc:
+        fail(str(exc))
+    if task is not None and prof.task != task:
+        command = {"caption": "caption", "image": "generate-image", "video": "describe-video"}
+        fail(f"profile '{prof.name}' is for task '{prof.task}', this command needs task "
+              f"'{task}' (use it with vlmspec {command.get(prof.task, prof.task)}, or pick a "
+              f"profile with task: {task})")
+    return prof
+
+
+DEFAULT_CAPTION_PROFILE = "tinyworld-caption"   # profile.DEFAULT_PROFILE (not imported: slow)
+
+
+def profile_option(default: str = DEFAULT_CAPTION_PROFILE):
+    """``--profile``; its help names the profile this command uses without one."""
+    return click.option("--profile", "-p", metavar="NAME|PATH",
+                        help="Profile name (see `vlmspec profiles`) or YAML path "
+                             f"[default: {default}].")
+
+
+set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                          help="Override a profile key, e.g. --set drafting.gamma=3 (repeatable).")
+
+
+def decode_options(noun: str, column: str):
+    """The options every decoding command shares (caption, describe-video), in --help order;
+    ``noun`` names one input ("input", "video"), ``column`` the first stdout column."""
+    options = [
+        click.option("--max-new-tokens", type=click.IntRange(min=1), help=f"Token limit per {noun}."),
+        click.option("--temperature", "-t", type=FiniteFloat(min=0),
+                     help="0 = greedy (default); >0 samples."),
+        click.option("--seed", type=Seed(),
+                     help="Sampling seed, a signed 64-bit integer (recorded in every record)."),
+        click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft."),
+        click.option("--out", "-o", type=click.Path(dir_okay=False, writable=True),
+                     metavar="FILE.jsonl", help=f"Append one JSON record per {noun}; a rerun "
+                                                f"skips {noun}s already recorded."),
+        click.option("--json", "as_json", is_flag=True,
+                     help=f"Write JSONL records to stdout instead of {column}<TAB>OUTPUT lines "
+                          f"({TSV_HELP})."),
+        click.option("--compare", is_flag=True,
+                     help="Also decode with the target alone and report the speedup."),
+        click.option("--dry-run", is_flag=True,
+                     help=f"Show the resolved profile and the {noun}s; load nothing."),
+        click.option("--quiet", "-q", is_flag=True,
+                     help="No progress or summary on stderr (errors still shown)."),
+    ]
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
+
+
+@contextlib.contextmanager
+def records_sink(out: str | None, inputs: list[str], trace: str | None = None):
+    """The --out and --trace sinks (None where not given), checked, locked and repaired
+    before any model loads -- exit 2 with one line when vlmspec must not or cannot write
+    one (tasks/sink.py), its repair notes shown now -- and closed however the run ends.
+    An output error during the batch (disk full) exits 2 too."""
+    from vlmspec_cli import ui
+    from vlmspec_cli.tasks.sink import OutputError, open_outputs
+
+    try:
+        sinks = open_outputs(out, inputs, trace)
+    except OutputError as exc:
+        fail(str(exc))
+    try:
+        for sink in sinks:
+            for w in sink.warnings if sink is not None else ():
+                ui.warning(w)
+        yield sinks
+    except OutputError as exc:
+        fail(str(exc))
+    finally:
+        for sink in sinks:
+            if sink is not None:
+                sink.close()
+
+
+@contextlib.contextmanager
+def exit_130_on_interrupt(sink, emit):
+    """Ctrl-C during a batch: one line saying how much was finished and recorded, exit 130.
+    Yields ``emit`` counting the finished inputs."""
+    finished = 0
+
+    def counted(record: dict) -> None:
+        nonlocal finished
+        emit(record)
+        finished += 1
+
+    try:
+        yield counted
+    except KeyboardInterrupt:
+        saved = ("" if sink is None else
+                 f"; {sink.written} record(s) written to {sink.path} by this run" + (
+                     "" if sink.stream else ", a rerun with the same --out resumes"))
+        fail(f"interrupted: {finished} input(s) finished{saved}", 130)
+
+
+def record_printer(as_json: bool):
+    """stdout for each finished record: JSONL, or "input<TAB>output" for the good ones
+    (both columns escaped: tsv_field)."""
+    def emit(record: dict) -> None:
+        if as_json:
+            click.echo(json.dumps(record, ensure_ascii=False))
+        elif record["error"] is None:
+            click.echo(f"{tsv_field(record['input'])}\t{tsv_field(record['output'])}")
+    return emit
+
+
+def finish_batch(prof, summary, quiet: bool) -> None:
+    """The summary table, a line if outputs differ from target-only, and the exit code:
+    1 if any input failed or differed, else 0."""
+    from vlmspec_cli import ui
+
+    if not quiet:
+        if prof.method == "tree":
+            t = prof.tree
+            ui.summary_table(summary, f"tree (depth={t.depth}, top_k={t.top_k}, "
+                                      f"total_tokens={t.total_tokens})", None)
+        else:
+            ui.summary_table(summary, prof.method, prof.drafting.gamma)
+    if summary.mismatches:
+        ui.error(f"{summary.mismatches} output(s) differ from target-only greedy decoding")
+    sys.exit(1 if summary.failures or summary.mismatches else 0)
+
+
+def print_plan(prof, noun: str, rows: list[tuple[str, str | None]]) -> None:
+    """--dry-run: the resolved profile, then one comment line per planned item."""
+    from vlmspec_cli.profile import profile_to_yaml
+
+    click.echo(f"# profile from {prof.source}")
+    click.echo(profile_to_yaml(prof), nl=False)
+    click.echo(f"# {len(rows)} {noun}")
+    for name, error in rows:
+        click.echo(f"# {tsv_field(name)}" + (f"  ({tsv_field(error)})" if error else ""))
+
+
+def draft_summary(prof) -> str:
+    from vlmspec_cli.drafters import method_class
+
+    return method_class(prof.method).describe(prof)
+

@@ -1,0 +1,82 @@
+"""``vlmspec profile``: measure this hardware (tasks/hwprofile.py does the work)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from vlmspec_cli.cli.common import fail, load_profile, profile_option, set_option
+from vlmspec_cli.cli.types import FiniteFloat, IntList
+
+
+EPILOG_PROFILE = """\b
+Examples:
+  vlmspec profile                                  # default profile, YAML to stdout
+  vlmspec profile -p tinyworld-tabed --write hw-cpu.yaml --plot hw-cpu.png
+  vlmspec profile --contexts 128,1024 --repeats 30 --tau 3.2 --json
+
+Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
+"""
+
+
+@click.command("profile", epilog=EPILOG_PROFILE)
+@profile_option()
+@set_option
+@click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
+@click.option("--write", "write_path", type=click.Path(dir_okay=False), metavar="FILE.yaml",
+              help="Write the hardware profile here (atomically) instead of to stdout.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png",
+              help="Draw T vs tokens verified, context length S and batch rows B.")
+@click.option("--contexts", type=IntList(min=1), metavar="S,S,...",
+              help="Extra context lengths S to time, positive integers [256,512].")
+@click.option("--repeats", type=click.IntRange(min=3), default=15, show_default=True,
+              help="Timed calls per number (the median is kept).")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
+@click.option("--tau", type=FiniteFloat(min=1), help="Also give Eq. 1's speedup for this τ.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --write / --plot file (only "
+                                            "a hardware profile / a PNG; never the --profile).")
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
+def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats, warmup, tau,
+                force, as_json, quiet):
+    """Measure this hardware: target and draft step times, the latency ratio T_q/T_p,
+    TABED's Remarks 1-3 and Eq. 1's expected speedup, written as a YAML hardware profile.
+
+    Times are medians over --repeats calls after --warmup, with the device synchronised.
+    """
+    from vlmspec_cli import ui
+    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.session import SessionError, build_session
+    from vlmspec_cli.runtime.limits import check_fits
+    from vlmspec_cli.tasks.hwprofile import (check_contexts, check_outputs, hardware_yaml,
+                                             run_profile, sample_request, save_outputs)
+    from vlmspec_cli.tasks.output_files import OutputRefused
+
+    prof = load_profile(profile, sets, {"target.device": device, "draft.device": device},
+                         task="caption")
+    extra = contexts or None
+    try:
+        check_outputs(write_path, plot_path, prof.source, force)  # before anything loads
+        session = build_session(prof)
+        check_fits(session, sample_request(prof))
+        check_contexts(session.target, extra)
+    except (OutputRefused, SessionError, ModelLoadError, ValueError) as exc:
+        fail(str(exc))
+    with ui.Status(quiet) as status:
+        hardware = run_profile(session, contexts=extra, warmup=warmup, repeats=repeats, tau=tau,
+                               progress=status.update)
+    if not quiet:
+        ui.latency_table(hardware)
+    try:
+        written = save_outputs(write_path, plot_path, hardware, prof.source, force)
+    except OutputRefused as exc:
+        fail(str(exc))
+    for path in [] if quiet else written:
+        ui.info(f"wrote {path}")
+    if as_json:
+        click.echo(json.dumps(hardware))
+    elif not write_path:
+        click.echo(hardware_yaml(hardware, prof.source), nl=False)
+
+

@@ -1,0 +1,43 @@
+"""``vlmspec run``: a recipe of vlmspec steps (recipes.py does the work)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+EPILOG_RUN = """\b
+Examples:
+  vlmspec run recipes/caption-folder.yaml                   # rerun resumes
+  vlmspec run recipes/caption-folder.yaml --var folder=shots/ --var out=shots.jsonl
+  vlmspec run recipes/calibrate-then-caption.yaml --dry-run # print each step's command
+  vlmspec run recipe.yaml --restart                         # ignore the state file
+
+Exit codes: 0 every step done, 1 some step had failed inputs (the other
+steps still ran), 2 invalid recipe, or a step's usage, profile or model error
+(the recipe stops there).
+"""
+
+
+@click.command("run", epilog=EPILOG_RUN)
+@click.argument("recipe", type=click.Path(exists=True, dir_okay=False), metavar="RECIPE.yaml")
+@click.option("--var", "var_pairs", multiple=True, metavar="KEY=VALUE",
+              help="Set a recipe variable, used as ${KEY} (repeatable; overrides vars:).")
+@click.option("--state", type=click.Path(dir_okay=False), metavar="PATH",
+              help="State file of finished steps [default: ./RECIPE-STEM.state.json].")
+@click.option("--restart", is_flag=True, help="Ignore the state file: run every step again.")
+@click.option("--dry-run", is_flag=True, help="Check the recipe and print each step's command; run nothing.")
+def run_recipe(recipe, var_pairs, state, restart, dry_run):
+    """Run a recipe: a YAML list of vlmspec steps (see recipes/README.md).
+
+    The whole recipe is checked first (commands, options, ${vars}); errors name
+    the file and line, and nothing runs. Steps run in order. A step that
+    finished is recorded in the state file and skipped on a rerun while its
+    command line is unchanged; caption steps with --out resume on their own.
+    """
+    from vlmspec_cli.recipes import cli_run
+
+    commands = click.get_current_context().find_root().command.commands  # vlmspec's commands
+    sys.exit(cli_run(commands, recipe, var_pairs, state, restart, dry_run))
+
