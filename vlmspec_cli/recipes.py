@@ -333,9 +333,9 @@ def check_state_path(state_path: Path, recipe_path) -> None:
                  foreign_hint="not overwritten (give another --state PATH)")
 
 
-def _read_state(path: Path, ui, strict: bool = False) -> dict:
+def _read_state(path: Path, ui) -> dict:
     """The finished steps the state file records. A file that is not a vlmspec recipe
-    state is never overwritten: with ``strict`` it raises RecipeError, else a warning."""
+    state is never overwritten (check_state_path refuses it before a run): a warning here."""
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(state, dict) or not isinstance(state.get("steps"), dict):
@@ -345,9 +345,6 @@ def _read_state(path: Path, ui, strict: bool = False) -> dict:
         return {}
     except (OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        if strict:
-            raise RecipeError([f"{path}: not a vlmspec recipe state file ({why}); refusing "
-                               "to overwrite it: choose another --state"]) from None
         ui.warning(f"{path}: not a vlmspec recipe state file ({why}); a run would refuse it")
         return {}
 
@@ -445,9 +442,4 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
                         "would be skipped")
             click.echo(step.shell())
         return 0
-    try:
-        _read_state(state_path, ui, strict=True)  # vlmspec overwrites only its own state
-    except RecipeError as exc:
-        ui.error(exc.messages[0])
-        return 2
     return run_recipe(recipe, commands, state_path, restart=restart)
