@@ -120,7 +120,7 @@ def test_ragged_cache_rows_attend_as_if_alone(zoo_draft):
     seqs = [tok(t)["input_ids"] for t in texts]
     cache = RaggedCache(lm)
     for s in seqs:
-        single = lm.adapter.new_cache(lm)
+        single = lm.adapter.new_cache(lm, static=False)
         lm.adapter.prefill(lm, {"input_ids": torch.tensor([s])}, single)
         cache.add_row(single, len(s))
     assert cache.width == max(map(len, seqs))

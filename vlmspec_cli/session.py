@@ -14,7 +14,8 @@ from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime.batch import BatchedEngine
 from vlmspec_cli.runtime.engine import SpeculativeEngine
-from vlmspec_cli.runtime.models import LoadedModel, ModelLoadError, load_model, require_safetensors
+from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, require_safetensors,
+                                       use_fast_path)
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
 
@@ -35,6 +36,22 @@ class Session:
     @property
     def lossless(self) -> bool:
         return bool(self.profile.lossless and self.engine.drafter.lossless)
+
+    def fast_path_summary(self) -> str:
+        """Which models decode on the static-cache fast path and which through
+        transformers' forward, and why (for the line a command prints before decoding)."""
+        models = [("target", self.target), ("draft", self.draft), ("captioner", self.captioner)]
+        fast = [role for role, lm in models if lm is not None and lm.fast is not None]
+        slow = [f"{role} ({lm.fast_off_reason})" for role, lm in models
+                if lm is not None and lm.fast is None]
+        parts = []
+        if fast:
+            parts.append(f"fast path (static cache): {', '.join(fast)}")
+        if slow:
+            parts.append(f"transformers' forward: {', '.join(slow)}")
+        if self.engine.runs_target and self.target.fast is not None:
+            parts.append("the twig's trunk runs the target's layers itself")
+        return "; ".join(parts)
 
     def baseline_engine(self) -> SpeculativeEngine:
         """Target-only decoding with the same sampling settings (for --compare); built once
@@ -116,7 +133,20 @@ def build_session(profile, trace=None) -> Session:
     if profile.acceptance == "relaxed":
         engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
     captioner = drafter.captioner.lm if drafter.captioner is not None else None
+    for role, lm in (("target", target), ("draft", drafter.draft), ("captioner", captioner)):
+        if lm is not None:
+            _fast_path(profile, lm, role)
     return Session(profile, target, drafter.draft, captioner, engine, sampling)
+
+
+def _fast_path(profile, lm: LoadedModel, role: str) -> None:
+    """``runtime.fast_path`` for one model, its caches sized for the profile's requests
+    (max_new_tokens plus the largest round a method verifies) so none reallocates."""
+    use_fast_path(lm, profile.runtime.fast_path, role)
+    if lm.fast is not None:
+        largest_round = max(profile.drafting.gamma, profile.tree.total_tokens,
+                            profile.adaptive_tree.max_depth * profile.adaptive_tree.max_top_k)
+        lm.fast.headroom = profile.generation.max_new_tokens + largest_round + 2
 
 
 def _prepare_target(profile, target: LoadedModel) -> None:

@@ -63,8 +63,8 @@ done and written), 2 usage, profile, model-loading or output error (--out or
 @click.option("--ray-address", metavar="ADDR",
               help="ray: an existing cluster (auto, ray://HOST:10001); default a local Ray.")
 def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_file, sets,
-            max_new_tokens, batch_size, temperature, seed, device, out, as_json, compare, dry_run, quiet,
-            executor, workers, ray_address):
+            max_new_tokens, batch_size, temperature, seed, device, fast_path, out, as_json, compare,
+            dry_run, quiet, executor, workers, ray_address):
     """Caption images or answer a question about each one, or continue conversations.
 
     INPUTS are image files, directories (searched recursively), glob patterns,
@@ -91,7 +91,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
         "generation.prompt": prompt, "generation.max_new_tokens": max_new_tokens,
         "generation.batch_size": batch_size,
         "sampling.temperature": temperature, "sampling.seed": seed,
-        "target.device": device, "draft.device": device,
+        "target.device": device, "draft.device": device, "runtime.fast_path": fast_path,
     }
     prof = load_profile(profile, sets, cli_values, task="caption")
     try:
@@ -120,6 +120,8 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
                 check_prompt_fits(session, prof.generation.prompt)
         except (SessionError, ModelLoadError, ValueError) as exc:
             fail(str(exc))
+        if session is not None and not quiet:
+            ui.info(session.fast_path_summary())
         with ui.BatchUI(quiet=quiet) as events:
             if executor == "ray":  # the workers load the models, not this process
                 from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray

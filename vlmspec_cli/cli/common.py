@@ -73,6 +73,9 @@ def decode_options(noun: str, column: str):
         click.option("--seed", type=Seed(),
                      help="Sampling seed, a signed 64-bit integer (recorded in every record)."),
         click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft."),
+        click.option("--fast-path", type=click.Choice(["auto", "on", "off"]),
+                     help="Decoding steps on vlmspec's static-cache fast path (auto: where "
+                          "the model family allows; default) or through transformers (off)."),
         click.option("--out", "-o", type=click.Path(dir_okay=False, writable=True),
                      metavar="FILE.jsonl", help=f"Append one JSON record per {noun}; a rerun "
                                                 f"skips {noun}s already recorded."),

@@ -47,6 +47,9 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 @click.option("--temperature", "-t", type=FiniteFloat(min=0), help="0 = greedy (default); >0 samples.")
 @click.option("--seed", type=Seed(), help="Seed of the first image of each prompt (+K for image K).")
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
+@click.option("--fast-path", type=click.Choice(["auto", "on", "off"]),
+              help="Decoding steps on vlmspec's static-cache fast path (auto: where "
+                   "the model family allows; default) or through transformers (off).")
 @click.option("--heatmap", is_flag=True,
               help="Also write NAME.heatmap.png: each token's acceptance length (tree methods).")
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
@@ -57,7 +60,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 @click.option("--dry-run", is_flag=True, help="Show the resolved profile and the planned files; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
 def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg, temperature,
-                   seed, device, heatmap, force, skip_existing, as_json, compare, dry_run, quiet):
+                   seed, device, fast_path, heatmap, force, skip_existing, as_json, compare, dry_run, quiet):
     """Generate images from text prompts with an autoregressive image-token model
     (Janus family), drafted speculatively: lossless unless acceptance is relaxed.
 
@@ -78,7 +81,8 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         raise click.UsageError("no PROMPT given (arguments or --prompts-file)")
     cli_values = {"method": method, "image.cfg": cfg, "image.images_per_prompt": n,
                   "sampling.temperature": temperature, "sampling.seed": seed,
-                  "target.device": device, "draft.device": device}
+                  "target.device": device, "draft.device": device,
+                  "runtime.fast_path": fast_path}
     prof = load_profile(profile or DEFAULT_IMAGE_PROFILE, sets, cli_values, task="image")
     try:
         validate_method(prof)
@@ -104,6 +108,8 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         session = build_session(prof)
     except (SessionError, ModelLoadError, ValueError) as exc:
         fail(str(exc))
+    if not quiet:
+        ui.info(session.fast_path_summary())
 
     depths: list[float] = []
 

@@ -50,7 +50,7 @@ loads), 130 interrupted (Ctrl-C).
               help="Downscale frames to at most this many pixels [profile: video.max_pixels].")
 @decode_options("video", "VIDEO")
 def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frames, fps, max_pixels,
-                   max_new_tokens, temperature, seed, device, out, as_json, compare, dry_run, quiet):
+                   max_new_tokens, temperature, seed, device, fast_path, out, as_json, compare, dry_run, quiet):
     """Describe videos (or answer a question about each), drafted speculatively with a
     draft that never reads visual tokens: lossless, output identical to the target's.
 
@@ -74,7 +74,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
         "generation.prompt": prompt, "generation.max_new_tokens": max_new_tokens,
         "sampling.temperature": temperature, "sampling.seed": seed,
         "video.frames": frames, "video.fps": fps, "video.max_pixels": max_pixels,
-        "target.device": device, "draft.device": device,
+        "target.device": device, "draft.device": device, "runtime.fast_path": fast_path,
     }
     prof = load_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values, task="video")
     try:
@@ -98,6 +98,8 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
             check_prompt_fits(session, prof.generation.prompt)  # before the videos' own tokens
         except (SessionError, ModelLoadError, ValueError) as exc:
             fail(str(exc))
+        if not quiet:
+            ui.info(session.fast_path_summary())
         with ui.BatchUI(quiet=quiet) as events:
             summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
     finish_batch(prof, summary, quiet)

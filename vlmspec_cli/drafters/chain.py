@@ -85,7 +85,7 @@ class ChainBatchDrafter(BatchDrafter):
 
     def admit(self, state: DecodeState) -> None:
         single, logits = prefill_input(self.draft, state, self.drafting_input, self.image_token,
-                                       self.captioner)
+                                       self.captioner, static=False)   # joins a ragged cache
         self.cache.add_row(single, cache_length(single))
         state.drafter_state = ChainRow(logits)
 

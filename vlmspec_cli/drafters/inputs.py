@@ -85,20 +85,21 @@ def visuals(request) -> list:
     return request.images or request.videos
 
 
-def prefill_video(draft, state):
+def prefill_video(draft, state, static: bool = True):
     """A video draft reads the request's videos as the target does (its own adapter
     builds the video tokens and 3-D positions). Returns (cache, logits (1, V), the prompt's
     attention mask (1, L))."""
     inputs = draft.adapter.encode(draft, state.prompt, None, videos=state.request.videos)
-    cache = draft.adapter.new_cache(draft)
+    cache = draft.adapter.new_cache(draft, static)
     return cache, draft.adapter.prefill(draft, inputs, cache), inputs["attention_mask"]
 
 
-def prefill_input(draft, state, drafting_input: str, image_token: str | None, captioner=None):
+def prefill_input(draft, state, drafting_input: str, image_token: str | None, captioner=None,
+                  static: bool = True):
     """Prefill a fresh draft cache with one request read through ``drafting_input``
     (captioning the images first for C). Returns (cache, logits of the last position (V,))."""
     if state.request.videos and drafting_input == "multimodal":
-        cache, logits, _ = prefill_video(draft, state)
+        cache, logits, _ = prefill_video(draft, state, static)
         return cache, logits[0]
     captions: list[str] = []
     if drafting_input == "caption" and state.request.images:
@@ -106,5 +107,5 @@ def prefill_input(draft, state, drafting_input: str, image_token: str | None, ca
         state.stats.caption_s += seconds
     embeds = input_embeds(draft, state.prompt, visuals(state.request), drafting_input,
                           image_token, captions)
-    cache = draft.adapter.new_cache(draft)
+    cache = draft.adapter.new_cache(draft, static)
     return cache, draft.adapter.prefill(draft, {"inputs_embeds": embeds}, cache)[0]

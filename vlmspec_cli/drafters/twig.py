@@ -169,7 +169,7 @@ class TwigDrafter(DraftingMethod):
         lm, split = self.target, self.split
         embeds, visual = lm.adapter.prompt_embeds(lm, state.prompt, state.request.images or None)
         positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
-        state.target_cache = lm.adapter.new_cache(lm)
+        state.target_cache = lm.adapter.new_cache(lm, static=False)   # the trunk runs layers itself
         hidden_k = split.lower(embeds, positions, state.target_cache)
         st = TwigState(twig_cache=None)
         attention = None

@@ -32,6 +32,7 @@ from vlmspec_cli.profile.schema import (
     Profile,
     PruneSpec,
     RelaxedSpec,
+    RuntimeSpec,
     SamplingSpec,
     TreeSpec,
     TwigSpec,
@@ -43,6 +44,6 @@ __all__ = [
     "DEFAULT_PROFILE", "ENV_VAR", "ProfileError", "list_profiles", "load_profile", "profile_keys",
     "profile_search_path", "profile_to_dict", "profile_to_yaml", "resolve_profile_path",
     "AdaptiveTreeSpec", "CaptionerSpec", "DraftingSpec", "EnsembleSpec", "GenerationSpec",
-    "HardwareSpec", "HiddenSpec", "ImageSpec", "ModelSpec", "Profile", "PruneSpec", "RelaxedSpec",
+    "HardwareSpec", "HiddenSpec", "ImageSpec", "ModelSpec", "Profile", "PruneSpec", "RelaxedSpec", "RuntimeSpec",
     "SamplingSpec", "TreeSpec", "TwigSpec", "VideoSpec",
 ]

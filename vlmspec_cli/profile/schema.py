@@ -188,6 +188,17 @@ class GenerationSpec:
 
 
 @dataclass
+class RuntimeSpec:
+    """How the engine runs the models' forwards (not what they compute: outputs are the
+    same either way)."""
+
+    # auto: decoding steps on vlmspec's static-cache fast path (runtime/fast_decoder.py)
+    # for every model whose family it supports, transformers' forward for the others;
+    # on: the same, and a model it cannot take is an error; off: transformers throughout
+    fast_path: str = field(default="auto", metadata=_rule(choices=("auto", "on", "off")))
+
+
+@dataclass
 class HardwareSpec:
     """Written by ``vlmspec profile`` (a hardware profile other profiles ``include:``)."""
 
@@ -232,6 +243,7 @@ class Profile:
     prune: PruneSpec = field(default_factory=PruneSpec)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     generation: GenerationSpec = field(default_factory=GenerationSpec)
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     hardware: HardwareSpec = field(default_factory=HardwareSpec)
     # Where the profile was loaded from. Not a YAML key, not compared, not dumped.
     source: str = field(default="<defaults>", init=False, repr=False, compare=False,

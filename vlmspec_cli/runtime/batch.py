@@ -117,7 +117,7 @@ class BatchedEngine:
         state = DecodeState(request=request, prompt=lm.adapter.prompt_text(lm, request.messages))
         state.target_generator, state.draft_generator = make_generators(request.seed)
         images = request.images or None
-        single = lm.adapter.new_cache(lm)
+        single = lm.adapter.new_cache(lm, static=False)
         state.target_next_logits = lm.adapter.prefill(lm, lm.adapter.encode(lm, state.prompt, images),
                                                       single)[0]
         self._tcache.add_row(single, cache_length(single))

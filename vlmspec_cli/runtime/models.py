@@ -34,6 +34,9 @@ class LoadedModel:
     adapter: Any
     device: torch.device
     dtype: torch.dtype
+    # runtime/fast_decoder.FastDecoder when decoding steps take the fast path
+    fast: Any = None
+    fast_off_reason: str | None = None   # why not, when the fast path was asked for
 
     @property
     def vocab_size(self) -> int:
@@ -153,9 +156,11 @@ def _quantization_config(quantize: str, adapter, int8_threshold: float = 0.0):
                               llm_int8_skip_modules=skip)
 
 
-def load_model(spec, role: str = "target") -> LoadedModel:
+def load_model(spec, role: str = "target", fast_path: str = "auto") -> LoadedModel:
     """Load one model from a profile ``ModelSpec`` (fields: model, dtype, device, quantize,
-    revision, trust_remote_code)."""
+    revision, trust_remote_code). ``fast_path`` (profile key ``runtime.fast_path``): auto
+    decodes on runtime/fast_decoder.py where the family supports it, on requires it, off
+    keeps transformers' own forward."""
     import transformers
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 
@@ -211,7 +216,27 @@ def load_model(spec, role: str = "target") -> LoadedModel:
     if qconf is None:
         model.to(device)
     model.eval()
-    return LoadedModel(spec.model, model, processor, tokenizer, adapter, device, dtype)
+    lm = LoadedModel(spec.model, model, processor, tokenizer, adapter, device, dtype)
+    use_fast_path(lm, fast_path, role)
+    return lm
+
+
+def use_fast_path(lm: LoadedModel, mode: str, role: str = "target") -> None:
+    """Turn the fast path on or off for ``lm`` (``mode``: auto | on | off)."""
+    from vlmspec_cli.runtime.fast_decoder import FastDecoder, reason_unsupported
+
+    lm.fast, lm.fast_off_reason = None, None
+    if mode == "off":
+        lm.fast_off_reason = "runtime.fast_path is off"
+        return
+    reason = reason_unsupported(lm)
+    if reason is not None:
+        if mode == "on":
+            raise ModelLoadError(f"{role} model '{lm.name}' cannot use runtime.fast_path: on: "
+                                 f"{reason}")
+        lm.fast_off_reason = reason
+        return
+    lm.fast = FastDecoder(lm)
 
 
 def load_twig(name: str, target: LoadedModel):

@@ -24,7 +24,7 @@ from transformers import DynamicCache
 class RaggedCache:
     def __init__(self, lm) -> None:
         self.lm = lm
-        self.cache = lm.adapter.new_cache(lm)
+        self.cache = lm.adapter.new_cache(lm, static=False)
         self.valid = torch.zeros((0, 0), dtype=torch.bool, device=lm.device)
         self.next_pos = torch.zeros(0, dtype=torch.long, device=lm.device)
 
@@ -114,7 +114,7 @@ class RaggedCache:
     def trim(self) -> None:
         """Drop columns at either end that no row uses (a slice, no copy of the rest)."""
         if self.rows == 0:
-            self.cache = self.lm.adapter.new_cache(self.lm)
+            self.cache = self.lm.adapter.new_cache(self.lm, static=False)
             self.valid = self.valid[:, :0]
             return
         used = self.valid.any(0).nonzero().flatten()
@@ -150,7 +150,7 @@ class RaggedCache:
         self.valid = valid
 
     def _set(self, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        fresh = self.lm.adapter.new_cache(self.lm)
+        fresh = self.lm.adapter.new_cache(self.lm, static=False)
         for i, (k, v) in enumerate(tensors):
             fresh.update(k, v, i)
         self.cache = fresh

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from vlmspec_cli.runtime.static_cache import StaticKVCache
+
 
 @dataclass
 class TextStack:
@@ -115,38 +117,58 @@ class ModelAdapter:
                          lm.model.get_output_embeddings(), text.config)
 
     # -- forwards --------------------------------------------------------------------
-    def new_cache(self, lm) -> DynamicCache:
+    # With ``lm.fast`` (runtime/fast_decoder.py) caches are ``StaticKVCache``s: the prompt
+    # is prefilled by the model's own forward and copied in, every later forward runs on
+    # the fast path. Without it, transformers' ``DynamicCache`` and forward throughout.
+    def new_cache(self, lm, static: bool = True):
+        """A cache for one request: static on the fast path; ``static=False`` for the
+        ragged batch caches (runtime/ragged.py), which stay transformers' own."""
+        if static and lm.fast is not None:
+            return lm.fast.new_cache()
         return DynamicCache(config=lm.model.config)
+
+    def _model_forward(self, lm, inputs: dict, cache, **kwargs):
+        """The model's own forward; a static cache gets the result copied in."""
+        if not isinstance(cache, StaticKVCache):
+            return lm.model(**inputs, past_key_values=cache, use_cache=True, **kwargs)
+        eager = DynamicCache(config=lm.model.config)
+        out = lm.model(**inputs, past_key_values=eager, use_cache=True, **kwargs)
+        cache.load(eager)
+        return out
 
     @torch.inference_mode()
     def prefill(self, lm, inputs: dict[str, torch.Tensor], cache) -> torch.Tensor:
         """Run the prompt; returns logits of the last position, shape (B, V)."""
-        out = lm.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :]
+        return self._model_forward(lm, inputs, cache, logits_to_keep=1).logits[:, -1, :]
 
     @torch.inference_mode()
     def extend(self, lm, input_ids: torch.Tensor, cache, **extra) -> torch.Tensor:
         """Feed new tokens (B, n) after the cached ones; returns logits (B, n, V).
-        ``extra``: attention_mask / position_ids for left-padded batches."""
-        out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra)
-        return out.logits
+        ``extra``: attention_mask / position_ids for left-padded batches and trees."""
+        if isinstance(cache, StaticKVCache):
+            hidden, _ = lm.fast.run(lm.fast.embed(input_ids), cache, **extra)
+            return lm.fast.logits(hidden)
+        return lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra).logits
 
     # hidden-state drafters (HiViS/Sparrow) read one layer of the target's hidden states
-    # from the same forwards: hidden_states[layer] (0 = embeddings, -1 = the last layer,
-    # before the final norm)
+    # from the same forwards: hidden_states[layer] (0 = embeddings, -1 = the last layer;
+    # transformers v5 gives that one after the final norm)
     @torch.inference_mode()
     def prefill_hidden(self, lm, inputs: dict[str, torch.Tensor], cache,
                        layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``prefill`` plus the chosen layer's hidden states of every prompt position,
         (B, V) and (B, L, H)."""
-        out = lm.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                       output_hidden_states=True)
+        out = self._model_forward(lm, inputs, cache, logits_to_keep=1, output_hidden_states=True)
         return out.logits[:, -1, :], out.hidden_states[layer]
 
     @torch.inference_mode()
     def extend_hidden(self, lm, input_ids: torch.Tensor, cache, layer: int,
                       **extra) -> tuple[torch.Tensor, torch.Tensor]:
         """``extend`` plus the chosen layer's hidden states, (B, n, V) and (B, n, H)."""
+        if isinstance(cache, StaticKVCache):
+            hidden, chosen = lm.fast.run(lm.fast.embed(input_ids), cache, hidden_layer=layer,
+                                         **extra)
+            return lm.fast.logits(hidden), chosen
         out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
                        output_hidden_states=True, **extra)
         return out.logits, out.hidden_states[layer]
@@ -170,6 +192,9 @@ def select_cache_positions(cache, keep: list[int]) -> None:
     """Keep only the cached positions ``keep`` (in that order) in every layer: a tree
     round's accepted branch is not contiguous in the cache (index_select along the
     sequence dimension)."""
+    if isinstance(cache, StaticKVCache):
+        cache.keep_positions(keep)
+        return
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False) or layer.keys is None or not layer.keys.numel():
             continue

@@ -20,9 +20,10 @@ generation head; the text LM head is never used here.
 from __future__ import annotations
 
 import torch
-from transformers import JanusForConditionalGeneration
+from transformers import DynamicCache, JanusForConditionalGeneration
 
 from vlmspec_cli.runtime.adapters.base import ModelAdapter
+from vlmspec_cli.runtime.static_cache import StaticKVCache
 
 DEFAULT_GUIDANCE = 5.0   # Janus generate's own default when guidance_scale is unset
 
@@ -139,8 +140,11 @@ class JanusAdapter(ModelAdapter):
             embeds = inputs["inputs_embeds"]
         else:
             embeds = lm.model.get_input_embeddings()(inputs["input_ids"])
-        out = lm.model.model.language_model(inputs_embeds=embeds, past_key_values=cache,
+        eager = cache if not isinstance(cache, StaticKVCache) else DynamicCache(config=lm.model.config)
+        out = lm.model.model.language_model(inputs_embeds=embeds, past_key_values=eager,
                                             use_cache=True)
+        if eager is not cache:
+            cache.load(eager)   # the fast path decodes from here (runtime/fast_decoder.py)
         return self._guided(lm, out.last_hidden_state[:, -1:])[:, -1]
 
     @torch.inference_mode()
@@ -154,6 +158,8 @@ class JanusAdapter(ModelAdapter):
             extra["attention_mask"] = attention_mask.expand(2, *attention_mask.shape[1:])
         if position_ids is not None:
             extra["position_ids"] = position_ids.expand(2, -1)
+        if isinstance(cache, StaticKVCache):
+            return self._guided(lm, lm.fast.run(embeds, cache, **extra)[0])
         out = lm.model.model.language_model(inputs_embeds=embeds, past_key_values=cache,
                                             use_cache=True, **extra)
         return self._guided(lm, out.last_hidden_state)

@@ -1,0 +1,176 @@
+"""The static-cache fast path (runtime/fast_decoder.py) computes what transformers' forward
+computes: same logits for every kind of forward the engine makes (decoding steps, chain
+verification, padded ensemble rows, tree masks, hidden states, the image model's guided
+rows), same tokens end to end with the path on and off, and its cache rolls back like a
+DynamicCache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import fresh_scenes
+from test_lossless import reference
+from vlmspec_cli.drafters import create_drafter
+from vlmspec_cli.profile import ProfileError, load_profile
+from vlmspec_cli.runtime.adapters.base import select_cache_positions, truncate_cache
+from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
+from vlmspec_cli.runtime.models import ModelLoadError, use_fast_path
+from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.static_cache import StaticKVCache
+from vlmspec_cli.runtime.verify import SamplingParams
+
+GREEDY = SamplingParams(0.0)
+
+
+@pytest.fixture
+def both_paths(zoo_target):
+    """Runs ``fn(lm)`` with the fast path off and on; the fixture model is left on auto."""
+    def run(fn):
+        out = {}
+        for mode in ("off", "on"):
+            use_fast_path(zoo_target, mode)
+            out[mode] = fn(zoo_target)
+        use_fast_path(zoo_target, "auto")
+        return out
+    yield run
+    use_fast_path(zoo_target, "auto")
+
+
+def _prompt_ids(lm):
+    return torch.tensor([[1, 17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]])
+
+
+def test_every_kind_of_forward_matches_transformers(both_paths):
+    """Decode steps, a multi-token verification, rollback then a tree mask with explicit
+    positions, and a hidden layer: logits equal (to float rounding) with the path on/off."""
+    def forwards(lm):
+        cache = lm.adapter.new_cache(lm)
+        assert isinstance(cache, StaticKVCache) == (lm.fast is not None)
+        outs = [lm.adapter.prefill(lm, {"input_ids": _prompt_ids(lm)}, cache)]
+        outs.append(lm.adapter.extend(lm, torch.tensor([[50]]), cache))
+        outs.append(lm.adapter.extend(lm, torch.tensor([[51, 52, 53, 54, 55]]), cache))
+        truncate_cache(cache, 14)
+        # a tree of 4 nodes after 14 positions: 0 -> (1, 2), 1 -> 3
+        past, parents = 14, [-1, 0, 0, 1]
+        mask = torch.full((1, 1, 4, past + 4), torch.finfo(torch.float32).min)
+        mask[..., :past] = 0
+        depth = []
+        for i, p in enumerate(parents):
+            node, d = i, 0
+            while node >= 0:
+                mask[0, 0, i, past + node] = 0
+                node, d = parents[node], d + 1
+            depth.append(d - 1)
+        pos = torch.tensor([[past + d for d in depth]])
+        outs.append(lm.adapter.extend(lm, torch.tensor([[60, 61, 62, 63]]), cache,
+                                      attention_mask=mask, position_ids=pos))
+        select_cache_positions(cache, list(range(past)) + [past, past + 1, past + 3])
+        for layer in (-2, -1, 0):   # a middle layer, the last (final-normed), the embeddings
+            logits, hidden = lm.adapter.extend_hidden(lm, torch.tensor([[64]]), cache, layer)
+            outs += [logits, hidden]
+            truncate_cache(cache, past + 3)
+        assert cache.get_seq_length() == past + 3
+        return outs
+    got = both_paths(forwards)
+    for eager, fast in zip(got["off"], got["on"]):
+        torch.testing.assert_close(fast, eager, atol=2e-5, rtol=1e-5)
+
+
+def test_padded_rows_match_transformers(both_paths):
+    """Left-padded rows with a 0/1 mask and per-row positions (a TABED ensemble)."""
+    def rows(lm):
+        cache = lm.adapter.new_cache(lm)
+        embeds = lm.model.get_input_embeddings()(torch.tensor([[0, 0, 1, 17, 40], [1, 17, 40, 41, 42]]))
+        mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        first = lm.adapter.prefill(lm, {"inputs_embeds": embeds, "attention_mask": mask,
+                                        "position_ids": pos}, cache)
+        ids = torch.tensor([[70, 71]]).expand(2, 2)
+        mask2 = torch.cat([mask, mask.new_ones(2, 2)], dim=1)
+        pos2 = torch.tensor([[3], [5]]) + torch.arange(2)[None]
+        return [first, lm.adapter.extend(lm, ids, cache, attention_mask=mask2, position_ids=pos2)]
+    got = both_paths(rows)
+    for eager, fast in zip(got["off"], got["on"]):
+        torch.testing.assert_close(fast, eager, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["chain", "tree"])
+def test_tokens_equal_target_greedy_with_the_path_off_and_on(zoo_target, zoo_draft, method):
+    """The losslessness check of test_lossless/test_tree, run with both paths on both
+    models, against transformers' own generate()."""
+    requests = [Request([Message("user", "describe the image.", (image,))], max_new_tokens=24)
+                for _, image in fresh_scenes(4, seed=515)]
+    refs = [reference(zoo_target, r) for r in requests]
+    kwargs = {"depth": 4, "top_k": 3, "total_tokens": 12,
+              "eos_ids": eos_token_ids(zoo_target)} if method == "tree" else {}
+    try:
+        for mode in ("off", "on"):
+            use_fast_path(zoo_target, mode)
+            use_fast_path(zoo_draft, mode)
+            drafter = create_drafter(method, draft=zoo_draft, sampling=GREEDY,
+                                     drafting_input="multimodal",
+                                     image_token=zoo_target.adapter.image_token(zoo_target), **kwargs)
+            engine = SpeculativeEngine(zoo_target, drafter, 4, GREEDY)
+            accepted = 0
+            for req, ref in zip(requests, refs):
+                res = engine.generate(req)
+                assert res.tokens == ref, f"fast_path {mode}: differs from generate()"
+                assert isinstance(res.state.target_cache, StaticKVCache) == (mode == "on")
+                accepted += res.state.stats.num_accepted_tokens
+            assert accepted > 0
+    finally:
+        use_fast_path(zoo_target, "auto")
+        use_fast_path(zoo_draft, "auto")
+
+
+def test_static_cache_rolls_back_and_keeps_a_branch_in_place():
+    cache = StaticKVCache(2, 1, 1, 2, 0, "cpu", torch.float32, headroom=4)
+
+    class Layer:
+        def __init__(self, n):
+            self.keys = torch.arange(n, dtype=torch.float32).view(1, 1, n, 1).repeat(1, 1, 1, 2)
+            self.values = -self.keys
+
+    class Eager:
+        layers = [Layer(6), Layer(6)]
+
+        def get_seq_length(self):
+            return 6
+    cache.load(Eager())
+    assert cache.length == 6 and cache.capacity == 10
+    buffer = cache.keys
+    cache.crop(-2)
+    assert cache.get_seq_length() == 4
+    cache.length = 8        # pretend a tree of 4 nodes was written at 4..7
+    with torch.inference_mode():   # as the fast path writes it
+        cache.keys[:, :, :, 4:8] = torch.tensor([40., 50., 60., 70.]).view(1, 1, 4, 1)
+    cache.keep_positions([0, 1, 2, 3, 5, 7])
+    assert cache.length == 6
+    assert cache.keys[0, 0, 0, :6, 0].tolist() == [0, 1, 2, 3, 50, 70]
+    assert cache.keys is buffer and cache.grown == 0      # moved in place, no reallocation
+    cache.reserve(10)
+    assert cache.grown == 1 and cache.keys[0, 0, 0, :6, 0].tolist() == [0, 1, 2, 3, 50, 70]
+
+
+def test_sessions_size_caches_so_none_reallocates(zoo_target):
+    from vlmspec_cli.session import build_session
+    session = build_session(load_profile("tinyworld-caption", ["method=tree",
+                                                               "generation.max_new_tokens=24"]))
+    _, image = fresh_scenes(1, seed=77)[0]
+    res = session.engine.generate(Request([Message("user", "describe the image.", (image,))],
+                                          max_new_tokens=24))
+    assert isinstance(res.state.target_cache, StaticKVCache)
+    assert res.state.target_cache.grown == 0
+    assert "fast path (static cache): target, draft" in session.fast_path_summary()
+
+
+def test_fast_path_key_is_checked_and_on_refuses_a_family_it_cannot_take():
+    with pytest.raises(ProfileError, match="runtime.fast_path"):
+        load_profile("tinyworld-caption", ["runtime.fast_path=fast"])
+    from vlmspec_cli.session import build_session
+    with pytest.raises(ModelLoadError, match="runtime.fast_path: on"):
+        build_session(load_profile("tinyworld-video", ["runtime.fast_path=on", "method=none"]))
+    video = build_session(load_profile("tinyworld-video", ["method=none"]))
+    assert video.target.fast is None
+    assert "transformers' forward: target (" in video.fast_path_summary()

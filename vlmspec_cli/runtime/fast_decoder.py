@@ -1,0 +1,144 @@
+"""The fast path: decoding steps run by vlmspec itself over a preallocated KV cache.
+
+A decoding step of a small model through transformers' generic forward is mostly fixed
+per-call cost: output dataclasses, mask construction, cache bookkeeping, kwargs plumbing
+in every layer. Speculative decoding makes γ + 1 such calls a round, so that cost, not the
+arithmetic, decides whether speculation pays. ``FastDecoder`` runs the same decoder layers
+(the model's own modules and weights: projections, norms, rotary embedding, MLP) with only
+the operations the maths needs, writing keys and values into a ``StaticKVCache`` in place.
+
+* The prompt (and its images/video) is still prefilled by the model's own forward, once per
+  request; its cache is then copied into the static cache (``StaticKVCache.load``).
+* Every later forward — a draft step, a chain's verification, a tree's verification with
+  its 4-D mask, a padded ensemble's rows — runs here.
+* The computation is the eager one, op for op (RMSNorm in float32, rotary from the model's
+  own module, scaled-dot-product attention over positions [0, length + n)); the tests
+  check token equality with transformers' ``generate`` with the fast path on and off.
+
+Supported: Llama-style decoders with 1-D rotary positions (Llama, Mistral without sliding
+window, Qwen2) — the tinyworld caption, draft and image models. Others (Qwen2-VL's 3-D
+rotary positions, sliding-window attention) decode through transformers (``reason_unsupported``
+says why), and so do batches of several requests (runtime/ragged.py) and the twig's split
+trunk (runtime/trunk.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vlmspec_cli.runtime.static_cache import StaticKVCache
+
+FAST_FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def reason_unsupported(lm) -> str | None:
+    """Why ``lm`` cannot decode on the fast path (None when it can)."""
+    try:
+        stack = lm.adapter.text_stack(lm)
+    except (ValueError, AttributeError) as exc:
+        return str(exc)
+    config = stack.config
+    kind = getattr(config, "model_type", None)
+    if kind not in FAST_FAMILIES:
+        return f"its text decoder ('{kind}') is not one of {', '.join(FAST_FAMILIES)}"
+    rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope != "default":
+        return f"rotary type '{rope}' is not supported on the fast path"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention is not supported on the fast path"
+    return None
+
+
+class FastDecoder:
+    """Decoding steps for one model's text decoder over ``StaticKVCache``s."""
+
+    def __init__(self, lm, headroom: int = 256) -> None:
+        self.stack = lm.adapter.text_stack(lm)
+        config = self.stack.config
+        self.layers = list(self.stack.layers)
+        attn = self.layers[0].self_attn
+        self.head_dim = int(attn.head_dim)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.scaling = float(attn.scaling)
+        self.device = lm.device
+        self.dtype = next(lm.model.parameters()).dtype if lm.dtype is None else lm.dtype
+        # positions a request may add after its prompt (max_new_tokens + the largest
+        # round); the session sets it from the profile so caches are allocated once
+        self.headroom = headroom
+
+    def new_cache(self, batch: int = 1) -> StaticKVCache:
+        return StaticKVCache(len(self.layers), batch, self.kv_heads, self.head_dim, 0,
+                             self.device, self.dtype, headroom=self.headroom)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.stack.embed(input_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.stack.head(hidden)
+
+    @torch.inference_mode()
+    def run(self, embeds: torch.Tensor, cache: StaticKVCache, attention_mask=None,
+            position_ids=None, hidden_layer: int | None = None):
+        """The decoder over ``embeds`` (B, n, H) after the cache's ``length`` positions.
+
+        ``attention_mask``: None (causal), a (B, length + n) 0/1 padding mask combined with
+        causality (left-padded ensemble rows), or a 4-D additive float mask (B|1, 1, n,
+        length + n) used as is (tree verification). ``position_ids`` (B, n): default
+        length, length + 1, … Returns the final-normed hidden states (B, n, H) and, with
+        ``hidden_layer``, that entry of transformers' ``hidden_states`` (0 = embeddings,
+        i = after layer i; the last entry, -1, is after the final norm, as in transformers)."""
+        batch, n, _ = embeds.shape
+        start = cache.length
+        end = start + n
+        cache.reserve(n)
+        if position_ids is None:
+            position_ids = torch.arange(start, end, device=embeds.device)[None].expand(batch, n)
+        mask = self._mask(attention_mask, batch, n, start, embeds)
+        # cos/sin from the model's own rotary module: (B, n, head_dim), in the model dtype
+        cos, sin = self.stack.rotary(embeds, position_ids)
+        cos, sin = cos[:, None], sin[:, None]
+        want = None if hidden_layer is None else hidden_layer % (len(self.layers) + 1)
+        chosen = embeds if want == 0 else None
+        h = embeds
+        gqa = self.kv_heads != self.heads
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            cache.keys[i, :, :, start:end] = k
+            cache.values[i, :, :, start:end] = v
+            o = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :end],
+                                               cache.values[i, :, :, :end], attn_mask=mask,
+                                               scale=self.scaling, enable_gqa=gqa)
+            h = h + attn.o_proj(o.transpose(1, 2).reshape(batch, n, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            if want == i + 1:
+                chosen = h
+        cache.length = end
+        out = self.stack.norm(h)
+        # transformers (v5) puts the final-normed states in the last hidden_states entry
+        return out, (out if want == len(self.layers) else chosen)
+
+    @staticmethod
+    def _mask(attention_mask, batch: int, n: int, start: int, like: torch.Tensor):
+        """The attention mask over positions [0, start + n) for the new rows."""
+        if attention_mask is not None and attention_mask.dim() == 4:
+            return attention_mask[..., : start + n].to(like.dtype)
+        causal = None
+        if n > 1:
+            causal = torch.ones(n, start + n, dtype=torch.bool, device=like.device).tril(start)
+        if attention_mask is None:
+            return causal
+        pad = attention_mask[:, None, None, : start + n].bool()   # (B, 1, 1, start + n)
+        return pad if causal is None else pad & causal
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
