@@ -142,8 +142,12 @@ class EnsembleDrafter(DraftingMethod):
         """Feed the same new tokens to every row; logits (m, n, V)."""
         lm = self.draft
         m, n = st.prompt_mask.shape[0], len(tokens)
-        done = cache_length(st.cache) - st.width          # tokens after the prompts
         ids = torch.tensor([tokens], device=lm.device).expand(m, n)
+        if m == 1 and lm.fast is not None:
+            # one row has no padding: on the fast path (1-D positions) that is plain causal
+            # attention at the next positions, with no mask or positions to build per step
+            return lm.adapter.extend(lm, ids, st.cache)
+        done = cache_length(st.cache) - st.width          # tokens after the prompts
         mask = torch.cat([st.prompt_mask, st.prompt_mask.new_ones((m, done + n))], dim=1)
         positions = st.offsets[:, None] + done + torch.arange(n, device=lm.device)[None]
         return lm.adapter.extend(lm, ids, st.cache, attention_mask=mask, position_ids=positions)

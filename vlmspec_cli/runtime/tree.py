@@ -40,7 +40,7 @@ import torch
 from vlmspec_cli.runtime.adapters.base import cache_length
 from vlmspec_cli.runtime.draft import Proposal, Verdict
 from vlmspec_cli.runtime.request import DecodeState, TargetFeatures
-from vlmspec_cli.runtime.verify import SamplingParams, probabilities, verify_tree
+from vlmspec_cli.runtime.verify import UNIT_TEMPERATURE, SamplingParams, probabilities, verify_tree
 
 if TYPE_CHECKING:
     from vlmspec_cli.runtime.engine import SpeculativeEngine
@@ -145,7 +145,10 @@ def expand_tree(root_logits: torch.Tensor, step: StepFn, depth: int, top_k: int,
             if left <= 0:
                 break
             budget = max(1, min(top_k, left // (depth - level) // len(frontier)))
-        for u, row in zip(frontier, logits):
+        if greedy:
+            created = _grow_greedy(tree, score, frontier, logits, top_k, level, eos_ids,
+                                   root_score[-1])
+        for u, row in zip(frontier, [] if greedy else logits):
             q = probabilities(row.float(), sampling.scoring)
             for e in eos_ids:
                 if e < q.shape[-1]:
@@ -154,12 +157,9 @@ def expand_tree(root_logits: torch.Tensor, step: StepFn, depth: int, top_k: int,
             if mass <= 0:
                 continue
             q = q / mass
-            k = min(top_k if greedy else budget, int((q > 0).sum()))
-            if greedy:
-                picks = q.topk(k).indices.tolist()
-            else:
-                picks = torch.multinomial(q.cpu(), k, replacement=False, generator=generator).tolist()
-                tree.q[u] = q
+            k = min(budget, int((q > 0).sum()))
+            picks = torch.multinomial(q.cpu(), k, replacement=False, generator=generator).tolist()
+            tree.q[u] = q
             base = root_score[-1] if u < 0 else score[u]
             for tok in picks:
                 tree.tokens.append(int(tok))
@@ -184,6 +184,32 @@ def expand_tree(root_logits: torch.Tensor, step: StepFn, depth: int, top_k: int,
                 p = tree.parents[p]
         return tree.subset(list(keep))
     return tree.subset(list(range(total_tokens)))   # creation order: a count, not a score
+
+
+def _grow_greedy(tree: DraftTree, score: list[float], frontier: list[int], logits: torch.Tensor,
+                 top_k: int, level: int, eos_ids: set[int], root_score: float) -> list[int]:
+    """T = 0: each frontier node gets its top_k children by the draft's softmax (EOS
+    excluded, renormalised), all rows in a few tensor ops; returns the new nodes."""
+    q = probabilities(logits.float(), UNIT_TEMPERATURE)            # (F, V)
+    eos = [e for e in eos_ids if e < q.shape[-1]]
+    if eos:
+        q[:, eos] = 0.0
+    q = q / q.sum(-1, keepdim=True)
+    values, picks = q.topk(min(top_k, q.shape[-1]), dim=-1)
+    logq = torch.log(values).tolist()
+    values, picks = values.tolist(), picks.tolist()
+    created = []
+    for r, u in enumerate(frontier):
+        base = root_score if u < 0 else score[u]
+        for v, tok, lq in zip(values[r], picks[r], logq[r]):
+            if not v > 0:        # fewer than top_k tokens with mass (or none: NaN row)
+                break
+            tree.tokens.append(int(tok))
+            tree.parents.append(u)
+            tree.depth.append(level)
+            score.append(base + lq)
+            created.append(len(tree) - 1)
+    return created
 
 
 def tree_mask(tree: DraftTree, past: int, lead: int, dtype: torch.dtype,
