@@ -165,12 +165,40 @@ def test_sessions_size_caches_so_none_reallocates(zoo_target):
     assert "fast path (static cache): target, draft" in session.fast_path_summary()
 
 
-def test_fast_path_key_is_checked_and_on_refuses_a_family_it_cannot_take():
+def test_fast_path_key_is_checked_and_on_refuses_a_model_it_cannot_take():
+    from vlmspec_cli.profile import ModelSpec
+    from vlmspec_cli.runtime.models import load_model
     with pytest.raises(ProfileError, match="runtime.fast_path"):
         load_profile("tinyworld-caption", ["runtime.fast_path=fast"])
+    lm = load_model(ModelSpec(model="zoo:tinyworld/llava-draft", device="cpu"), "draft")
+    assert lm.fast is not None
+    lm.adapter.text_stack(lm).config.rope_parameters = {"rope_type": "linear", "factor": 2.0,
+                                                        "rope_theta": 10000.0}
+    with pytest.raises(ModelLoadError, match="runtime.fast_path: on: rotary type 'linear'"):
+        use_fast_path(lm, "on", "draft")
+    use_fast_path(lm, "auto", "draft")
+    assert lm.fast is None and "linear" in lm.fast_off_reason
+
+
+def test_video_target_and_hidden_head_equal_transformers(zoo_target):
+    """The Qwen2.5-VL video target (3-D positions folded by its rotary module): the hidden
+    head on the fast path gives the tokens of target-only decoding through transformers."""
+    import random
+
     from vlmspec_cli.session import build_session
-    with pytest.raises(ModelLoadError, match="runtime.fast_path: on"):
-        build_session(load_profile("tinyworld-video", ["runtime.fast_path=on", "method=none"]))
-    video = build_session(load_profile("tinyworld-video", ["method=none"]))
-    assert video.target.fast is None
-    assert "transformers' forward: target (" in video.fast_path_summary()
+    from vlmspec_cli.tasks.video_io import clip_from_arrays
+    from vlmspec_cli.zoo import video as world
+    eager = build_session(load_profile("tinyworld-video", ["method=none", "runtime.fast_path=off"]))
+    fast = build_session(load_profile("tinyworld-video", ["hidden.tree=true"]))
+    assert eager.target.fast is None and fast.target.fast is not None
+    assert "transformers' forward: target (runtime.fast_path is off)" in eager.fast_path_summary()
+    accepted = 0
+    for seed, frames in ((920_001, 4), (920_002, 8)):
+        script = world.random_script(random.Random(seed))
+        clip = clip_from_arrays(world.render_script(script, frames), fps=frames / world.DURATION)
+        req = Request([Message("user", world.QUESTIONS[seed % 3], videos=(clip,))], max_new_tokens=32)
+        res = fast.engine.generate(req)
+        assert res.tokens == eager.engine.generate(req).tokens
+        assert isinstance(res.state.target_cache, StaticKVCache)
+        accepted += res.state.stats.num_accepted_tokens
+    assert accepted > 0

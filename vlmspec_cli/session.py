@@ -40,7 +40,7 @@ class Session:
     def fast_path_summary(self) -> str:
         """Which models decode on the static-cache fast path and which through
         transformers' forward, and why (for the line a command prints before decoding)."""
-        models = [("target", self.target), ("draft", self.draft), ("captioner", self.captioner)]
+        models = [("target", self.target), ("draft", self.draft)]
         fast = [role for role, lm in models if lm is not None and lm.fast is not None]
         slow = [f"{role} ({lm.fast_off_reason})" for role, lm in models
                 if lm is not None and lm.fast is None]
@@ -49,8 +49,6 @@ class Session:
             parts.append(f"fast path (static cache): {', '.join(fast)}")
         if slow:
             parts.append(f"transformers' forward: {', '.join(slow)}")
-        if self.engine.runs_target and self.target.fast is not None:
-            parts.append("the twig's trunk runs the target's layers itself")
         return "; ".join(parts)
 
     def baseline_engine(self) -> SpeculativeEngine:
@@ -133,9 +131,13 @@ def build_session(profile, trace=None) -> Session:
     if profile.acceptance == "relaxed":
         engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
     captioner = drafter.captioner.lm if drafter.captioner is not None else None
-    for role, lm in (("target", target), ("draft", drafter.draft), ("captioner", captioner)):
+    # (the captioner decodes with transformers' generate(), not the engine)
+    for role, lm in (("target", target), ("draft", drafter.draft)):
         if lm is not None:
             _fast_path(profile, lm, role)
+    if engine.runs_target:
+        use_fast_path(target, "off")
+        target.fast_off_reason = f"method {profile.method} runs the target's layers itself"
     return Session(profile, target, drafter.draft, captioner, engine, sampling)
 
 

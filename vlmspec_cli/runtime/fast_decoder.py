@@ -15,11 +15,11 @@ the operations the maths needs, writing keys and values into a ``StaticKVCache``
   own module, scaled-dot-product attention over positions [0, length + n)); the tests
   check token equality with transformers' ``generate`` with the fast path on and off.
 
-Supported: Llama-style decoders with 1-D rotary positions (Llama, Mistral without sliding
-window, Qwen2) — the tinyworld caption, draft and image models. Others (Qwen2-VL's 3-D
-rotary positions, sliding-window attention) decode through transformers (``reason_unsupported``
-says why), and so do batches of several requests (runtime/ragged.py) and the twig's split
-trunk (runtime/trunk.py).
+Supported: Llama-style decoders (Llama, Mistral without sliding window, Qwen2, and the text
+decoders of Qwen2-VL / Qwen2.5-VL, whose 3-D positions arrive as (3, B, n) position ids and
+go through the model's own rotary module) — every tinyworld target and draft. Others
+decode through transformers (``reason_unsupported`` says why), and so do batches of
+several requests (runtime/ragged.py) and the twig's split trunk (runtime/trunk.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ import torch.nn.functional as F
 
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 
-FAST_FAMILIES = ("llama", "mistral", "qwen2")
+# the text decoders it runs; Qwen2-VL / Qwen2.5-VL's rotary module folds their 3-D
+# (time, height, width) positions into ordinary cos/sin, so their decoders qualify too
+FAST_FAMILIES = ("llama", "mistral", "qwen2", "qwen2_vl_text", "qwen2_5_vl_text")
 
 
 def reason_unsupported(lm) -> str | None:
@@ -85,8 +87,8 @@ class FastDecoder:
 
         ``attention_mask``: None (causal), a (B, length + n) 0/1 padding mask combined with
         causality (left-padded ensemble rows), or a 4-D additive float mask (B|1, 1, n,
-        length + n) used as is (tree verification). ``position_ids`` (B, n): default
-        length, length + 1, … Returns the final-normed hidden states (B, n, H) and, with
+        length + n) used as is (tree verification). ``position_ids`` (B, n), or (3, B, n) for
+        Qwen2-VL's 3-D positions: default length, length + 1, … Returns the final-normed hidden states (B, n, H) and, with
         ``hidden_layer``, that entry of transformers' ``hidden_states`` (0 = embeddings,
         i = after layer i; the last entry, -1, is after the final norm, as in transformers)."""
         batch, n, _ = embeds.shape
