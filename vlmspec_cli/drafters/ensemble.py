@@ -138,11 +138,14 @@ class EnsembleDrafter(DraftingMethod):
             next_logits=logits, captions=captions or None)
 
     # -- drafting --------------------------------------------------------------------
-    def _extend(self, st: EnsembleState, tokens: list[int]) -> torch.Tensor:
-        """Feed the same new tokens to every row; logits (m, n, V)."""
+    def _extend(self, st: EnsembleState, tokens: list[int] | torch.Tensor) -> torch.Tensor:
+        """Feed the same new tokens (a list, or a 1-D tensor on the draft's device) to every
+        row; logits (m, n, V)."""
         lm = self.draft
-        m, n = st.prompt_mask.shape[0], len(tokens)
-        ids = torch.tensor([tokens], device=lm.device).expand(m, n)
+        if not isinstance(tokens, torch.Tensor):
+            tokens = torch.tensor(tokens, device=lm.device)
+        m, n = st.prompt_mask.shape[0], tokens.shape[0]
+        ids = tokens[None].expand(m, n)
         if m == 1 and lm.fast is not None:
             # one row has no padding: on the fast path (1-D positions) that is plain causal
             # attention at the next positions, with no mask or positions to build per step
@@ -174,15 +177,23 @@ class EnsembleDrafter(DraftingMethod):
         adaptive = st.weights.policy != "static" and len(self.inputs) > 1
         # a single member at T = 0 needs no distributions: its argmax is the mixture's
         need_q = not self.sampling.greedy or len(self.inputs) > 1
-        for i in range(max_tokens):
-            if need_q:
-                member_q = self._member_probs(logits)          # (m, V)
-                q = w @ member_q                               # the mixture (V,)
+        if not need_q:
+            # greedy with one member: each argmax is fed back as a device tensor, and the
+            # chain is read back once, for verification (no host sync per draft token)
+            chain = []
+            for i in range(max_tokens):
+                chain.append(logits[0].argmax(-1, keepdim=True))
+                if i + 1 < max_tokens:
+                    logits = self._extend(st, chain[-1])[:, -1]
+            tokens = torch.cat(chain).tolist() if chain else []
+        for i in range(max_tokens if need_q else 0):
+            member_q = self._member_probs(logits)              # (m, V)
+            q = w @ member_q                                   # the mixture (V,)
             if not self.sampling.greedy:
                 tok = int(torch.multinomial(q.cpu(), 1, generator=state.draft_generator))
                 mixtures.append(q)
             else:
-                tok = int((q if need_q else logits[0]).argmax())
+                tok = int(q.argmax())
             tokens.append(tok)
             if adaptive:  # kept for observe() once the target has verified them
                 st.block_q.append(member_q)

@@ -85,12 +85,14 @@ def align_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def verify_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
     """``target_logits``: (n+1, V). Longest prefix with x_i == argmax p_i, then the
-    target's argmax at the first mismatch (or after the chain: the bonus token)."""
-    target_choice = target_logits.argmax(-1).tolist()
-    n = 0
-    while n < len(draft_tokens) and draft_tokens[n] == target_choice[n]:
-        n += 1
-    return n, int(target_choice[n])
+    target's argmax at the first mismatch (or after the chain: the bonus token). Decided
+    with tensor ops on the logits' device and read back once."""
+    target_choice = target_logits.argmax(-1)                                # (n+1,)
+    drafted = torch.as_tensor(draft_tokens, dtype=torch.long, device=target_choice.device)
+    # matches m_i = [x_i == argmax p_i]; the accepted length is sum_i prod_{j<=i} m_j
+    n = torch.cumprod(drafted == target_choice[: len(draft_tokens)], 0).sum()
+    n, token = torch.stack([n, target_choice[n]]).tolist()
+    return n, token
 
 
 def verify_sampling(
