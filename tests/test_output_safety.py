@@ -326,7 +326,9 @@ def test_interrupt_exits_130_in_other_commands(tmp_path, monkeypatch, image):
 
 
 def test_sigint_subprocess_exits_130_with_only_complete_records(tmp_path):
-    images = make_good_images(tmp_path / "imgs", 24)
+    # enough inputs that the batch cannot end between the first record and the signal
+    # (the fast path decodes a tinyworld caption in well under a tenth of a second)
+    images = make_good_images(tmp_path / "imgs", 120)
     out = tmp_path / "caps.jsonl"
     stderr = tmp_path / "stderr.txt"
     with open(stderr, "w") as err:
