@@ -32,6 +32,7 @@ class Session:
     engine: SpeculativeEngine
     sampling: SamplingParams
     _baseline: SpeculativeEngine | None = field(default=None, init=False, repr=False)
+    compile_reason: str = field(default="", init=False)   # runtime.compile, as decided
 
     @property
     def lossless(self) -> bool:
@@ -49,7 +50,48 @@ class Session:
             parts.append(f"fast path (static cache): {', '.join(fast)}")
         if slow:
             parts.append(f"transformers' forward: {', '.join(slow)}")
+        if self.compile_reason:
+            state = "on" if self._compiled_models() else "off"
+            parts.append(f"compiled steps {state} ({self.compile_reason})")
         return "; ".join(parts)
+
+    def _fast_models(self):
+        return [lm for lm in (self.target, self.draft) if lm is not None and lm.fast is not None]
+
+    def _compiled_models(self):
+        return [lm for lm in self._fast_models() if lm.fast.compiled is not None]
+
+    def plan_compile(self, expected_tokens: int) -> bool:
+        """Decide ``runtime.compile`` for a job of about ``expected_tokens`` tokens (see
+        runtime/compiled_step.py ``decide``) and set it on the fast-path models; True when
+        their steps will be compiled (``warm_up`` then compiles them)."""
+        from vlmspec_cli.runtime.compiled_step import decide
+
+        on, self.compile_reason = decide(self.profile.runtime.compile, self.profile.hardware,
+                                         expected_tokens)
+        if not self._fast_models():
+            on, self.compile_reason = False, "needs the fast path, which no model is on"
+        for lm in self._fast_models():
+            lm.fast.compile(on)
+        return on
+
+    def warm_up(self) -> float:
+        """Compile the steps the method will run (row counts: one token, a chain's
+        verification, a tree's; the ensemble's draft rows) before decoding; seconds."""
+        p = self.profile
+        rounds = {1, p.drafting.gamma + 1}
+        if p.method in ("tree", "adt"):
+            rounds |= {p.tree.total_tokens + 1,
+                       p.adaptive_tree.max_depth * p.adaptive_tree.max_top_k + 1}
+        layer = getattr(self.engine.drafter, "hidden_layer", None)   # hidden-state drafts
+        seconds = 0.0
+        for lm in self._compiled_models():
+            if lm is self.target:
+                seconds += lm.fast.compiled.warm_up(rounds, hidden_layer=layer)
+            else:
+                rows = len(p.drafting.inputs) if p.method == "tabed" else 1
+                seconds += lm.fast.compiled.warm_up({1, 2}, batch=rows)
+        return seconds
 
     def baseline_engine(self) -> SpeculativeEngine:
         """Target-only decoding with the same sampling settings (for --compare); built once
@@ -103,6 +145,9 @@ def validate_method(profile) -> type[DraftingMethod]:
         pruning = " or ".join(f"'{n}'" for n in _supporting(lambda m: m.prunes))
         raise SessionError(f"prune (visual-token pruning) works with method {pruning} only, not "
                            f"'{profile.method}'; remove prune.keep / prune.final_wipe")
+    if profile.runtime.compile == "on" and profile.runtime.fast_path == "off":
+        raise SessionError("runtime.compile: on compiles the fast path's steps; it needs "
+                           "runtime.fast_path auto or on, not off")
     if profile.generation.batch_size > 1 and not method.batches:
         raise SessionError(f"generation.batch_size > 1 (--batch-size) works with methods "
                            f"{' and '.join(_supporting(lambda m: m.batches))}; "

@@ -133,19 +133,20 @@ def profiles_table(rows) -> None:
 class Status:
     """A one-line spinner on stderr for long measurements (nothing when quiet)."""
 
-    def __init__(self, quiet: bool = False) -> None:
+    def __init__(self, quiet: bool = False, label: str = "measuring") -> None:
         self.quiet = quiet
+        self.label = label
         self._status = None
 
     def __enter__(self) -> "Status":
         if not self.quiet:
-            self._status = stderr.status("measuring…")
+            self._status = stderr.status(f"{escape(self.label)}…")
             self._status.__enter__()
         return self
 
     def update(self, message: str) -> None:
         if self._status is not None:
-            self._status.update(f"measuring {escape(message)}")
+            self._status.update(f"{escape(self.label)} {escape(message)}")
 
     def __exit__(self, *exc) -> None:
         if self._status is not None:

@@ -8,7 +8,8 @@ import click
 
 from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_interrupt, fail,
                                     finish_batch, load_profile, parse_inputs, print_plan,
-                                    profile_option, record_printer, records_sink, set_option)
+                                    profile_option, record_printer, records_sink, set_option,
+                                    start_decoding)
 
 EPILOG_CAPTION = """\b
 Examples:
@@ -63,7 +64,7 @@ done and written), 2 usage, profile, model-loading or output error (--out or
 @click.option("--ray-address", metavar="ADDR",
               help="ray: an existing cluster (auto, ray://HOST:10001); default a local Ray.")
 def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_file, sets,
-            max_new_tokens, batch_size, temperature, seed, device, fast_path, out, as_json, compare,
+            max_new_tokens, batch_size, temperature, seed, device, fast_path, compile_steps, out, as_json, compare,
             dry_run, quiet, executor, workers, ray_address):
     """Caption images or answer a question about each one, or continue conversations.
 
@@ -92,6 +93,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
         "generation.batch_size": batch_size,
         "sampling.temperature": temperature, "sampling.seed": seed,
         "target.device": device, "draft.device": device, "runtime.fast_path": fast_path,
+        "runtime.compile": compile_steps,
     }
     prof = load_profile(profile, sets, cli_values, task="caption")
     try:
@@ -120,8 +122,8 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
                 check_prompt_fits(session, prof.generation.prompt)
         except (SessionError, ModelLoadError, ValueError) as exc:
             fail(str(exc))
-        if session is not None and not quiet:
-            ui.info(session.fast_path_summary())
+        if session is not None:
+            start_decoding(session, len(items) * prof.generation.max_new_tokens, quiet)
         with ui.BatchUI(quiet=quiet) as events:
             if executor == "ray":  # the workers load the models, not this process
                 from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray

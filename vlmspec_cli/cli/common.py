@@ -76,6 +76,9 @@ def decode_options(noun: str, column: str):
         click.option("--fast-path", type=click.Choice(["auto", "on", "off"]),
                      help="Decoding steps on vlmspec's static-cache fast path (auto: where "
                           "the model family allows; default) or through transformers (off)."),
+        click.option("--compile", "compile_steps", type=click.Choice(["auto", "on", "off"]),
+                     help="Compile the fast path's steps with torch.compile (auto: only where "
+                          "`vlmspec profile --compile` measured that it pays; default)."),
         click.option("--out", "-o", type=click.Path(dir_okay=False, writable=True),
                      metavar="FILE.jsonl", help=f"Append one JSON record per {noun}; a rerun "
                                                 f"skips {noun}s already recorded."),
@@ -187,3 +190,19 @@ def draft_summary(prof) -> str:
 
     return method_class(prof.method).describe(prof)
 
+
+
+def start_decoding(session, expected_tokens: int, quiet: bool) -> None:
+    """Before a batch: decide ``runtime.compile`` for its size, say on stderr which models
+    take the fast path and whether their steps are compiled, and run the compile warm-up
+    as its own phase."""
+    from vlmspec_cli import ui
+
+    compiled = session.plan_compile(expected_tokens)
+    if not quiet:
+        ui.info(session.fast_path_summary())
+    if compiled:
+        with ui.Status(quiet, "compiling decoding steps (warm-up)"):
+            seconds = session.warm_up()
+        if not quiet:
+            ui.info(f"compile warm-up: {seconds:.1f} s")

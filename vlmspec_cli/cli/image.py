@@ -8,7 +8,7 @@ import sys
 import click
 
 from vlmspec_cli.cli.common import (TSV_HELP, fail, load_profile, print_plan, profile_option,
-                                    set_option, tsv_field)
+                                    set_option, start_decoding, tsv_field)
 from vlmspec_cli.cli.types import FiniteFloat, Seed
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
@@ -50,6 +50,9 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 @click.option("--fast-path", type=click.Choice(["auto", "on", "off"]),
               help="Decoding steps on vlmspec's static-cache fast path (auto: where "
                    "the model family allows; default) or through transformers (off).")
+@click.option("--compile", "compile_steps", type=click.Choice(["auto", "on", "off"]),
+              help="Compile the fast path's steps with torch.compile (auto: only where "
+                   "`vlmspec profile --compile` measured that it pays; default).")
 @click.option("--heatmap", is_flag=True,
               help="Also write NAME.heatmap.png: each token's acceptance length (tree methods).")
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
@@ -60,7 +63,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 @click.option("--dry-run", is_flag=True, help="Show the resolved profile and the planned files; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
 def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg, temperature,
-                   seed, device, fast_path, heatmap, force, skip_existing, as_json, compare, dry_run, quiet):
+                   seed, device, fast_path, compile_steps, heatmap, force, skip_existing, as_json, compare, dry_run, quiet):
     """Generate images from text prompts with an autoregressive image-token model
     (Janus family), drafted speculatively: lossless unless acceptance is relaxed.
 
@@ -82,7 +85,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     cli_values = {"method": method, "image.cfg": cfg, "image.images_per_prompt": n,
                   "sampling.temperature": temperature, "sampling.seed": seed,
                   "target.device": device, "draft.device": device,
-                  "runtime.fast_path": fast_path}
+                  "runtime.fast_path": fast_path, "runtime.compile": compile_steps}
     prof = load_profile(profile or DEFAULT_IMAGE_PROFILE, sets, cli_values, task="image")
     try:
         validate_method(prof)
@@ -108,8 +111,8 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         session = build_session(prof)
     except (SessionError, ModelLoadError, ValueError) as exc:
         fail(str(exc))
-    if not quiet:
-        ui.info(session.fast_path_summary())
+    tokens = session.target.adapter.num_image_tokens(session.target)
+    start_decoding(session, len(jobs) * tokens, quiet)
 
     depths: list[float] = []
 

@@ -9,7 +9,8 @@ import click
 
 from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_interrupt, fail,
                                     finish_batch, load_profile, parse_inputs, print_plan,
-                                    profile_option, record_printer, records_sink, set_option)
+                                    profile_option, record_printer, records_sink, set_option,
+                                    start_decoding)
 from vlmspec_cli.cli.types import FiniteFloat
 
 DEFAULT_VIDEO_PROFILE = "tinyworld-video"
@@ -50,7 +51,7 @@ loads), 130 interrupted (Ctrl-C).
               help="Downscale frames to at most this many pixels [profile: video.max_pixels].")
 @decode_options("video", "VIDEO")
 def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frames, fps, max_pixels,
-                   max_new_tokens, temperature, seed, device, fast_path, out, as_json, compare, dry_run, quiet):
+                   max_new_tokens, temperature, seed, device, fast_path, compile_steps, out, as_json, compare, dry_run, quiet):
     """Describe videos (or answer a question about each), drafted speculatively with a
     draft that never reads visual tokens: lossless, output identical to the target's.
 
@@ -75,6 +76,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
         "sampling.temperature": temperature, "sampling.seed": seed,
         "video.frames": frames, "video.fps": fps, "video.max_pixels": max_pixels,
         "target.device": device, "draft.device": device, "runtime.fast_path": fast_path,
+        "runtime.compile": compile_steps,
     }
     prof = load_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values, task="video")
     try:
@@ -98,8 +100,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
             check_prompt_fits(session, prof.generation.prompt)  # before the videos' own tokens
         except (SessionError, ModelLoadError, ValueError) as exc:
             fail(str(exc))
-        if not quiet:
-            ui.info(session.fast_path_summary())
+        start_decoding(session, len(items) * prof.generation.max_new_tokens, quiet)
         with ui.BatchUI(quiet=quiet) as events:
             summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
     finish_batch(prof, summary, quiet)

@@ -196,6 +196,11 @@ class RuntimeSpec:
     # for every model whose family it supports, transformers' forward for the others;
     # on: the same, and a model it cannot take is an error; off: transformers throughout
     fast_path: str = field(default="auto", metadata=_rule(choices=("auto", "on", "off")))
+    # the fast path's steps through torch.compile (runtime/compiled_step.py; CUDA graphs on
+    # GPU). auto: only where `vlmspec profile --compile` measured that compiled steps are
+    # faster on this hardware (the hardware section) and the job is long enough to repay
+    # the warm-up; on: always (the fast path must be on); off: never
+    compile: str = field(default="auto", metadata=_rule(choices=("auto", "on", "off")))
 
 
 @dataclass
@@ -215,6 +220,11 @@ class HardwareSpec:
     # T_q(B, S, 1): one draft step, B = drafting rows
     draft_ms: float | None = field(default=None, metadata=_rule(ge=0))
     prefill_ms: float | None = field(default=None, metadata=_rule(ge=0))  # the sample request's
+    # `vlmspec profile --compile`: one step compiled (runtime.compile), and the compile
+    # warm-up (seconds) of the buckets the profile's method uses, as measured here
+    compiled_target_ms: float | None = field(default=None, metadata=_rule(ge=0))
+    compiled_draft_ms: float | None = field(default=None, metadata=_rule(ge=0))
+    compile_warmup_s: float | None = field(default=None, metadata=_rule(ge=0))
     # the full tables: target_verify_ms[S][k], draft_step_ms[B][S], remarks
     measurements: Any = None
 

@@ -69,6 +69,13 @@ class FastDecoder:
         # positions a request may add after its prompt (max_new_tokens + the largest
         # round); the session sets it from the profile so caches are allocated once
         self.headroom = headroom
+        # runtime.compile: the compiled step (runtime/compiled_step.py), None = eager
+        self.compiled = None
+
+    def compile(self, on: bool = True) -> None:
+        from vlmspec_cli.runtime.compiled_step import CompiledSteps
+
+        self.compiled = CompiledSteps(self) if on else None
 
     def new_cache(self, batch: int = 1) -> StaticKVCache:
         return StaticKVCache(len(self.layers), batch, self.kv_heads, self.head_dim, 0,
@@ -92,6 +99,8 @@ class FastDecoder:
         ``hidden_layer``, that entry of transformers' ``hidden_states`` (0 = embeddings,
         i = after layer i; the last entry, -1, is after the final norm, as in transformers)."""
         batch, n, _ = embeds.shape
+        if self.compiled is not None and n <= self.compiled.max_rows:
+            return self.compiled.run(embeds, cache, attention_mask, position_ids, hidden_layer)
         start = cache.length
         end = start + n
         cache.reserve(n)

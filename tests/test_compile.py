@@ -1,0 +1,166 @@
+"""``runtime.compile``: the fast path's steps through torch.compile (runtime/compiled_step.py)
+compute what the eager steps compute, decode the target's own tokens, compile once per
+bucket (not per round), and ``auto`` compiles only where a measurement says it pays.
+
+Compiling costs seconds per graph on CPU, so these tests use few buckets: a chain with
+γ = 3 and a tree of 3 nodes both verify 4 rows, one graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import fresh_scenes
+from test_lossless import reference
+from vlmspec_cli.drafters import create_drafter
+from vlmspec_cli.profile import HardwareSpec, load_profile
+from vlmspec_cli.runtime.compiled_step import bucket_for, decide
+from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
+from vlmspec_cli.runtime.models import use_fast_path
+from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.verify import SamplingParams
+
+GREEDY = SamplingParams(0.0)
+
+
+@pytest.fixture
+def compiled(zoo_target, zoo_draft):
+    """Both models on the fast path with compiled steps; back to auto afterwards."""
+    for lm in (zoo_target, zoo_draft):
+        use_fast_path(lm, "on")
+        lm.fast.compile()
+    yield zoo_target, zoo_draft
+    for lm in (zoo_target, zoo_draft):
+        use_fast_path(lm, "auto")
+
+
+def test_buckets():
+    assert [bucket_for(n) for n in (1, 2, 3, 4, 5, 13, 64)] == [1, 2, 4, 4, 8, 16, 64]
+    assert bucket_for(65) is None
+
+
+def _forwards(lm):
+    """A decoding step, a 3-token verification, rollback, a 4-node tree with its mask."""
+    cache = lm.adapter.new_cache(lm)
+    ids = torch.tensor([[1, 17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]])
+    lm.adapter.prefill(lm, {"input_ids": ids}, cache)
+    outs = [lm.adapter.extend(lm, torch.tensor([[50]]), cache)]
+    outs.append(lm.adapter.extend(lm, torch.tensor([[51, 52, 53]]), cache))
+    cache.crop(13)
+    parents, past = [-1, 0, 0, 1], 13
+    mask = torch.full((1, 1, 4, past + 4), torch.finfo(torch.float32).min)
+    mask[..., :past] = 0
+    depth = []
+    for i in range(4):
+        node, d = i, 0
+        while node >= 0:
+            mask[0, 0, i, past + node] = 0
+            node, d = parents[node], d + 1
+        depth.append(d - 1)
+    pos = torch.tensor([[past + d for d in depth]])
+    outs.append(lm.adapter.extend(lm, torch.tensor([[60, 61, 62, 63]]), cache,
+                                  attention_mask=mask, position_ids=pos))
+    assert cache.get_seq_length() == past + 4
+    return outs
+
+
+def test_compiled_forwards_match_eager_and_compile_once_per_bucket(zoo_target):
+    try:
+        use_fast_path(zoo_target, "on")
+        eager = _forwards(zoo_target)
+        zoo_target.fast.compile()
+        steps = zoo_target.fast.compiled
+        got = _forwards(zoo_target)
+        for e, c in zip(eager, got):
+            torch.testing.assert_close(c, e, atol=5e-5, rtol=1e-5)
+        # 1 row; 3 rows and the 4-node tree share the 4-row bucket
+        assert sorted(shape[1] for shape in steps.shapes) == [1, 4]
+        steps.warm = True
+        _forwards(zoo_target)
+        assert steps.late_compiles == 0, "a repeated step compiled again"
+    finally:
+        use_fast_path(zoo_target, "auto")
+
+
+def test_padded_rows_compiled_match_eager(zoo_draft):
+    """Left-padded rows with a 0/1 mask (a TABED ensemble's draft rows)."""
+    def rows(lm):
+        cache = lm.adapter.new_cache(lm)
+        embeds = lm.model.get_input_embeddings()(torch.tensor([[0, 0, 1, 17, 40], [1, 17, 40, 41, 42]]))
+        mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        lm.adapter.prefill(lm, {"inputs_embeds": embeds, "attention_mask": mask,
+                                "position_ids": pos}, cache)
+        ids = torch.tensor([[70, 71, 72]]).expand(2, 3)
+        mask2 = torch.cat([mask, mask.new_ones(2, 3)], dim=1)
+        pos2 = torch.tensor([[3], [5]]) + torch.arange(3)[None]
+        return lm.adapter.extend(lm, ids, cache, attention_mask=mask2, position_ids=pos2)
+    try:
+        use_fast_path(zoo_draft, "on")
+        eager = rows(zoo_draft)
+        zoo_draft.fast.compile()
+        torch.testing.assert_close(rows(zoo_draft), eager, atol=5e-5, rtol=1e-5)
+    finally:
+        use_fast_path(zoo_draft, "auto")
+
+
+@pytest.mark.parametrize("method", ["chain", "tree"])
+def test_compiled_steps_decode_the_target_greedy_tokens(compiled, method):
+    target, draft = compiled
+    requests = [Request([Message("user", "describe the image.", (image,))], max_new_tokens=20)
+                for _, image in fresh_scenes(3, seed=616)]
+    kwargs = {"depth": 3, "top_k": 2, "total_tokens": 3,
+              "eos_ids": eos_token_ids(target)} if method == "tree" else {}
+    drafter = create_drafter(method, draft=draft, sampling=GREEDY, drafting_input="multimodal",
+                             image_token=target.adapter.image_token(target), **kwargs)
+    engine = SpeculativeEngine(target, drafter, 3, GREEDY)
+    accepted = 0
+    for req in requests:
+        res = engine.generate(req)
+        assert res.tokens == reference(target, req)
+        accepted += res.state.stats.num_accepted_tokens
+    assert accepted > 0
+    assert target.fast.compiled.shapes, "the target's steps did not run compiled"
+
+
+def test_auto_compiles_only_where_measured_and_worth_the_warm_up():
+    measured = dict(target_ms=5.0, compiled_target_ms=2.5, compile_warmup_s=20.0)
+    assert decide("off", HardwareSpec(**measured), 10**9) == (False, "runtime.compile is off")
+    assert decide("on", HardwareSpec(), 1)[0] is True
+    on, why = decide("auto", HardwareSpec(), 10**9)
+    assert not on and "vlmspec profile --compile" in why
+    on, why = decide("auto", HardwareSpec(target_ms=5.0, compiled_target_ms=6.0,
+                                       compile_warmup_s=1.0), 10**9)
+    assert not on and "slower" in why
+    # 20 s of warm-up at 2.5 ms saved a token: 8001 tokens to break even
+    on, why = decide("auto", HardwareSpec(**measured), 48)
+    assert not on and "8001" in why
+    assert decide("auto", HardwareSpec(**measured), 9000)[0] is True
+
+
+def test_compile_needs_the_fast_path_and_the_key_is_checked():
+    from vlmspec_cli.profile import ProfileError
+    from vlmspec_cli.session import SessionError, validate_method
+    with pytest.raises(ProfileError, match="runtime.compile"):
+        load_profile("tinyworld-caption", ["runtime.compile=yes"])
+    with pytest.raises(SessionError, match="runtime.compile: on .* needs runtime.fast_path"):
+        validate_method(load_profile("tinyworld-caption", ["runtime.compile=on",
+                                                           "runtime.fast_path=off"]))
+
+
+def test_cli_plan_line_says_whether_steps_are_compiled(tmp_path):
+    from click.testing import CliRunner
+
+    from vlmspec_cli.cli import cli
+    _, image = fresh_scenes(1, seed=4)[0]
+    path = tmp_path / "scene.png"
+    image.save(path)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["caption", str(path), "--set", "generation.max_new_tokens=8"])
+    assert res.exit_code == 0, res.output
+    assert "compiled steps off (auto: not measured on this hardware" in res.stderr
+    res = runner.invoke(cli, ["caption", str(path), "--compile", "on", "--set", "drafting.gamma=3",
+                               "--set", "generation.max_new_tokens=8"])
+    assert res.exit_code == 0, res.output
+    assert "compiled steps on (runtime.compile is on)" in res.stderr
+    assert "compile warm-up:" in res.stderr

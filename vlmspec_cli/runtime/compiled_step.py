@@ -1,0 +1,241 @@
+"""Compiled decoding steps for the fast path (``runtime.compile``).
+
+``FastDecoder.run`` in eager mode is already lean, but each layer is still a dozen small
+PyTorch calls, and for the small drafts and mid-size targets speculation uses those calls'
+fixed cost is most of a step. ``CompiledSteps`` runs the same layers through
+``torch.compile`` (inductor; CUDA graphs via ``mode="reduce-overhead"`` on GPU) so a step
+is a few fused kernels.
+
+What makes it compile once and not every round:
+
+* **Fixed shapes.** The new rows are padded to a bucket (1, 2, 4, …, 64 tokens); the padded
+  rows only see themselves and their keys/values are never written to the cache. The
+  cache's capacity is marked dynamic, so requests of different lengths share one graph.
+* **No mutation inside the graph.** The compiled function reads the cache and returns the
+  new rows' keys and values; the caller writes the ``n`` real ones in place afterwards.
+  (Writing into a graph input from inside the graph made inductor copy whole buffers
+  every step — slower than eager.) Attention is therefore split in two parts over the
+  same softmax: the cached positions ``[0, start)`` and the new rows ``[start, start+n)``,
+  concatenated only as scores (B, heads, n, capacity + n), never as keys.
+
+The maths is the eager step's: softmax(q·kᵀ·scale + mask)·v over the same visible
+positions, in float32 for the softmax; only rounding differs. The losslessness tests run
+with compile on as well as off.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from vlmspec_cli.runtime.fast_decoder import _rotate_half
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def bucket_for(n: int) -> int | None:
+    """The padded length for ``n`` new rows, or None when too many (eager then)."""
+    for b in BUCKETS:
+        if n <= b:
+            return b
+    return None
+
+
+def _allow_recompiles(limit: int = 64) -> None:
+    """One graph per (bucket, hidden layer, mask batch) is expected; the default limit of
+    eight per function would fall back to eager silently."""
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(limit, getattr(torch._dynamo.config, name)))
+
+
+class CompiledSteps:
+    """The compiled step of one ``FastDecoder`` (its layers, its shapes)."""
+
+    def __init__(self, decoder) -> None:
+        self.decoder = decoder
+        self.cuda = decoder.device.type == "cuda"
+        _allow_recompiles()
+        use_persistent_cache()
+        mode = "reduce-overhead" if self.cuda else None
+        self.step = torch.compile(self._layers, mode=mode, fullgraph=True)
+        self.shapes: set[tuple] = set()   # shapes compiled so far (one graph each)
+        self.compile_s = 0.0              # wall time of the calls that compiled
+        self.warm = False                 # set after warm-up: compiles after it are counted
+        self.late_compiles = 0
+        self.max_rows = BUCKETS[-1]
+
+    def _layers(self, embeds, keys, values, cache_mask, new_mask, cos, sin, want: int):
+        """The decoder layers over ``embeds`` (B, nb, H): returns the final-normed states,
+        the ``want`` entry of hidden_states (as transformers numbers them), and the new
+        rows' keys and values (L, B, kv_heads, nb, head_dim)."""
+        d = self.decoder
+        batch, nb, _ = embeds.shape
+        groups = d.heads // d.kv_heads
+        h = embeds
+        chosen = embeds
+        new_keys, new_values = [], []
+        for i, layer in enumerate(d.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(batch, nb, -1, d.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(batch, nb, -1, d.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(batch, nb, -1, d.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            new_keys.append(k)
+            new_values.append(v)
+            # query head j uses key/value head j // groups (as transformers' repeat_kv)
+            qg = q.reshape(batch, d.kv_heads, groups, nb, d.head_dim).float()
+            old = torch.matmul(qg, keys[i][:, :, None].float().transpose(-1, -2))
+            new = torch.matmul(qg, k[:, :, None].float().transpose(-1, -2))
+            # one softmax over [cached positions | new rows], masks additive (0 / -inf-ish)
+            scores = torch.cat([old * d.scaling + cache_mask[:, :, None],
+                                new * d.scaling + new_mask[:, :, None]], dim=-1)
+            p = torch.softmax(scores, dim=-1)
+            cap = keys.shape[3]
+            o = (torch.matmul(p[..., :cap], values[i][:, :, None].float())
+                 + torch.matmul(p[..., cap:], v[:, :, None].float()))
+            o = o.to(h.dtype).reshape(batch, d.heads, nb, d.head_dim)
+            h = h + attn.o_proj(o.transpose(1, 2).reshape(batch, nb, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            if want == i + 1:
+                chosen = h
+        out = d.stack.norm(h)
+        if want == len(d.layers):
+            chosen = out
+        return out, chosen, torch.stack(new_keys), torch.stack(new_values)
+
+    def run(self, embeds, cache, attention_mask, position_ids, want: int | None):
+        """As ``FastDecoder.run`` for n <= the largest bucket."""
+        d = self.decoder
+        batch, n, width = embeds.shape
+        nb = bucket_for(n)
+        start = cache.length
+        cache.reserve(n)
+        if position_ids is None:
+            position_ids = torch.arange(start, start + n, device=embeds.device)[None].expand(batch, n)
+        if nb > n:
+            embeds = torch.cat([embeds, embeds.new_zeros(batch, nb - n, width)], dim=1)
+            last = position_ids[..., -1:]
+            extra = last + torch.arange(1, nb - n + 1, device=last.device)
+            position_ids = torch.cat([position_ids, extra], dim=-1)
+        cos, sin = d.stack.rotary(embeds, position_ids)
+        cache_mask, new_mask = self._masks(attention_mask, batch, n, nb, start,
+                                           cache.capacity, embeds)
+        keys, values = cache.keys, cache.values
+        for t in (keys, values):
+            torch._dynamo.mark_dynamic(t, 3)
+        torch._dynamo.mark_dynamic(cache_mask, 3)
+        w = -1 if want is None else want
+        shape = (batch, nb, cache_mask.shape[0], new_mask.shape[0], w, str(embeds.dtype))
+        first = shape not in self.shapes
+        t0 = time.perf_counter()
+        out, chosen, new_k, new_v = self.step(embeds, keys, values, cache_mask, new_mask,
+                                              cos[:, None], sin[:, None], w)
+        if first:
+            self.shapes.add(shape)
+            self.compile_s += time.perf_counter() - t0
+            self.late_compiles += int(self.warm)
+        cache.keys[:, :, :, start:start + n] = new_k[:, :, :, :n]
+        cache.values[:, :, :, start:start + n] = new_v[:, :, :, :n]
+        cache.length = start + n
+        out, chosen = out[:, :n], chosen[:, :n]
+        if self.cuda:   # CUDA-graph outputs are overwritten by the next replay
+            out, chosen = out.clone(), chosen.clone()
+        return out, (chosen if want is not None else None)
+
+    @staticmethod
+    def _masks(attention_mask, batch: int, n: int, nb: int, start: int, capacity: int, like):
+        """Additive masks for the padded rows: over the cache's ``capacity`` slots (only
+        ``[0, start)`` can be visible) and among the ``nb`` new rows (a padded row sees
+        only itself)."""
+        dtype = torch.float32
+        device = like.device
+        low = torch.finfo(dtype).min
+        slots = torch.arange(capacity, device=device)
+        rows = torch.arange(nb, device=device)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            given = attention_mask.to(dtype)
+            lead = given.shape[0]
+            cache_mask = torch.full((lead, 1, nb, capacity), low, dtype=dtype, device=device)
+            cache_mask[:, :, :n, :start] = given[..., :n, :start]
+            new_mask = torch.full((lead, 1, nb, nb), low, dtype=dtype, device=device)
+            new_mask[:, :, :n, :n] = given[..., :n, start:start + n]
+            new_mask[:, :, rows[n:], rows[n:]] = 0.0
+            return cache_mask, new_mask
+        visible = (slots < start)[None, None, None, :].expand(1, 1, nb, capacity)
+        causal = rows[None, :] <= rows[:, None]
+        causal = causal & ((rows[:, None] < n) | (rows[None, :] == rows[:, None]))
+        new_visible = causal[None, None]
+        if attention_mask is not None:   # (B, start + n) 0/1: left padding of some rows
+            pad = attention_mask.bool()
+            cache_pad = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+            cache_pad[:, :start] = pad[:, :start]
+            visible = visible & cache_pad[:, None, None, :]
+            new_pad = torch.ones(batch, nb, dtype=torch.bool, device=device)
+            new_pad[:, :n] = pad[:, start:start + n]
+            new_visible = new_visible & (new_pad[:, None, None, :] | torch.eye(
+                nb, dtype=torch.bool, device=device))
+        zero = torch.zeros((), dtype=dtype, device=device)
+        return (torch.where(visible, zero, low).contiguous(),
+                torch.where(new_visible, zero, low).contiguous())
+
+    @torch.inference_mode()
+    def warm_up(self, buckets, batch: int = 1, hidden_layer: int | None = None) -> float:
+        """Compile the steps for ``buckets`` (new-row counts) before decoding, on a scratch
+        cache; returns the seconds it took. Compiles after this are counted as late."""
+        d = self.decoder
+        t0 = time.perf_counter()
+        for n in sorted({bucket_for(b) for b in buckets if bucket_for(b)}):
+            cache = d.new_cache(batch)
+            cache.headroom = 0
+            cache.reserve(64 + n)
+            cache.length = 8
+            embeds = torch.zeros(batch, n, d.stack.config.hidden_size, device=d.device,
+                                 dtype=d.dtype)
+            self.run(embeds, cache, None, None, hidden_layer)
+        self.warm = True
+        return time.perf_counter() - t0
+
+
+def use_persistent_cache() -> None:
+    """Keep inductor's compiled kernels between runs (a second run's warm-up is a fraction
+    of the first's): under the user's cache directory unless TORCHINDUCTOR_CACHE_DIR is
+    set."""
+    import os
+    from pathlib import Path
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(base) / "vlmspec" / "inductor"))
+
+
+def decide(mode: str, hardware, expected_tokens: int) -> tuple[bool, str]:
+    """``runtime.compile`` for a job of about ``expected_tokens`` decoded tokens: whether to
+    compile, and why (for the plan line). ``auto`` needs a measurement of this hardware
+    (``vlmspec profile --compile`` writes ``compiled_target_ms`` and ``compile_warmup_s``):
+    compiled steps must be faster than eager ones, and the time they save over the job
+    must exceed the warm-up, so a one-liner never pays for a compile."""
+    if mode == "off":
+        return False, "runtime.compile is off"
+    if mode == "on":
+        return True, "runtime.compile is on"
+    eager, fast = hardware.target_ms, hardware.compiled_target_ms
+    warmup = hardware.compile_warmup_s
+    if eager is None or fast is None or warmup is None:
+        return False, ("auto: not measured on this hardware (`vlmspec profile --compile "
+                       "--write hw.yaml`, then `include: hw.yaml`)")
+    saving_ms = eager - fast
+    if saving_ms <= 0:
+        return False, f"auto: a compiled target step was measured slower here ({fast:.2f} vs {eager:.2f} ms)"
+    # at least one target forward per decoded token is saved (speculation verifies fewer
+    # times than that, but its draft steps, compiled too, make up the difference)
+    break_even = int(warmup * 1000 / saving_ms) + 1
+    if expected_tokens < break_even:
+        return False, (f"auto: ~{expected_tokens} tokens to decode, a {warmup:.0f} s warm-up "
+                       f"pays back after ~{break_even}")
+    return True, (f"auto: measured {eager:.2f} -> {fast:.2f} ms a target step; the "
+                  f"{warmup:.0f} s warm-up pays back after ~{break_even} tokens")
