@@ -2,7 +2,8 @@
 
 For each method (target-only, chain M, chain T, TABED MT, draft tree) and each path
 (``runtime.fast_path: off`` = transformers' forward over a DynamicCache, ``on`` = the
-static-cache fast path, runtime/fast_decoder.py), greedy, on the same fresh tinyworld
+static-cache fast path, runtime/fast_decoder.py, ``compiled`` = the fast path with
+``runtime.compile: on``, runtime/compiled_step.py), greedy, on the same fresh tinyworld
 scenes, interleaved per input so load drift hits every row alike; plus HF ``generate()``
 and HF assisted generation (the draft as assistant, constant γ).
 
@@ -19,6 +20,9 @@ prefill / extend), so each row reports, besides tokens/s and τ:
   minus prefills, which Eq. 1 does not model; the end-to-end speedup is reported too), and
   the engine overhead per round: decode wall time minus the forwards' own time, per round,
   also as a fraction of T_p(1).
+
+Compiled rows also report the compile warm-up (seconds, before the first request) and
+the compiles that happened after it, per 100 rounds (0 when the buckets are right).
 
     python bench/engine.py [--n 12] [--max-new-tokens 48] [--threads 2] [--json out.json]
 """
@@ -41,6 +45,7 @@ from vlmspec_cli.profile import load_profile  # noqa: E402
 from vlmspec_cli.session import build_session  # noqa: E402
 
 TIMED = ("prefill", "extend", "prefill_hidden", "extend_hidden")
+PATHS = ("off", "on", "compiled")
 
 METHODS = {   # row name: (profile, --set overrides)
     "target-only": ("tinyworld-caption", ["method=none"]),
@@ -85,14 +90,25 @@ class TimedAdapter:
 
 def build(method: str, path: str, args) -> dict:
     name, sets = METHODS[method]
-    prof = load_profile(name, [*sets, f"runtime.fast_path={path}",
+    compiled = path == "compiled"
+    prof = load_profile(name, [*sets, f"runtime.fast_path={'on' if compiled else path}",
+                               f"runtime.compile={'on' if compiled else 'off'}",
                                f"generation.max_new_tokens={args.max_new_tokens}"])
     session = build_session(prof)
+    warmup_s = None
+    if session.plan_compile(args.n * args.max_new_tokens):
+        warmup_s = session.warm_up()
     timers = {}
     for role, lm in (("target", session.target), ("draft", session.draft)):
         if lm is not None:
             lm.adapter = timers[role] = TimedAdapter(lm.adapter, lm.device)
-    return {"session": session, "timers": timers, "gamma": session.engine.gamma}
+    return {"session": session, "timers": timers, "gamma": session.engine.gamma,
+            "warmup_s": warmup_s}
+
+
+def late_compiles(session) -> int:
+    return sum(lm.fast.compiled.late_compiles for lm in (session.target, session.draft)
+               if lm is not None and lm.fast is not None and lm.fast.compiled is not None)
 
 
 def run_row(row: dict, req):
@@ -155,7 +171,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    rows = {(m, p): build(m, p, args) for m in METHODS for p in ("off", "on")}
+    rows = {(m, p): build(m, p, args) for m in METHODS for p in PATHS}
     base = rows[("target-only", "off")]["session"]
     target, draft = base.target, rows[("chain (M)", "off")]["session"].draft
     gc = draft.model.generation_config
@@ -165,6 +181,7 @@ def main() -> None:
     requests = make_requests(args.n, args.seed, args.max_new_tokens)
     for row in rows.values():       # warm-up
         run_row(row, requests[0])
+    late_before = {key: late_compiles(row["session"]) for key, row in rows.items()}
     runs = {key: [] for key in rows}
     hf_runs = {name: {"seconds": 0.0, "tokens": [], "forwards": 0} for name in hf}
     for req in requests:
@@ -178,15 +195,20 @@ def main() -> None:
             hf_runs[name]["forwards"] += stats.num_drafts
     reference = hf_runs["hf generate"]["tokens"]
     summary = {}
-    for path in ("off", "on"):
+    for path in PATHS:
         only = runs[("target-only", path)]
         t_p1 = 1e3 * sum(r["target"]["seconds"]["extend"] for r in only) / max(
             1, sum(r["target"]["calls"]["extend"] for r in only))
         for m in METHODS:
             s = summarise(runs[(m, path)], t_p1, reference)
             s["T_p1_ms"] = t_p1
+            row = rows[(m, path)]
+            if row["warmup_s"] is not None:
+                late = late_compiles(row["session"]) - late_before[(m, path)]
+                s["compile_warmup_s"] = row["warmup_s"]
+                s["late_compiles_per_100_rounds"] = 100 * late / max(1, s["rounds"])
             summary[f"{m} [{path}]"] = s
-    for path in ("off", "on"):
+    for path in PATHS:
         base = summary[f"target-only [{path}]"]
         for m in METHODS:
             s = summary[f"{m} [{path}]"]
@@ -208,15 +230,17 @@ def main() -> None:
     def f(x, fmt="{:.2f}"):
         return "-" if x is None else fmt.format(x)
     header = ["row", "tok/s", "×same path", "decode ×same path", "×HF gen", "τ", "T_p(1) ms", "k", "T_p(k) ms",
-              "T_q ms", "q/round", "Eq.1'", "meas/Eq.1'", "overhead ms/round", "overhead/T_p(1)", "≠ ref"]
+              "T_q ms", "q/round", "Eq.1'", "meas/Eq.1'", "overhead ms/round", "overhead/T_p(1)", "warm-up s", "late compiles/100 rounds", "≠ ref"]
     lines = [[k, f(s["tokens_per_s"], "{:.1f}"), f(s["speedup_same_path"]),
               f(s["decode_speedup_same_path"]),
               f(s["speedup_vs_hf_generate"]), f(s["tau"]), f(s["T_p1_ms"]), f(s["k"], "{:.1f}"),
               f(s["T_p_k_ms"]), f(s["T_q_ms"]), f(s["q_per_round"]), f(s.get("eq1_prime")),
               f(s.get("measured_over_eq1_prime")), f(s["overhead_ms_per_round"]),
-              f(s.get("overhead_per_T_p1")), str(s["mismatches"])] for k, s in summary.items()]
+              f(s.get("overhead_per_T_p1")), f(s.get("compile_warmup_s"), "{:.1f}"),
+              f(s.get("late_compiles_per_100_rounds"), "{:.1f}"), str(s["mismatches"])]
+             for k, s in summary.items()]
     lines += [[k, f(h["tokens_per_s"], "{:.1f}"), "-", "-", f(h["tokens_per_s"] / hf_tps), f(h["tau"]),
-               *["-"] * 9, str(h["mismatches"])] for k, h in hf_rows.items()]
+               *["-"] * 11, str(h["mismatches"])] for k, h in hf_rows.items()]
     print_table(f"engine fast path, {args.n} scenes, ≤{args.max_new_tokens} new tokens, greedy",
                 header, lines, args.markdown)
     if args.json:

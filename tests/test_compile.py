@@ -14,7 +14,7 @@ from conftest import fresh_scenes
 from test_lossless import reference
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.profile import HardwareSpec, load_profile
-from vlmspec_cli.runtime.compiled_step import bucket_for, decide
+from vlmspec_cli.runtime.compiled_step import bucket_for, decide, draft_pays
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import use_fast_path
 from vlmspec_cli.runtime.request import Message, Request
@@ -73,8 +73,10 @@ def test_compiled_forwards_match_eager_and_compile_once_per_bucket(zoo_target):
         got = _forwards(zoo_target)
         for e, c in zip(eager, got):
             torch.testing.assert_close(c, e, atol=5e-5, rtol=1e-5)
-        # 1 row; 3 rows and the 4-node tree share the 4-row bucket
-        assert sorted(shape[1] for shape in steps.shapes) == [1, 4]
+        # one graph per (bucket, mask kind): 1 row and 3 rows (padded to 4) causal, with
+        # masks built in the graph; the 4-node tree with its given mask
+        assert sorted((shape[1], shape[2] is not None) for shape in steps.shapes) == [
+            (1, False), (4, False), (4, True)]
         steps.warm = True
         _forwards(zoo_target)
         assert steps.late_compiles == 0, "a repeated step compiled again"
@@ -136,6 +138,10 @@ def test_auto_compiles_only_where_measured_and_worth_the_warm_up():
     on, why = decide("auto", HardwareSpec(**measured), 48)
     assert not on and "8001" in why
     assert decide("auto", HardwareSpec(**measured), 9000)[0] is True
+    # the draft follows only where its own compiled step was measured faster
+    assert draft_pays("on", HardwareSpec())
+    assert not draft_pays("auto", HardwareSpec(draft_ms=0.5, compiled_draft_ms=0.6))
+    assert draft_pays("auto", HardwareSpec(draft_ms=0.8, compiled_draft_ms=0.5))
 
 
 def test_compile_needs_the_fast_path_and_the_key_is_checked():
@@ -162,5 +168,30 @@ def test_cli_plan_line_says_whether_steps_are_compiled(tmp_path):
     res = runner.invoke(cli, ["caption", str(path), "--compile", "on", "--set", "drafting.gamma=3",
                                "--set", "generation.max_new_tokens=8"])
     assert res.exit_code == 0, res.output
-    assert "compiled steps on (runtime.compile is on)" in res.stderr
+    assert "compiled steps on: target, draft (runtime.compile is on)" in res.stderr
     assert "compile warm-up:" in res.stderr
+
+
+def test_profile_compile_measures_what_auto_reads(tmp_path):
+    """`vlmspec profile --compile` writes the compiled step times and the warm-up as
+    hardware keys; a profile that includes them lets auto decide from them."""
+    from click.testing import CliRunner
+
+    from vlmspec_cli.cli import cli
+    from vlmspec_cli.session import build_session
+    hw = tmp_path / "hw.yaml"
+    res = CliRunner().invoke(cli, ["profile", "--compile", "--repeats", "3", "--warmup", "1",
+                                   "--contexts", "64", "--set", "drafting.gamma=3",
+                                   "--write", str(hw), "-q"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    base = tmp_path / "base.yaml"
+    base.write_text("include: [tinyworld-caption, hw.yaml]\nname: base\n")
+    prof = load_profile(str(base))
+    h = prof.hardware
+    assert h.compiled_target_ms > 0 and h.compiled_draft_ms > 0 and h.compile_warmup_s > 0
+    session = build_session(prof)
+    on = session.plan_compile(10**7)
+    pays = h.compiled_target_ms < h.target_ms
+    assert on == pays and (session.target.fast.compiled is not None) == pays
+    assert ("measured" in session.compile_reason) if pays else ("slower" in session.compile_reason)
+    assert session.plan_compile(1) is False, "a one-token job never repays a warm-up"

@@ -51,7 +51,9 @@ class Session:
         if slow:
             parts.append(f"transformers' forward: {', '.join(slow)}")
         if self.compile_reason:
-            state = "on" if self._compiled_models() else "off"
+            roles = [role for role, lm in models if lm is not None and lm.fast is not None
+                     and lm.fast.compiled is not None]
+            state = f"on: {', '.join(roles)}" if roles else "off"
             parts.append(f"compiled steps {state} ({self.compile_reason})")
         return "; ".join(parts)
 
@@ -65,32 +67,37 @@ class Session:
         """Decide ``runtime.compile`` for a job of about ``expected_tokens`` tokens (see
         runtime/compiled_step.py ``decide``) and set it on the fast-path models; True when
         their steps will be compiled (``warm_up`` then compiles them)."""
-        from vlmspec_cli.runtime.compiled_step import decide
+        from vlmspec_cli.runtime.compiled_step import decide, draft_pays
 
-        on, self.compile_reason = decide(self.profile.runtime.compile, self.profile.hardware,
-                                         expected_tokens)
+        mode, hardware = self.profile.runtime.compile, self.profile.hardware
+        on, self.compile_reason = decide(mode, hardware, expected_tokens)
         if not self._fast_models():
             on, self.compile_reason = False, "needs the fast path, which no model is on"
         for lm in self._fast_models():
-            lm.fast.compile(on)
-        return on
+            lm.fast.compile(on and (lm is self.target or draft_pays(mode, hardware)))
+        return bool(self._compiled_models())
 
     def warm_up(self) -> float:
         """Compile the steps the method will run (row counts: one token, a chain's
         verification, a tree's; the ensemble's draft rows) before decoding; seconds."""
         p = self.profile
         rounds = {1, p.drafting.gamma + 1}
+        target_masks = ("causal",)
         if p.method in ("tree", "adt"):
-            rounds |= {p.tree.total_tokens + 1,
-                       p.adaptive_tree.max_depth * p.adaptive_tree.max_top_k + 1}
+            rounds = {1, p.tree.total_tokens + 1,
+                      p.adaptive_tree.max_depth * p.adaptive_tree.max_top_k + 1}
+            target_masks = ("causal", "tree")
         layer = getattr(self.engine.drafter, "hidden_layer", None)   # hidden-state drafts
         seconds = 0.0
         for lm in self._compiled_models():
             if lm is self.target:
-                seconds += lm.fast.compiled.warm_up(rounds, hidden_layer=layer)
+                seconds += lm.fast.compiled.warm_up(rounds, hidden_layer=layer,
+                                                    masks=target_masks)
+            elif p.method == "tabed":
+                seconds += lm.fast.compiled.warm_up({1, 2}, batch=len(p.drafting.inputs),
+                                                    masks=("padded",))
             else:
-                rows = len(p.drafting.inputs) if p.method == "tabed" else 1
-                seconds += lm.fast.compiled.warm_up({1, 2}, batch=rows)
+                seconds += lm.fast.compiled.warm_up({1, 2})
         return seconds
 
     def baseline_engine(self) -> SpeculativeEngine:

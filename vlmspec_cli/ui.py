@@ -166,6 +166,11 @@ def latency_table(hardware: dict) -> None:
     if hardware.get("draft_ms") is not None:
         table.add_row("draft step T_q", f"{hardware['draft_ms']:.3f} ms")
         table.add_row("latency ratio T_q/T_p", f"{hardware['latency_ratio']:.3f}")
+    if hardware.get("compiled_target_ms") is not None:
+        table.add_row("target step T_p, compiled", f"{hardware['compiled_target_ms']:.3f} ms")
+        if hardware.get("compiled_draft_ms") is not None:
+            table.add_row("draft step T_q, compiled", f"{hardware['compiled_draft_ms']:.3f} ms")
+        table.add_row("compile warm-up", f"{hardware['compile_warmup_s']:.1f} s")
     for name, r in m["remarks"].items():
         if r is not None:
             verdict = "holds" if r["holds"] else "does not hold"

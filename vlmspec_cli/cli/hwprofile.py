@@ -15,6 +15,7 @@ Examples:
   vlmspec profile                                  # default profile, YAML to stdout
   vlmspec profile -p tinyworld-tabed --write hw-cpu.yaml --plot hw-cpu.png
   vlmspec profile --contexts 128,1024 --repeats 30 --tau 3.2 --json
+  vlmspec profile --compile --write hw.yaml        # also time compiled steps (runtime.compile)
 
 Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 """
@@ -34,12 +35,15 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
               help="Timed calls per number (the median is kept).")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--tau", type=FiniteFloat(min=1), help="Also give Eq. 1's speedup for this τ.")
+@click.option("--compile", "compile_steps", is_flag=True,
+              help="Also time the fast path's steps compiled with torch.compile and the "
+                   "compile warm-up; runtime.compile: auto decides from these numbers.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --write / --plot file (only "
                                             "a hardware profile / a PNG; never the --profile).")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
 def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats, warmup, tau,
-                force, as_json, quiet):
+                compile_steps, force, as_json, quiet):
     """Measure this hardware: target and draft step times, the latency ratio T_q/T_p,
     TABED's Remarks 1-3 and Eq. 1's expected speedup, written as a YAML hardware profile.
 
@@ -61,11 +65,17 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
         session = build_session(prof)
         check_fits(session, sample_request(prof))
         check_contexts(session.target, extra)
+        if compile_steps and session.target.fast is None:
+            raise ValueError("--compile times the fast path's compiled steps; the target is not "
+                             f"on the fast path ({session.target.fast_off_reason})")
     except (OutputRefused, SessionError, ModelLoadError, ValueError) as exc:
         fail(str(exc))
     with ui.Status(quiet) as status:
-        hardware = run_profile(session, contexts=extra, warmup=warmup, repeats=repeats, tau=tau,
-                               progress=status.update)
+        try:
+            hardware = run_profile(session, contexts=extra, warmup=warmup, repeats=repeats,
+                                   tau=tau, progress=status.update, compile_steps=compile_steps)
+        except ValueError as exc:
+            fail(str(exc))
     if not quiet:
         ui.latency_table(hardware)
     try:

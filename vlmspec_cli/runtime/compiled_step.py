@@ -68,13 +68,26 @@ class CompiledSteps:
         self.late_compiles = 0
         self.max_rows = BUCKETS[-1]
 
-    def _layers(self, embeds, keys, values, cache_mask, new_mask, cos, sin, want: int):
-        """The decoder layers over ``embeds`` (B, nb, H): returns the final-normed states,
-        the ``want`` entry of hidden_states (as transformers numbers them), and the new
-        rows' keys and values (L, B, kv_heads, nb, head_dim)."""
+    def _layers(self, embeds, position_ids, keys, values, start, cache_mask, new_mask,
+                want: int):
+        """The decoder layers over ``embeds`` (B, nb, H) at ``position_ids``: returns the
+        final-normed states, the ``want`` entry of hidden_states (as transformers numbers
+        them), and the new rows' keys and values (L, B, kv_heads, nb, head_dim). Without
+        masks (plain causal decoding) they are built here from ``start`` (a 0-d tensor:
+        the cached positions), so the common step is one graph end to end."""
         d = self.decoder
         batch, nb, _ = embeds.shape
         groups = d.heads // d.kv_heads
+        if cache_mask is None:
+            low = torch.finfo(torch.float32).min
+            slots = torch.arange(keys.shape[3], device=embeds.device)
+            cache_mask = torch.where(slots < start, 0.0, low).view(1, 1, 1, -1)
+            # padded rows may see the real rows before them: nothing reads their outputs,
+            # and no real row sees them
+            rows = torch.arange(nb, device=embeds.device)
+            new_mask = torch.where(rows[None, :] <= rows[:, None], 0.0, low).view(1, 1, nb, nb)
+        cos, sin = d.stack.rotary(embeds, position_ids)
+        cos, sin = cos[:, None], sin[:, None]
         h = embeds
         chosen = embeds
         new_keys, new_values = [], []
@@ -111,7 +124,6 @@ class CompiledSteps:
 
     def run(self, embeds, cache, attention_mask, position_ids, want: int | None):
         """As ``FastDecoder.run`` for n <= the largest bucket."""
-        d = self.decoder
         batch, n, width = embeds.shape
         nb = bucket_for(n)
         start = cache.length
@@ -123,19 +135,22 @@ class CompiledSteps:
             last = position_ids[..., -1:]
             extra = last + torch.arange(1, nb - n + 1, device=last.device)
             position_ids = torch.cat([position_ids, extra], dim=-1)
-        cos, sin = d.stack.rotary(embeds, position_ids)
-        cache_mask, new_mask = self._masks(attention_mask, batch, n, nb, start,
-                                           cache.capacity, embeds)
+        cache_mask = new_mask = None
+        if attention_mask is not None:
+            cache_mask, new_mask = self._masks(attention_mask, batch, n, nb, start,
+                                               cache.capacity, embeds)
+            torch._dynamo.mark_dynamic(cache_mask, 3)
         keys, values = cache.keys, cache.values
         for t in (keys, values):
             torch._dynamo.mark_dynamic(t, 3)
-        torch._dynamo.mark_dynamic(cache_mask, 3)
         w = -1 if want is None else want
-        shape = (batch, nb, cache_mask.shape[0], new_mask.shape[0], w, str(embeds.dtype))
+        lead = None if cache_mask is None else (cache_mask.shape[0], new_mask.shape[0])
+        shape = (batch, nb, lead, w, str(embeds.dtype))
         first = shape not in self.shapes
         t0 = time.perf_counter()
-        out, chosen, new_k, new_v = self.step(embeds, keys, values, cache_mask, new_mask,
-                                              cos[:, None], sin[:, None], w)
+        out, chosen, new_k, new_v = self.step(embeds, position_ids, keys, values,
+                                              torch.tensor(start, device=embeds.device),
+                                              cache_mask, new_mask, w)
         if first:
             self.shapes.add(shape)
             self.compile_s += time.perf_counter() - t0
@@ -185,19 +200,28 @@ class CompiledSteps:
                 torch.where(new_visible, zero, low).contiguous())
 
     @torch.inference_mode()
-    def warm_up(self, buckets, batch: int = 1, hidden_layer: int | None = None) -> float:
+    def warm_up(self, buckets, batch: int = 1, hidden_layer: int | None = None,
+                masks=("causal",)) -> float:
         """Compile the steps for ``buckets`` (new-row counts) before decoding, on a scratch
-        cache; returns the seconds it took. Compiles after this are counted as late."""
+        cache, for each kind of mask in ``masks`` (causal; tree: a 4-D mask; padded: 0/1
+        rows of an ensemble); returns the seconds it took. Compiles after this are counted
+        as late."""
         d = self.decoder
         t0 = time.perf_counter()
         for n in sorted({bucket_for(b) for b in buckets if bucket_for(b)}):
-            cache = d.new_cache(batch)
-            cache.headroom = 0
-            cache.reserve(64 + n)
-            cache.length = 8
-            embeds = torch.zeros(batch, n, d.stack.config.hidden_size, device=d.device,
-                                 dtype=d.dtype)
-            self.run(embeds, cache, None, None, hidden_layer)
+            for kind in masks:
+                cache = d.new_cache(batch)
+                cache.headroom = 0
+                cache.reserve(64 + n)
+                cache.length = past = 8
+                embeds = torch.zeros(batch, n, d.stack.config.hidden_size, device=d.device,
+                                     dtype=d.dtype)
+                mask = None
+                if kind == "tree":
+                    mask = torch.zeros(1, 1, n, past + n, device=d.device)
+                elif kind == "padded":
+                    mask = torch.ones(batch, past + n, dtype=torch.long, device=d.device)
+                self.run(embeds, cache, mask, None, hidden_layer)
         self.warm = True
         return time.perf_counter() - t0
 
@@ -239,3 +263,13 @@ def decide(mode: str, hardware, expected_tokens: int) -> tuple[bool, str]:
                        f"pays back after ~{break_even}")
     return True, (f"auto: measured {eager:.2f} -> {fast:.2f} ms a target step; the "
                   f"{warmup:.0f} s warm-up pays back after ~{break_even} tokens")
+
+
+def draft_pays(mode: str, hardware) -> bool:
+    """Whether the draft's steps are compiled too once the target's are: always with
+    ``on``; with ``auto`` only where its compiled step was measured faster (a one-layer
+    draft's step can be mostly the compiled call's own fixed cost)."""
+    if mode == "on":
+        return True
+    eager, fast = hardware.draft_ms, hardware.compiled_draft_ms
+    return eager is not None and fast is not None and fast < eager

@@ -13,6 +13,7 @@ import transformers
 import yaml
 
 from vlmspec_cli.runtime.latency import (LatencyTables, eq1_speedup, measure_tables, median_ms,
+                                         time_extend,
                                          remarks)
 from vlmspec_cli.runtime.limits import position_limit
 from vlmspec_cli.runtime.request import Message, Request
@@ -70,8 +71,10 @@ def context_lengths(target, prompt_len: int, extra: list[int] | None) -> list[in
 
 def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: list[int] | None = None,
                 batches: list[int] | None = None, warmup: int = 3, repeats: int = 15,
-                tau: float | None = None, progress: Callable[[str], None] | None = None) -> dict:
-    """Measure everything; returns the ``hardware`` section as a plain dict."""
+                tau: float | None = None, progress: Callable[[str], None] | None = None,
+                compile_steps: bool = False) -> dict:
+    """Measure everything; returns the ``hardware`` section as a plain dict. With
+    ``compile_steps`` also the compiled steps (runtime.compile) and their warm-up."""
     profile = session.profile
     target, draft = session.target, session.draft
     request = sample_request(profile)
@@ -99,6 +102,8 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
         for t in sorted(set(TAUS) | ({tau} if tau else set())):
             expected[str(t)] = {"eq1": round(eq1_speedup(t, gamma, ratio), 3),
                                 "eq1_measured_verify": round(eq1_speedup(t, gamma, ratio, t_verify / t_p), 3)}
+    compiled = (measure_compiled(session, s0, rows, warmup, repeats, progress)
+                if compile_steps else {})
     return {
         "latency_ratio": round(ratio, 4) if ratio is not None else None,
         "device": device_name(target.device),
@@ -110,6 +115,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
         "target_verify_ms": round(t_verify, 4),
         "draft_ms": round(t_q, 4) if t_q is not None else None,
         "prefill_ms": round(prefill, 4),
+        **compiled,
         "measurements": {
             "profile": profile.name, "method": profile.method, "gamma": gamma, "draft_rows": rows,
             "prompt_tokens": prompt_len, "warmup": warmup, "repeats": repeats,
@@ -123,6 +129,37 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
             "expected_speedup": expected,
         },
     }
+
+
+def measure_compiled(session, context: int, rows: int, warmup: int, repeats: int,
+                     progress: Callable[[str], None] | None = None) -> dict:
+    """The fast path's steps compiled (runtime.compile): the warm-up of the buckets the
+    profile's method uses, then one target step and one draft step, timed as the eager
+    ones were. The models are left uncompiled."""
+    models = [lm for lm in (session.target, session.draft) if lm is not None and lm.fast is not None]
+    if session.target.fast is None:
+        raise ValueError("--compile times the fast path's compiled steps, and the target is "
+                         f"not on the fast path ({session.target.fast_off_reason})")
+    try:
+        for lm in models:
+            lm.fast.compile()
+        if progress:
+            progress("compile warm-up")
+        seconds = session.warm_up()
+        if progress:
+            progress("target: compiled step")
+        target_ms = time_extend(session.target, context, 1, 1, warmup, repeats)
+        draft_ms = None
+        if session.draft is not None and session.draft.fast is not None:
+            if progress:
+                progress("draft: compiled step")
+            draft_ms = time_extend(session.draft, context, 1, rows, warmup, repeats)
+    finally:
+        for lm in models:
+            lm.fast.compile(False)
+    return {"compiled_target_ms": round(target_ms, 4),
+            "compiled_draft_ms": None if draft_ms is None else round(draft_ms, 4),
+            "compile_warmup_s": round(seconds, 2)}
 
 
 def hardware_yaml(hardware: dict, source: str) -> str:
