@@ -78,26 +78,32 @@ class Session:
         return bool(self._compiled_models())
 
     def warm_up(self) -> float:
-        """Compile the steps the method will run (row counts: one token, a chain's
-        verification, a tree's; the ensemble's draft rows) before decoding; seconds."""
+        """Compile, before decoding, the steps the method will run: for the target, one
+        token and every verification size up to its largest round (a chain's γ + 1, a
+        tree's node count, with the tree's mask); for the draft, its steps (an ensemble's
+        padded rows, a tree's frontier with its mask). Returns the seconds it took."""
         p = self.profile
-        rounds = {1, p.drafting.gamma + 1}
-        target_masks = ("causal",)
-        if p.method in ("tree", "adt"):
-            rounds = {1, p.tree.total_tokens + 1,
-                      p.adaptive_tree.max_depth * p.adaptive_tree.max_top_k + 1}
-            target_masks = ("causal", "tree")
+        tree = p.method in ("tree", "adt")
+        if p.method == "adt":
+            nodes, frontier = p.adaptive_tree.max_depth * p.adaptive_tree.max_top_k, p.adaptive_tree.max_top_k
+        else:
+            nodes, frontier = p.tree.total_tokens, p.tree.top_k
         layer = getattr(self.engine.drafter, "hidden_layer", None)   # hidden-state drafts
+        plan = []   # (model, rows up to, mask kind, hidden layer)
+        if tree:
+            plan += [(self.target, 1, "causal", layer), (self.target, nodes + 1, "tree", layer),
+                     (self.draft, 2, "causal", None), (self.draft, frontier, "tree", None)]
+        else:
+            padded = p.method == "tabed" and len(p.drafting.inputs) > 1
+            plan += [(self.target, p.drafting.gamma + 1, "causal", layer),
+                     (self.draft, 2, "padded" if padded else "causal", None)]
         seconds = 0.0
-        for lm in self._compiled_models():
-            if lm is self.target:
-                seconds += lm.fast.compiled.warm_up(rounds, hidden_layer=layer,
-                                                    masks=target_masks)
-            elif p.method == "tabed":
-                seconds += lm.fast.compiled.warm_up({1, 2}, batch=len(p.drafting.inputs),
-                                                    masks=("padded",))
-            else:
-                seconds += lm.fast.compiled.warm_up({1, 2})
+        for lm, up_to, mask, hidden in plan:
+            if lm is None or lm.fast is None or lm.fast.compiled is None:
+                continue
+            batch = len(p.drafting.inputs) if mask == "padded" else lm.adapter.decode_rows
+            seconds += lm.fast.compiled.warm_up({up_to}, batch=batch, hidden_layer=hidden,
+                                                masks=(mask,))
         return seconds
 
     def baseline_engine(self) -> SpeculativeEngine:

@@ -208,7 +208,10 @@ class CompiledSteps:
         as late."""
         d = self.decoder
         t0 = time.perf_counter()
-        for n in sorted({bucket_for(b) for b in buckets if bucket_for(b)}):
+        # every bucket up to the largest: a round that drafts fewer tokens (an early stop,
+        # the last tokens before max_new_tokens) verifies fewer rows
+        largest = max(bucket_for(b) or BUCKETS[-1] for b in buckets)
+        for n in [b for b in BUCKETS if b <= largest]:
             for kind in masks:
                 cache = d.new_cache(batch)
                 cache.headroom = 0
@@ -217,8 +220,8 @@ class CompiledSteps:
                 embeds = torch.zeros(batch, n, d.stack.config.hidden_size, device=d.device,
                                      dtype=d.dtype)
                 mask = None
-                if kind == "tree":
-                    mask = torch.zeros(1, 1, n, past + n, device=d.device)
+                if kind == "tree":   # one mask per request, expanded to its rows
+                    mask = torch.zeros(batch, 1, n, past + n, device=d.device)
                 elif kind == "padded":
                     mask = torch.ones(batch, past + n, dtype=torch.long, device=d.device)
                 self.run(embeds, cache, mask, None, hidden_layer)

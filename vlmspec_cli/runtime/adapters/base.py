@@ -29,6 +29,7 @@ class ModelAdapter:
     model_class: Any = None
     takes_images: bool = False
     quant_skip_modules: tuple[str, ...] = ("lm_head",)   # kept unquantized (bitsandbytes)
+    decode_rows: int = 1   # rows one request decodes (the image model: cond + uncond)
 
     def supports(self, config) -> bool:
         return config.model_type in self.model_types

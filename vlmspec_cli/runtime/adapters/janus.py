@@ -35,6 +35,7 @@ class JanusAdapter(ModelAdapter):
     generates_images = True
     quant_skip_modules = ("vision_model", ".*vision_model", "vqmodel", ".*vqmodel",
                           "generation_head", ".*generation_head", "lm_head")
+    decode_rows = 2               # every step decodes the conditional and unconditional row
 
     def __init__(self, guidance: float | None = None) -> None:
         self.guidance = guidance
