@@ -13,7 +13,8 @@ prefill / extend), so each row reports, besides tokens/s and τ:
 * T_p(1): one target decoding step (the target-only row of the same path);
 * T_p(k): the target's mean verification forward in this method (k tokens: pending +
   proposals, or a tree's nodes);
-* T_q: the draft's mean forward; q/round: draft forwards per round;
+* T_q: the draft's mean forward (a step, or with compiled steps a whole greedy chain
+  drafted in one call); q/round: draft forwards per round;
 * Eq. 1' — the speedup Eq. 1 predicts with the measured costs:
   τ · T_p(1) / (q/round · T_q + T_p(k));
 * measured ÷ Eq. 1' (the engine's efficiency), measured on the decode phase (wall time
@@ -44,7 +45,7 @@ from caption import hf_method, make_requests, sync  # noqa: E402  (bench/caption
 from vlmspec_cli.profile import load_profile  # noqa: E402
 from vlmspec_cli.session import build_session  # noqa: E402
 
-TIMED = ("prefill", "extend", "prefill_hidden", "extend_hidden")
+TIMED = ("prefill", "extend", "prefill_hidden", "extend_hidden", "greedy_chain")
 PATHS = ("off", "on", "compiled")
 
 METHODS = {   # row name: (profile, --set overrides)
@@ -138,8 +139,9 @@ def summarise(runs: list[dict], t_p1: float | None, reference: list[list[int]]) 
                 for r in runs)
     tgt_tok = sum(r["target"]["tokens"] for r in runs)
     drafts = [r["draft"] for r in runs if "draft" in r]
-    q_s = sum(d["seconds"]["extend"] for d in drafts)
-    q_n = sum(d["calls"]["extend"] for d in drafts)
+    # a draft forward is a step, or a whole greedy chain drafted in one compiled call
+    q_s = sum(d["seconds"]["extend"] + d["seconds"]["greedy_chain"] for d in drafts)
+    q_n = sum(d["calls"]["extend"] + d["calls"]["greedy_chain"] for d in drafts)
     q_pre = sum(d["seconds"]["prefill"] for d in drafts)
     s = {"tokens_per_s": tokens / wall, "decode_tokens_per_s": tokens / (wall - prefill),
          "prefill_s": prefill, "tau": tokens / rounds if rounds else None,

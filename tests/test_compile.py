@@ -123,6 +123,8 @@ def test_compiled_steps_decode_the_target_greedy_tokens(compiled, method):
         accepted += res.state.stats.num_accepted_tokens
     assert accepted > 0
     assert target.fast.compiled.shapes, "the target's steps did not run compiled"
+    if method == "chain":   # greedy chains are drafted in one compiled call
+        assert ("chain", 1, 3) in draft.fast.compiled.shapes
 
 
 def test_auto_compiles_only_where_measured_and_worth_the_warm_up():

@@ -104,6 +104,9 @@ class Session:
             batch = len(p.drafting.inputs) if mask == "padded" else lm.adapter.decode_rows
             seconds += lm.fast.compiled.warm_up({up_to}, batch=batch, hidden_layer=hidden,
                                                 masks=(mask,))
+        single = p.method == "chain" or (p.method == "tabed" and len(p.drafting.inputs) == 1)
+        if single and self.sampling.greedy and self.draft is not None and self.draft in self._compiled_models():
+            seconds += self.draft.fast.compiled.warm_up_chain(p.drafting.gamma)
         return seconds
 
     def baseline_engine(self) -> SpeculativeEngine:

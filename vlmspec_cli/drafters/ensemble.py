@@ -177,7 +177,14 @@ class EnsembleDrafter(DraftingMethod):
         adaptive = st.weights.policy != "static" and len(self.inputs) > 1
         # a single member at T = 0 needs no distributions: its argmax is the mixture's
         need_q = not self.sampling.greedy or len(self.inputs) > 1
-        if not need_q:
+        fused = None
+        if not need_q and max_tokens > 1:
+            # greedy with one member on compiled steps: the whole chain is one call
+            fused = self.draft.adapter.greedy_chain(self.draft, logits[:1].argmax(-1, keepdim=True),
+                                                    st.cache, max_tokens)
+        if fused is not None:
+            tokens = fused[0].tolist()
+        elif not need_q:
             # greedy with one member: each argmax is fed back as a device tensor, and the
             # chain is read back once, for verification (no host sync per draft token)
             chain = []

@@ -32,6 +32,13 @@ import torch
 from vlmspec_cli.runtime.fast_decoder import _rotate_half
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+_LOW = torch.finfo(torch.float32).min   # an additive mask's "not visible"
+
+
+def _cache_mask(keys: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """(1, 1, 1, capacity) additive: the cache's first ``start`` slots are visible."""
+    slots = torch.arange(keys.shape[3], device=keys.device)
+    return torch.where(slots < start, 0.0, _LOW).view(1, 1, 1, -1)
 
 
 def bucket_for(n: int) -> int | None:
@@ -62,6 +69,7 @@ class CompiledSteps:
         use_persistent_cache()
         mode = "reduce-overhead" if self.cuda else None
         self.step = torch.compile(self._layers, mode=mode, fullgraph=True)
+        self.chain = torch.compile(self._chain, mode=mode, fullgraph=True)
         self.shapes: set[tuple] = set()   # shapes compiled so far (one graph each)
         self.compile_s = 0.0              # wall time of the calls that compiled
         self.warm = False                 # set after warm-up: compiles after it are counted
@@ -75,21 +83,28 @@ class CompiledSteps:
         them), and the new rows' keys and values (L, B, kv_heads, nb, head_dim). Without
         masks (plain causal decoding) they are built here from ``start`` (a 0-d tensor:
         the cached positions), so the common step is one graph end to end."""
-        d = self.decoder
-        batch, nb, _ = embeds.shape
-        groups = d.heads // d.kv_heads
+        nb = embeds.shape[1]
         if cache_mask is None:
-            low = torch.finfo(torch.float32).min
-            slots = torch.arange(keys.shape[3], device=embeds.device)
-            cache_mask = torch.where(slots < start, 0.0, low).view(1, 1, 1, -1)
+            cache_mask = _cache_mask(keys, start)
             # padded rows may see the real rows before them: nothing reads their outputs,
             # and no real row sees them
             rows = torch.arange(nb, device=embeds.device)
-            new_mask = torch.where(rows[None, :] <= rows[:, None], 0.0, low).view(1, 1, nb, nb)
-        cos, sin = d.stack.rotary(embeds, position_ids)
+            new_mask = torch.where(rows[None, :] <= rows[:, None], 0.0, _LOW).view(1, 1, nb, nb)
+        cos, sin = self.decoder.stack.rotary(embeds, position_ids)
+        out, chosen, new_keys, new_values = self._stack(embeds, cos, sin, keys, values,
+                                                        cache_mask, new_mask, None, want)
+        return out, chosen, torch.stack(new_keys), torch.stack(new_values)
+
+    def _stack(self, embeds, cos, sin, keys, values, cache_mask, new_mask, prefix, want: int):
+        """The layers over ``embeds`` (B, nb, H): attention over the cache (``cache_mask``)
+        and over the new rows — ``prefix`` (per layer, keys and values of rows computed
+        earlier in the same graph, or None) then these — with ``new_mask``."""
+        d = self.decoder
+        batch, nb, _ = embeds.shape
+        groups = d.heads // d.kv_heads
         cos, sin = cos[:, None], sin[:, None]
-        h = embeds
-        chosen = embeds
+        cap = keys.shape[3]
+        h = chosen = embeds
         new_keys, new_values = [], []
         for i, layer in enumerate(d.layers):
             attn = layer.self_attn
@@ -101,6 +116,9 @@ class CompiledSteps:
             k = k * cos + _rotate_half(k) * sin
             new_keys.append(k)
             new_values.append(v)
+            if prefix is not None:
+                k = torch.cat([prefix[0][i], k], dim=2)
+                v = torch.cat([prefix[1][i], v], dim=2)
             # query head j uses key/value head j // groups (as transformers' repeat_kv)
             qg = q.reshape(batch, d.kv_heads, groups, nb, d.head_dim).float()
             old = torch.matmul(qg, keys[i][:, :, None].float().transpose(-1, -2))
@@ -109,7 +127,6 @@ class CompiledSteps:
             scores = torch.cat([old * d.scaling + cache_mask[:, :, None],
                                 new * d.scaling + new_mask[:, :, None]], dim=-1)
             p = torch.softmax(scores, dim=-1)
-            cap = keys.shape[3]
             o = (torch.matmul(p[..., :cap], values[i][:, :, None].float())
                  + torch.matmul(p[..., cap:], v[:, :, None].float()))
             o = o.to(h.dtype).reshape(batch, d.heads, nb, d.head_dim)
@@ -120,7 +137,58 @@ class CompiledSteps:
         out = d.stack.norm(h)
         if want == len(d.layers):
             chosen = out
-        return out, chosen, torch.stack(new_keys), torch.stack(new_values)
+        return out, chosen, new_keys, new_values
+
+    def _chain(self, first, keys, values, start, steps: int):
+        """Greedy drafting in one graph: ``first`` (B, 1) is the first proposal; each of the
+        next ``steps - 1`` is the argmax of the draft's logits after feeding the one before.
+        Returns the proposals (B, steps) and the keys/values of the ``steps - 1`` fed
+        tokens (L, B, kv_heads, steps - 1, head_dim), as the step-by-step loop leaves them."""
+        d = self.decoder
+        cache_mask = _cache_mask(keys, start)
+        token, tokens = first, [first]
+        fed_k: list[list[torch.Tensor]] = [[] for _ in d.layers]
+        fed_v: list[list[torch.Tensor]] = [[] for _ in d.layers]
+        for j in range(steps - 1):
+            h = d.stack.embed(token)
+            pos = (start + j).view(1, 1).expand(token.shape[0], 1)
+            cos, sin = d.stack.rotary(h, pos)
+            prefix = None if j == 0 else ([torch.cat(x, dim=2) for x in fed_k],
+                                          [torch.cat(x, dim=2) for x in fed_v])
+            new_mask = torch.zeros(1, 1, 1, j + 1, device=h.device)
+            out, _, nk, nv = self._stack(h, cos, sin, keys, values, cache_mask, new_mask,
+                                         prefix, -1)
+            for i in range(len(d.layers)):
+                fed_k[i].append(nk[i])
+                fed_v[i].append(nv[i])
+            token = d.stack.head(out[:, -1:]).argmax(-1)
+            tokens.append(token)
+        return (torch.cat(tokens, dim=1), torch.stack([torch.cat(x, dim=2) for x in fed_k]),
+                torch.stack([torch.cat(x, dim=2) for x in fed_v]))
+
+    @torch.inference_mode()
+    def greedy_chain(self, first: torch.Tensor, cache, steps: int) -> torch.Tensor:
+        """``steps`` greedy proposals from the draft in one compiled call (see ``_chain``);
+        the cache gains the ``steps - 1`` fed tokens, as after ``steps - 1`` decoding
+        steps. ``first``: (B, 1) token ids. Returns (B, steps) on the device."""
+        start = cache.length
+        cache.reserve(steps)
+        keys, values = cache.keys, cache.values
+        for t in (keys, values):
+            torch._dynamo.mark_dynamic(t, 3)
+        shape = ("chain", first.shape[0], steps)
+        fresh = shape not in self.shapes
+        t0 = time.perf_counter()
+        tokens, new_k, new_v = self.chain(first, keys, values,
+                                          torch.tensor(start, device=first.device), steps)
+        if fresh:
+            self.shapes.add(shape)
+            self.compile_s += time.perf_counter() - t0
+            self.late_compiles += int(self.warm)
+        cache.keys[:, :, :, start:start + steps - 1] = new_k
+        cache.values[:, :, :, start:start + steps - 1] = new_v
+        cache.length = start + steps - 1
+        return tokens.clone() if self.cuda else tokens
 
     def run(self, embeds, cache, attention_mask, position_ids, want: int | None):
         """As ``FastDecoder.run`` for n <= the largest bucket."""
@@ -225,6 +293,21 @@ class CompiledSteps:
                 elif kind == "padded":
                     mask = torch.ones(batch, past + n, dtype=torch.long, device=d.device)
                 self.run(embeds, cache, mask, None, hidden_layer)
+        self.warm = True
+        return time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def warm_up_chain(self, gamma: int) -> float:
+        """Compile the greedy draft chains of 2..``gamma`` proposals (a round near
+        max_new_tokens drafts fewer); seconds."""
+        d = self.decoder
+        t0 = time.perf_counter()
+        for steps in range(2, gamma + 1):
+            cache = d.new_cache(1)
+            cache.headroom = 0
+            cache.reserve(64 + steps)
+            cache.length = 8
+            self.greedy_chain(torch.zeros(1, 1, dtype=torch.long, device=d.device), cache, steps)
         self.warm = True
         return time.perf_counter() - t0
 

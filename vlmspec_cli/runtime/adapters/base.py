@@ -151,6 +151,16 @@ class ModelAdapter:
             return lm.fast.logits(hidden)
         return lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra).logits
 
+    def greedy_chain(self, lm, first: torch.Tensor, cache, steps: int) -> torch.Tensor | None:
+        """``steps`` greedy proposals in one compiled call (runtime/compiled_step.py):
+        ``first`` (1, 1) is the first, each next one the argmax after feeding the one
+        before; the cache gains ``steps - 1`` tokens. None where there is no such call (not
+        compiled, or a family whose logits are not the plain head's): the caller loops."""
+        if (isinstance(cache, StaticKVCache) and lm.fast.compiled is not None and steps > 1
+                and type(self).extend is ModelAdapter.extend):
+            return lm.fast.compiled.greedy_chain(first, cache, steps)
+        return None
+
     # hidden-state drafters (HiViS/Sparrow) read one layer of the target's hidden states
     # from the same forwards: hidden_states[layer] (0 = embeddings, -1 = the last layer;
     # transformers v5 gives that one after the final norm)
