@@ -35,7 +35,7 @@ def compiled(zoo_target, zoo_draft):
 
 
 def test_buckets():
-    assert [bucket_for(n) for n in (1, 2, 3, 4, 5, 13, 64)] == [1, 2, 4, 4, 8, 16, 64]
+    assert [bucket_for(n) for n in (1, 2, 3, 4, 5, 9, 13, 21, 64)] == [1, 2, 4, 4, 8, 12, 16, 24, 64]
     assert bucket_for(65) is None
 
 
@@ -144,6 +144,7 @@ def test_auto_compiles_only_where_measured_and_worth_the_warm_up():
     assert draft_pays("on", HardwareSpec())
     assert not draft_pays("auto", HardwareSpec(draft_ms=0.5, compiled_draft_ms=0.6))
     assert draft_pays("auto", HardwareSpec(draft_ms=0.8, compiled_draft_ms=0.5))
+    assert not draft_pays("auto", HardwareSpec(draft_ms=0.8, compiled_draft_ms=0.5), plain_steps=False)
 
 
 def test_compile_needs_the_fast_path_and_the_key_is_checked():

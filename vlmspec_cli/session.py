@@ -73,8 +73,10 @@ class Session:
         on, self.compile_reason = decide(mode, hardware, expected_tokens)
         if not self._fast_models():
             on, self.compile_reason = False, "needs the fast path, which no model is on"
+        p = self.profile
+        plain = p.method == "chain" or (p.method == "tabed" and len(p.drafting.inputs) == 1)
         for lm in self._fast_models():
-            lm.fast.compile(on and (lm is self.target or draft_pays(mode, hardware)))
+            lm.fast.compile(on and (lm is self.target or draft_pays(mode, hardware, plain)))
         return bool(self._compiled_models())
 
     def warm_up(self) -> float:

@@ -8,7 +8,7 @@ is a few fused kernels.
 
 What makes it compile once and not every round:
 
-* **Fixed shapes.** The new rows are padded to a bucket (1, 2, 4, …, 64 tokens); the padded
+* **Fixed shapes.** The new rows are padded to a bucket (1, 2, 4, 8, 12, …, 64 tokens); the padded
   rows only see themselves and their keys/values are never written to the cache. The
   cache's capacity is marked dynamic, so requests of different lengths share one graph.
 * **No mutation inside the graph.** The compiled function reads the cache and returns the
@@ -31,7 +31,9 @@ import torch
 
 from vlmspec_cli.runtime.fast_decoder import _rotate_half
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# row counts steps are padded to: powers of two, and between them from 8 on (a 20-node
+# tree verifies 21 rows: padded to 24, not 32)
+BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 _LOW = torch.finfo(torch.float32).min   # an additive mask's "not visible"
 
 
@@ -351,11 +353,14 @@ def decide(mode: str, hardware, expected_tokens: int) -> tuple[bool, str]:
                   f"{warmup:.0f} s warm-up pays back after ~{break_even} tokens")
 
 
-def draft_pays(mode: str, hardware) -> bool:
+def draft_pays(mode: str, hardware, plain_steps: bool = True) -> bool:
     """Whether the draft's steps are compiled too once the target's are: always with
     ``on``; with ``auto`` only where its compiled step was measured faster (a one-layer
-    draft's step can be mostly the compiled call's own fixed cost)."""
+    draft's step can be mostly the compiled call's own fixed cost) and its steps are
+    plain causal ones (``plain_steps``): a tree's frontier or an ensemble's padded rows
+    carry masks built per step, which made compiled draft steps slower on the 2-core CPU
+    (bench/RESULTS.md), and the measurement times plain steps only."""
     if mode == "on":
         return True
     eager, fast = hardware.draft_ms, hardware.compiled_draft_ms
-    return eager is not None and fast is not None and fast < eager
+    return plain_steps and eager is not None and fast is not None and fast < eager
