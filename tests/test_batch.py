@@ -110,10 +110,24 @@ def test_a_request_that_fails_to_start_leaves_the_batch_going(zoo_target, zoo_dr
     assert [outcomes[id(r)].tokens for r in (reqs[0], reqs[2], reqs[3])] == refs
 
 
-def test_ragged_cache_rows_attend_as_if_alone(zoo_draft):
+@pytest.fixture(params=["off", "on", "compiled"])
+def draft_on_path(request, zoo_draft):
+    """The draft with the fast path off (DynamicCache rows), on (a StaticKVCache), and on
+    with compiled steps (runtime.compile: padded rows, per-row positions)."""
+    from vlmspec_cli.runtime.models import use_fast_path
+    use_fast_path(zoo_draft, "off" if request.param == "off" else "on")
+    if request.param == "compiled":
+        zoo_draft.fast.compile()
+    yield zoo_draft
+    use_fast_path(zoo_draft, "auto")
+
+
+def test_ragged_cache_rows_attend_as_if_alone(draft_on_path):
     """Rows of different lengths, fed different numbers of tokens, rolled back by different
-    amounts, compacted and dropped: each row's logits match a forward of its own tokens."""
-    lm = zoo_draft
+    amounts, compacted and dropped: each row's logits match a forward of its own tokens,
+    with the fast path off and on."""
+    from vlmspec_cli.runtime.static_cache import StaticKVCache
+    lm = draft_on_path
     tok = lm.tokenizer
     texts = ["a red circle", "the background is blue and there is a large square",
              "how many"]
@@ -155,6 +169,7 @@ def test_ragged_cache_rows_attend_as_if_alone(zoo_draft):
     outs = cache.feed([[14], [15]])
     for s, f, o in zip(seqs, [[14], [15]], outs):
         torch.testing.assert_close(o, alone(s + f)[-1:], atol=1e-4, rtol=1e-4)
+    assert isinstance(cache.cache, StaticKVCache) == (lm.fast is not None)
 
 
 def _records(result):

@@ -18,8 +18,9 @@ the operations the maths needs, writing keys and values into a ``StaticKVCache``
 Supported: Llama-style decoders (Llama, Mistral without sliding window, Qwen2, and the text
 decoders of Qwen2-VL / Qwen2.5-VL, whose 3-D positions arrive as (3, B, n) position ids and
 go through the model's own rotary module) — every tinyworld target and draft. Others
-decode through transformers (``reason_unsupported`` says why), and so do batches of
-several requests (runtime/ragged.py) and the twig's split trunk (runtime/trunk.py).
+decode through transformers (``reason_unsupported`` says why), and so does the twig's
+split trunk (runtime/trunk.py). Batches of several requests (runtime/ragged.py) decode
+here too, as rows with a 0/1 mask and per-row positions.
 """
 
 from __future__ import annotations

@@ -20,11 +20,14 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from vlmspec_cli.runtime.static_cache import StaticKVCache
+
 
 class RaggedCache:
     def __init__(self, lm) -> None:
         self.lm = lm
-        self.cache = lm.adapter.new_cache(lm, static=False)
+        self.static = lm.fast is not None
+        self.cache = self._new_cache()
         self.valid = torch.zeros((0, 0), dtype=torch.bool, device=lm.device)
         self.next_pos = torch.zeros(0, dtype=torch.long, device=lm.device)
 
@@ -36,24 +39,36 @@ class RaggedCache:
     def width(self) -> int:
         return self.valid.shape[1]
 
-    def _layers(self):
-        return [layer for layer in self.cache.layers if layer.is_initialized and layer.keys.numel()]
+    def _new_cache(self, rows: int = 1):
+        return self.lm.fast.new_cache(rows) if self.static else self.lm.adapter.new_cache(
+            self.lm, static=False)
+
+    def _tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (keys, values), (B, kv_heads, width, head_dim)."""
+        if isinstance(self.cache, StaticKVCache):
+            n = self.cache.length
+            if not n:
+                return []
+            return [(self.cache.keys[i, :, :, :n], self.cache.values[i, :, :, :n])
+                    for i in range(self.cache.keys.shape[0])]
+        return [(layer.keys, layer.values) for layer in self.cache.layers
+                if layer.is_initialized and layer.keys.numel()]
 
     # -- rows joining and leaving ----------------------------------------------------
     def add_row(self, single: DynamicCache, length: int) -> int:
         """Append a request prefilled alone (a batch-1 cache of ``length`` positions);
         returns its row index. Whichever side is shorter is left-padded."""
         width = max(self.width, length) if self.rows else length
-        layers = [layer for layer in single.layers if layer.is_initialized]
+        layers = [(layer.keys, layer.values) for layer in single.layers if layer.is_initialized]
         if self.rows == 0:
-            merged = [(layer.keys, layer.values) for layer in layers]
+            merged = layers
         else:
-            mine = self._layers()
+            mine = self._tensors()
             if len(mine) != len(layers):
                 raise ValueError("caches of different depth cannot share a batch")
-            merged = [(torch.cat([_pad_left(a.keys, width), _pad_left(b.keys, width)]),
-                       torch.cat([_pad_left(a.values, width), _pad_left(b.values, width)]))
-                      for a, b in zip(mine, layers)]
+            merged = [(torch.cat([_pad_left(ak, width), _pad_left(bk, width)]),
+                       torch.cat([_pad_left(av, width), _pad_left(bv, width)]))
+                      for (ak, av), (bk, bv) in zip(mine, layers)]
         self._set(merged)
         row_valid = torch.zeros((1, width), dtype=torch.bool, device=self.valid.device)
         row_valid[0, width - length:] = True
@@ -66,11 +81,11 @@ class RaggedCache:
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in ``rows`` (finished requests leave the batch)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
-        self._set([(layer.keys.index_select(0, index), layer.values.index_select(0, index))
-                   for layer in self._layers()])
+        self._set([(k.index_select(0, index), v.index_select(0, index))
+                   for k, v in self._tensors()])
         self.valid = self.valid.index_select(0, index)
         self.next_pos = self.next_pos.index_select(0, index)
-        self.trim()
+        self.trim(copy=True)
 
     # -- forwards --------------------------------------------------------------------
     def feed(self, feeds: list[list[int]]) -> list[torch.Tensor]:
@@ -111,18 +126,22 @@ class RaggedCache:
         self.compact()
 
     # -- reclaiming space ------------------------------------------------------------
-    def trim(self) -> None:
-        """Drop columns at either end that no row uses (a slice, no copy of the rest)."""
+    def trim(self, copy: bool = False) -> None:
+        """Drop columns at either end that no row uses (a slice, no copy of the rest). A
+        static cache drops leading columns only with ``copy`` (a row left: it is copied
+        anyway); per round only trailing ones, by length."""
         if self.rows == 0:
-            self.cache = self.lm.adapter.new_cache(self.lm, static=False)
+            self.cache = self._new_cache()
             self.valid = self.valid[:, :0]
             return
         used = self.valid.any(0).nonzero().flatten()
         first, last = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 0)
-        if first == 0 and last == self.width:
-            return
-        self._set([(layer.keys[:, :, first:last], layer.values[:, :, first:last])
-                   for layer in self._layers()])
+        if isinstance(self.cache, StaticKVCache) and not copy:
+            # the trailing columns go by length (no copy); leading ones wait for compact
+            first = 0
+            self.cache.length = min(self.cache.length, last)
+        elif first or last != self.width:
+            self._set([(k[:, :, first:last], v[:, :, first:last]) for k, v in self._tensors()])
         self.valid = self.valid[:, first:last]
 
     def compact(self, waste: float = 0.25) -> None:
@@ -146,13 +165,18 @@ class RaggedCache:
             i = index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3])
             return x.gather(2, i)
 
-        self._set([(gather(layer.keys), gather(layer.values)) for layer in self._layers()])
+        self._set([(gather(k), gather(v)) for k, v in self._tensors()])
         self.valid = valid
 
     def _set(self, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        fresh = self.lm.adapter.new_cache(self.lm, static=False)
-        for i, (k, v) in enumerate(tensors):
-            fresh.update(k, v, i)
+        if self.static:
+            fresh = self._new_cache(tensors[0][0].shape[0] if tensors else 1)
+            if tensors:
+                fresh.load_tensors(tensors)
+        else:
+            fresh = self.lm.adapter.new_cache(self.lm, static=False)
+            for i, (k, v) in enumerate(tensors):
+                fresh.update(k, v, i)
         self.cache = fresh
 
 

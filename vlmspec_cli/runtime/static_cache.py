@@ -78,13 +78,18 @@ class StaticKVCache:
         """Take over a transformers cache filled by an eager prefill (multimodal inputs are
         merged by the model's own forward, once per request): the buffers are allocated
         here, for its rows and its length plus ``headroom``."""
-        n = int(cache.get_seq_length())
-        first = cache.layers[0].keys
+        self.load_tensors([(layer.keys, layer.values) for layer in cache.layers])
+
+    @torch.inference_mode()
+    def load_tensors(self, tensors) -> None:
+        """The same from each layer's (keys, values), (B, kv_heads, n, head_dim)."""
+        first = tensors[0][0]
+        n = first.shape[2]
         shape = (self.keys.shape[0], first.shape[0], first.shape[1], n + self.headroom,
                  first.shape[3])
         self.keys = first.new_zeros(shape)
         self.values = first.new_zeros(shape)
-        for i, layer in enumerate(cache.layers):
-            self.keys[i, :, :, :n] = layer.keys
-            self.values[i, :, :, :n] = layer.values
+        for i, (k, v) in enumerate(tensors):
+            self.keys[i, :, :, :n] = k
+            self.values[i, :, :, :n] = v
         self.length = n

@@ -122,8 +122,9 @@ class ModelAdapter:
     # is prefilled by the model's own forward and copied in, every later forward runs on
     # the fast path. Without it, transformers' ``DynamicCache`` and forward throughout.
     def new_cache(self, lm, static: bool = True):
-        """A cache for one request: static on the fast path; ``static=False`` for the
-        ragged batch caches (runtime/ragged.py), which stay transformers' own."""
+        """A cache for one request: static on the fast path; ``static=False`` where a
+        transformers cache is wanted (a request prefilled alone before it joins a ragged
+        batch, runtime/ragged.py; the twig's split trunk)."""
         if static and lm.fast is not None:
             return lm.fast.new_cache()
         return DynamicCache(config=lm.model.config)
