@@ -11,7 +11,7 @@ import pytest
 
 from conftest import fresh_scenes
 from vlmspec_cli.profile import ModelSpec, load_profile
-from vlmspec_cli.runtime.models import ModelLoadError, load_model
+from vlmspec_cli.runtime.models import ModelLoadError, load_model, use_fast_path
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import build_session
 
@@ -40,11 +40,21 @@ def test_quantized_target_lossless_relative_to_itself(requests_, quantize):
     session = _session("tinyworld-caption", f"target.quantize={quantize}")
     linear = {type(m).__name__ for m in session.target.model.modules()}
     assert {"int8": "Linear8bitLt", "nf4": "Linear4bit"}[quantize] in linear
+    # bitsandbytes layers run on the fast path too (called as the model's own modules)
+    assert session.target.fast is not None
     alone = _greedy(session.baseline_engine(), requests_)
     spec = _greedy(session.engine, requests_)
     assert [r.tokens for r in spec] == [r.tokens for r in alone]
     assert sum(r.state.stats.num_accepted_tokens for r in spec) > 0
     assert all(r.text for r in alone)
+    # compiled steps leave bitsandbytes layers eager (and say so)
+    assert session.plan_compile(10**9) is False or session.target.fast.compiled is None
+    session.profile.runtime.compile = "on"
+    session.plan_compile(1)
+    assert session.target.fast.compiled is None and "not the quantized target" in session.fast_path_summary()
+    use_fast_path(session.target, "off")   # ... and decode what transformers' forward does
+    assert [r.tokens for r in _greedy(session.baseline_engine(), requests_)] == [
+        r.tokens for r in alone]
 
 
 def test_self_speculation_from_a_4bit_copy(requests_):

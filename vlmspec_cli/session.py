@@ -75,8 +75,18 @@ class Session:
             on, self.compile_reason = False, "needs the fast path, which no model is on"
         p = self.profile
         plain = p.method == "chain" or (p.method == "tabed" and len(p.drafting.inputs) == 1)
-        for lm in self._fast_models():
-            lm.fast.compile(on and (lm is self.target or draft_pays(mode, hardware, plain)))
+        quantized = []
+        for role, lm in (("target", self.target), ("draft", self.draft)):
+            if lm is None or lm.fast is None:
+                continue
+            wanted = on and (lm is self.target or draft_pays(mode, hardware, plain))
+            if wanted and getattr(lm.model, "is_quantized", False):
+                # bitsandbytes' layers are not traced into a graph (not tried; kept eager)
+                wanted = False
+                quantized.append(role)
+            lm.fast.compile(wanted)
+        if quantized:
+            self.compile_reason += f"; not the quantized {' and '.join(quantized)}"
         return bool(self._compiled_models())
 
     def warm_up(self) -> float:
