@@ -20,8 +20,8 @@ every vlmspec row; the HF rows are reported as measured); memory = model weights
 (get_memory_footprint), target + draft.
 
     python bench/scale.py [--n 16] [--max-new-tokens 48] [--batch-sizes 1,2,4,8]
-                          [--precisions none,int8,nf4] [--threads 2] [--json out.json]
-                          [--markdown]
+                          [--precisions none,int8,nf4] [--fast-paths off,on] [--threads 2]
+                          [--json out.json] [--markdown]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from vlmspec_cli.profile import ModelSpec  # noqa: E402
 from vlmspec_cli.drafters.chain import ChainBatchDrafter  # noqa: E402
 from vlmspec_cli.runtime.batch import BatchedEngine  # noqa: E402
 from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
-from vlmspec_cli.runtime.models import load_model  # noqa: E402
+from vlmspec_cli.runtime.models import load_model, use_fast_path  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
 from vlmspec_cli.runtime.verify import SamplingParams  # noqa: E402
 from vlmspec_cli.zoo import world  # noqa: E402
@@ -129,6 +129,8 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=5)
     ap.add_argument("--batch-sizes", default="1,2,4,8")
     ap.add_argument("--precisions", default="none,int8,nf4")
+    ap.add_argument("--fast-paths", default="on",
+                    help="runtime.fast_path values to run every vlmspec row with (off,on)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json")
@@ -139,10 +141,13 @@ def main() -> None:
     reqs = make_requests(args.n, args.max_new_tokens, args.seed)
     draft = load_model(ModelSpec(model=DRAFT, device="cpu"), "draft")
     rows = []
-    for precision in args.precisions.split(","):
-        target = load_model(ModelSpec(model=TARGET, device="cpu", quantize=precision))
+    for precision, path in [(p, f) for p in args.precisions.split(",")
+                            for f in args.fast_paths.split(",")]:
+        target = load_model(ModelSpec(model=TARGET, device="cpu", quantize=precision),
+                            fast_path=path)
+        use_fast_path(draft, path)
         t_mem = target.model.get_memory_footprint()
-        label = "fp32" if precision == "none" else precision
+        label = ("fp32" if precision == "none" else precision) + f" [{path}]"
         ref, wall = run_single(target, None, 1, reqs)
         ref_tokens = [r.tokens for r in ref]
         rows.append(row(f"{label} target-only, single engine", ref, wall, ref_tokens, t_mem))
@@ -152,7 +157,8 @@ def main() -> None:
         variants = [("target-only", None), ("chain (M)", draft)]
         if precision == "none":
             variants.append(("selfquant (nf4 draft)",
-                             load_model(ModelSpec(model=TARGET, device="cpu", quantize="nf4"), "draft")))
+                             load_model(ModelSpec(model=TARGET, device="cpu", quantize="nf4"), "draft",
+                                        fast_path=path)))
         for name, d in variants:
             base = None
             for b in sizes:
@@ -162,7 +168,7 @@ def main() -> None:
                                 base["tokens_per_s"] if base else None))
                 base = base or rows[-1]
                 print(f"  {rows[-1]['row']}: {rows[-1]['tokens_per_s']} tok/s", file=sys.stderr)
-        if precision == "none":
+        if precision == "none" and path == args.fast_paths.split(",")[0]:
             base = None
             for b in sizes:
                 res, wall = run_hf(target, reqs, b)

@@ -71,6 +71,31 @@ def test_twig_equals_target_greedy(zoo_target, zoo_twig, corpus, threshold, gamm
     assert rate > 0.2, "the twig should propose tokens the target accepts"
 
 
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_twig_trunk_on_and_off_the_fast_path(zoo_target, zoo_twig, corpus, mode):
+    """The split trunk over transformers' cache (off) and over static segments (on), with
+    pruning segments too: the same tokens as target greedy / the pruned target."""
+    from vlmspec_cli.runtime.models import use_fast_path
+    from vlmspec_cli.runtime.trunk import SegmentedCache
+    try:
+        use_fast_path(zoo_target, mode)
+        drafter = create_drafter("twig", target=zoo_target, sampling=GREEDY, layers=2,
+                                 twig=zoo_twig, threshold=0.6)
+        _run(SpeculativeEngine(zoo_target, drafter, 5, GREEDY), corpus[:4])
+        res = SpeculativeEngine(zoo_target, drafter, 5, GREEDY).generate(corpus[0][0])
+        assert isinstance(res.state.target_cache, SegmentedCache) == (mode == "on")
+
+        def pruned():
+            return create_drafter("twig", target=zoo_target, sampling=GREEDY, layers=2,
+                                  twig=zoo_twig, threshold=0.6,
+                                  prune=PrunePlan(keep=4, final_wipe=5))
+        engine = SpeculativeEngine(zoo_target, pruned(), 5, GREEDY)
+        for req, _ in corpus[:3]:
+            assert engine.generate(req).tokens == _pruned_target_greedy(pruned(), zoo_target, req)
+    finally:
+        use_fast_path(zoo_target, "auto")
+
+
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("threshold", [0.0, 0.6])
 def test_layer_skip_equals_target_greedy(zoo_target, corpus, k, threshold):
@@ -91,11 +116,13 @@ def test_early_exit_shortens_drafts(zoo_target, zoo_twig, corpus):
 
 
 class LayerRows:
-    """Counts the rows (tokens) each decoder layer processes, via forward hooks."""
+    """Counts the rows (tokens) each decoder layer processes, via forward hooks on its
+    first norm (the fast path calls a layer's modules, not the layer's own forward)."""
 
     def __init__(self, layers):
         self.rows = [0] * len(layers)
-        self.hooks = [layer.register_forward_hook(self._hook(i)) for i, layer in enumerate(layers)]
+        self.hooks = [layer.input_layernorm.register_forward_hook(self._hook(i))
+                      for i, layer in enumerate(layers)]
 
     def _hook(self, i):
         def hook(_module, args, _output):

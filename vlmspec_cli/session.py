@@ -80,6 +80,10 @@ class Session:
             if lm is None or lm.fast is None:
                 continue
             wanted = on and (lm is self.target or draft_pays(mode, hardware, plain))
+            if wanted and lm is self.target and self.engine.runs_target:
+                # the twig runs the target's layers in parts (trunk.py), not whole steps
+                wanted = False
+                self.compile_reason += f"; not the target (method {p.method} runs its layers in parts)"
             if wanted and getattr(lm.model, "is_quantized", False):
                 # bitsandbytes' layers are not traced into a graph (not tried; kept eager)
                 wanted = False
@@ -208,9 +212,6 @@ def build_session(profile, trace=None) -> Session:
     for role, lm in (("target", target), ("draft", drafter.draft)):
         if lm is not None:
             _fast_path(profile, lm, role)
-    if engine.runs_target:
-        use_fast_path(target, "off")
-        target.fast_off_reason = f"method {profile.method} runs the target's layers itself"
     return Session(profile, target, drafter.draft, captioner, engine, sampling)
 
 

@@ -35,7 +35,7 @@ from vlmspec_cli.drafters.base import DraftingMethod, register
 from vlmspec_cli.runtime.draft import Draft
 from vlmspec_cli.runtime.models import load_twig
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.trunk import SplitTarget, mean_retained_tokens, run_layers
+from vlmspec_cli.runtime.trunk import SplitTarget, crop_layers, mean_retained_tokens, run_layers
 from vlmspec_cli.runtime.verify import SamplingParams, probabilities
 
 
@@ -169,7 +169,9 @@ class TwigDrafter(DraftingMethod):
         lm, split = self.target, self.split
         embeds, visual = lm.adapter.prompt_embeds(lm, state.prompt, state.request.images or None)
         positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
-        state.target_cache = lm.adapter.new_cache(lm, static=False)   # the trunk runs layers itself
+        # the prompt goes through the layers in parts (pruning between them), over a
+        # transformers cache; static_cache below moves it to the fast path's buffers
+        state.target_cache = lm.adapter.new_cache(lm, static=False)
         hidden_k = split.lower(embeds, positions, state.target_cache)
         st = TwigState(twig_cache=None)
         attention = None
@@ -183,6 +185,8 @@ class TwigDrafter(DraftingMethod):
         keep_from, st.pruning = self._prune_rows(attention, visual)
         state.target_next_logits = split.upper(hidden_k, positions, state.target_cache,
                                                keep_from)[0, -1]
+        # on the fast path every later forward writes into static buffers (trunk.py)
+        state.target_cache = split.static_cache(state.target_cache, keep_from)
         state.drafter_state = st
 
     def extend_target(self, state: DecodeState, ids: torch.Tensor) -> torch.Tensor:
@@ -196,8 +200,7 @@ class TwigDrafter(DraftingMethod):
             raise RuntimeError("twig: verification feed does not continue the drafted tokens")
         if len(have) > len(feed):  # the engine cut the draft (EOS): forget the extra rows
             extra = len(have) - len(feed)
-            for layer in split.lower_layers:
-                cache.layers[layer.self_attn.layer_idx].crop(-extra)
+            crop_layers(cache, split.lower_layers, extra)
             st.lowered_states = st.lowered_states[:, : len(feed)]
             have = have[: len(feed)]
         if len(feed) > len(have):

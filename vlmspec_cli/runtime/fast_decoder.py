@@ -18,8 +18,8 @@ the operations the maths needs, writing keys and values into a ``StaticKVCache``
 Supported: Llama-style decoders (Llama, Mistral without sliding window, Qwen2, and the text
 decoders of Qwen2-VL / Qwen2.5-VL, whose 3-D positions arrive as (3, B, n) position ids and
 go through the model's own rotary module) — every tinyworld target and draft. Others
-decode through transformers (``reason_unsupported`` says why), and so does the twig's
-split trunk (runtime/trunk.py). Batches of several requests (runtime/ragged.py) decode
+decode through transformers (``reason_unsupported`` says why). The twig's split trunk
+(runtime/trunk.py) runs its layer ranges here with ``run_segment``. Batches of several requests (runtime/ragged.py) decode
 here too, as rows with a 0/1 mask and per-row positions.
 """
 
@@ -114,28 +114,58 @@ class FastDecoder:
         want = None if hidden_layer is None else hidden_layer % (len(self.layers) + 1)
         chosen = embeds if want == 0 else None
         h = embeds
-        gqa = self.kv_heads != self.heads
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            cache.keys[i, :, :, start:end] = k
-            cache.values[i, :, :, start:end] = v
-            o = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :end],
-                                               cache.values[i, :, :, :end], attn_mask=mask,
-                                               scale=self.scaling, enable_gqa=gqa)
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(batch, n, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = self._layer(layer, h, cache, i, start, mask, cos, sin)
             if want == i + 1:
                 chosen = h
         cache.length = end
         out = self.stack.norm(h)
         # transformers (v5) puts the final-normed states in the last hidden_states entry
         return out, (out if want == len(self.layers) else chosen)
+
+    def _layer(self, layer, h, cache: StaticKVCache, i: int, start: int, mask, cos, sin):
+        """One decoder layer over h (B, n, H); its keys/values go to the cache's layer i at
+        [start, start + n), and it attends over [0, start + n)."""
+        batch, n, _ = h.shape
+        end = start + n
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = attn.q_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        cache.keys[i, :, :, start:end] = k
+        cache.values[i, :, :, start:end] = v
+        o = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :end],
+                                           cache.values[i, :, :, :end], attn_mask=mask,
+                                           scale=self.scaling,
+                                           enable_gqa=self.kv_heads != self.heads)
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(batch, n, -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def new_segment_cache(self, layers: int) -> StaticKVCache:
+        """A cache for ``layers`` consecutive layers (a split trunk's part, runtime/trunk.py)."""
+        return StaticKVCache(layers, 1, self.kv_heads, self.head_dim, 0, self.device,
+                             self.dtype, headroom=self.headroom)
+
+    @torch.inference_mode()
+    def run_segment(self, hidden: torch.Tensor, cache: StaticKVCache, first: int,
+                    positions: torch.Tensor) -> torch.Tensor:
+        """Layers [first, first + the cache's layers) over ``hidden`` (B, n, H) at true
+        ``positions`` (B, n), causal over that cache; no final norm (a split trunk: the
+        layers shared with a twig, or the rest of the target)."""
+        n = hidden.shape[1]
+        start = cache.length
+        cache.reserve(n)
+        mask = self._mask(None, hidden.shape[0], n, start, hidden)
+        cos, sin = self.stack.rotary(hidden, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        h = hidden
+        for j in range(cache.keys.shape[0]):
+            h = self._layer(self.layers[first + j], h, cache, j, start, mask, cos, sin)
+        cache.length = start + n
+        return h
 
     @staticmethod
     def _mask(attention_mask, batch: int, n: int, start: int, like: torch.Tensor):

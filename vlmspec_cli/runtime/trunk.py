@@ -13,6 +13,12 @@ different lengths; every layer keeps the *true* positions of its rows for RoPE, 
 forward masks causally against that layer's own cache length. A DynamicCache crop with a
 negative count removes that many entries from every layer, which stays right because
 every layer receives the same new (text) tokens after the prompt.
+
+On the fast path (``lm.fast``) the prompt is still prefilled this way, over a
+``DynamicCache``; its layers are then moved into a ``SegmentedCache``: one
+``StaticKVCache`` per run of layers that hold the same rows (the trunk, and the rest
+split where pruning changes the rows), and every later forward runs a segment's layers
+with ``FastDecoder.run_segment``, writing in place.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from vlmspec_cli.runtime.adapters.base import TextStack
+from vlmspec_cli.runtime.static_cache import StaticKVCache
 
 
 def chunk_mask(q: int, past: int, dtype: torch.dtype, device) -> torch.Tensor | None:
@@ -61,6 +68,48 @@ def run_layers(layers, rotary, hidden: torch.Tensor, positions: torch.Tensor, ca
     return hidden
 
 
+class SegmentedCache:
+    """The split target's cache on the fast path: layers [bounds[i], bounds[i+1]) share
+    one ``StaticKVCache`` (same rows, same length). Offers what the twig and the engine
+    use of a transformers cache: ``get_seq_length(layer)``, ``crop`` (every layer)."""
+
+    def __init__(self, fast, bounds: list[int]) -> None:
+        self.bounds = bounds
+        self.segments = [fast.new_segment_cache(b - a) for a, b in zip(bounds, bounds[1:])]
+
+    def segment_of(self, layer_idx: int) -> int:
+        return max(i for i, a in enumerate(self.bounds[:-1]) if a <= layer_idx)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.segments[self.segment_of(layer_idx)].length
+
+    def crop(self, length: int) -> None:
+        """A negative ``length`` drops that many positions from every layer (all layers
+        received the same tokens after the prompt)."""
+        if length >= 0:
+            raise ValueError("a split cache is cropped by a negative count")
+        for seg in self.segments:
+            seg.crop(length)
+
+    @torch.inference_mode()
+    def load(self, cache) -> None:
+        """Take over the prefill's ``DynamicCache``, layer by layer."""
+        for seg, a, b in zip(self.segments, self.bounds, self.bounds[1:]):
+            seg.load_tensors([(cache.layers[i].keys, cache.layers[i].values) for i in range(a, b)])
+
+
+def crop_layers(cache, layers, count: int) -> None:
+    """Drop the last ``count`` positions of ``layers`` only (the trunk's rows of draft
+    tokens the engine cut)."""
+    if isinstance(cache, SegmentedCache):
+        first = layers[0].self_attn.layer_idx
+        seg = cache.segments[cache.segment_of(first)]
+        seg.crop(-count)
+        return
+    for layer in layers:
+        cache.layers[layer.self_attn.layer_idx].crop(-count)
+
+
 class SplitTarget:
     """The target's text stack split after layer K: ``lower`` = layers[:K] (shared with the
     draft), ``upper`` = layers[K:] (the rest of the target)."""
@@ -92,18 +141,40 @@ class SplitTarget:
         start = int(cache.get_seq_length(0))
         return torch.arange(start, start + n, device=device)[None]
 
+    def static_cache(self, cache, keep_from: dict[int, torch.Tensor] | None):
+        """On the fast path: the prefill's ``cache`` moved into a ``SegmentedCache`` split
+        at K and wherever pruning (``keep_from``) changes the rows; else ``cache``."""
+        if self.lm.fast is None:
+            return cache
+        bounds = sorted({0, self.k, self.num_layers, *(keep_from or {})})
+        seg = SegmentedCache(self.lm.fast, bounds)
+        seg.load(cache)
+        return seg
+
+    def _segments(self, cache, first: int, last: int, hidden, positions):
+        for seg, a, b in zip(cache.segments, cache.bounds, cache.bounds[1:]):
+            if first <= a and b <= last:
+                hidden = self.lm.fast.run_segment(hidden, seg, a, positions)
+        return hidden
+
     @torch.inference_mode()
     def lower(self, hidden: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """X^(K): the shared first K layers (their KV goes into the target cache)."""
+        if isinstance(cache, SegmentedCache):
+            return self._segments(cache, 0, self.k, hidden, positions)
         return run_layers(self.lower_layers, self.stack.rotary, hidden, positions, cache)
 
     @torch.inference_mode()
     def upper(self, hidden_k: torch.Tensor, positions: torch.Tensor, cache,
               keep_from: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """Target logits from X^(K): layers[K:], final norm, head. ``keep_from`` is keyed
-        by absolute layer index (>= K)."""
-        local = {i - self.k: m for i, m in (keep_from or {}).items()}
-        hidden = run_layers(self.upper_layers, self.stack.rotary, hidden_k, positions, cache, local)
+        by absolute layer index (>= K); it only occurs at prefill (a DynamicCache)."""
+        if isinstance(cache, SegmentedCache):
+            hidden = self._segments(cache, self.k, self.num_layers, hidden_k, positions)
+        else:
+            local = {i - self.k: m for i, m in (keep_from or {}).items()}
+            hidden = run_layers(self.upper_layers, self.stack.rotary, hidden_k, positions,
+                                cache, local)
         return self.stack.head(self.stack.norm(hidden))
 
     @torch.inference_mode()
