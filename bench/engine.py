@@ -1,6 +1,6 @@
 """Engine fast path vs transformers' forward, every caption method, side by side in one run.
 
-For each method (target-only, chain M, chain T, TABED MT, draft tree) and each path
+For each method (target-only, chain M, chain T, TABED MT, draft tree, twig) and each path
 (``runtime.fast_path: off`` = transformers' forward over a DynamicCache, ``on`` = the
 static-cache fast path, runtime/fast_decoder.py, ``compiled`` = the fast path with
 ``runtime.compile: on``, runtime/compiled_step.py), greedy, on the same fresh tinyworld
@@ -54,6 +54,9 @@ METHODS = {   # row name: (profile, --set overrides)
     "chain (T)": ("tinyworld-caption", ["drafting.inputs=[text]"]),
     "tabed (MT)": ("tinyworld-tabed", []),
     "tree (M)": ("tinyworld-caption", ["method=tree"]),
+    # self-speculation: the drafter runs the target's layers itself, so its forwards are
+    # not timed here (no T_p/T_q/overhead columns), only tokens/s and τ
+    "twig": ("tinyworld-twig", []),
 }
 
 
@@ -152,10 +155,11 @@ def summarise(runs: list[dict], t_p1: float | None, reference: list[list[int]]) 
          "q_per_round": q_n / rounds if rounds else 0.0,
          # what the engine spends outside the models' forwards, per round (prefills,
          # including the draft's, are excluded: they are not part of a round)
-         "overhead_ms_per_round": 1e3 * (wall - prefill - tgt_s - q_s) / rounds if rounds else None,
+         "overhead_ms_per_round": (1e3 * (wall - prefill - tgt_s - q_s) / rounds
+                                   if rounds and tgt_n else None),
          "mismatches": sum(r["tokens"] != ref for r, ref in zip(runs, reference)),
          "draft_prefill_s": q_pre}
-    if t_p1:
+    if t_p1 and s["overhead_ms_per_round"] is not None:
         s["overhead_per_T_p1"] = s["overhead_ms_per_round"] / t_p1
         if s["tau"] and s["T_p_k_ms"]:
             s["eq1_prime"] = s["tau"] * t_p1 / (s["q_per_round"] * (s["T_q_ms"] or 0.0) + s["T_p_k_ms"])
