@@ -23,15 +23,26 @@ from vlmspec_cli.runtime.verify import SamplingParams
 GREEDY = SamplingParams(0.0)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def compiled(zoo_target, zoo_draft):
-    """Both models on the fast path with compiled steps; back to auto afterwards."""
+    """Both models on the fast path with compiled steps, for the whole module: one
+    ``CompiledSteps`` each, so the tests share their graphs (compiling is most of this
+    module's time); back to auto afterwards."""
     for lm in (zoo_target, zoo_draft):
         use_fast_path(lm, "on")
         lm.fast.compile()
     yield zoo_target, zoo_draft
     for lm in (zoo_target, zoo_draft):
         use_fast_path(lm, "auto")
+
+
+def _eager(lm, fn):
+    """``fn(lm)`` with the same fast path, its compiled steps set aside."""
+    steps, lm.fast.compiled = lm.fast.compiled, None
+    try:
+        return fn(lm)
+    finally:
+        lm.fast.compiled = steps
 
 
 def test_buckets():
@@ -64,27 +75,23 @@ def _forwards(lm):
     return outs
 
 
-def test_compiled_forwards_match_eager_and_compile_once_per_bucket(zoo_target):
-    try:
-        use_fast_path(zoo_target, "on")
-        eager = _forwards(zoo_target)
-        zoo_target.fast.compile()
-        steps = zoo_target.fast.compiled
-        got = _forwards(zoo_target)
-        for e, c in zip(eager, got):
-            torch.testing.assert_close(c, e, atol=5e-5, rtol=1e-5)
-        # one graph per (bucket, mask kind): 1 row and 3 rows (padded to 4) causal, with
-        # masks built in the graph; the 4-node tree with its given mask
-        assert sorted((shape[1], shape[2] is not None) for shape in steps.shapes) == [
-            (1, False), (4, False), (4, True)]
-        steps.warm = True
-        _forwards(zoo_target)
-        assert steps.late_compiles == 0, "a repeated step compiled again"
-    finally:
-        use_fast_path(zoo_target, "auto")
+def test_compiled_forwards_match_eager_and_compile_once_per_bucket(compiled):
+    target, _ = compiled
+    steps = target.fast.compiled
+    eager = _eager(target, _forwards)
+    got = _forwards(target)
+    for e, c in zip(eager, got):
+        torch.testing.assert_close(c, e, atol=5e-5, rtol=1e-5)
+    # one graph per (bucket, mask kind): 1 row and 3 rows (padded to 4) causal, with masks
+    # built in the graph; the 4-node tree with its given mask
+    assert {(1, False), (4, False), (4, True)} <= {(shape[1], shape[2] is not None)
+                                                   for shape in steps.shapes}
+    steps.warm, late = True, steps.late_compiles
+    _forwards(target)
+    assert steps.late_compiles == late, "a repeated step compiled again"
 
 
-def test_padded_rows_compiled_match_eager(zoo_draft):
+def test_padded_rows_compiled_match_eager(compiled):
     """Left-padded rows with a 0/1 mask (a TABED ensemble's draft rows)."""
     def rows(lm):
         cache = lm.adapter.new_cache(lm)
@@ -97,13 +104,8 @@ def test_padded_rows_compiled_match_eager(zoo_draft):
         mask2 = torch.cat([mask, mask.new_ones(2, 3)], dim=1)
         pos2 = torch.tensor([[3], [5]]) + torch.arange(3)[None]
         return lm.adapter.extend(lm, ids, cache, attention_mask=mask2, position_ids=pos2)
-    try:
-        use_fast_path(zoo_draft, "on")
-        eager = rows(zoo_draft)
-        zoo_draft.fast.compile()
-        torch.testing.assert_close(rows(zoo_draft), eager, atol=5e-5, rtol=1e-5)
-    finally:
-        use_fast_path(zoo_draft, "auto")
+    _, draft = compiled
+    torch.testing.assert_close(rows(draft), _eager(draft, rows), atol=5e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("method", ["chain", "tree"])
