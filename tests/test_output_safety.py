@@ -335,7 +335,10 @@ def test_sigint_subprocess_exits_130_with_only_complete_records(tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "vlmspec_cli", "caption", *map(str, images), "--out",
              str(out), "--max-new-tokens", "400", "-q"],
-            env=ENV, stdout=subprocess.DEVNULL, stderr=err)
+            env=ENV, stdout=subprocess.DEVNULL, stderr=err,
+            # a shell's background job (`pytest &`) starts with SIGINT ignored, and so would
+            # the child: Python keeps an inherited SIG_IGN, and Ctrl-C would do nothing
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline and proc.poll() is None:
