@@ -117,7 +117,8 @@ def draft_on_path(request, zoo_draft):
     from vlmspec_cli.runtime.models import use_fast_path
     use_fast_path(zoo_draft, "off" if request.param == "off" else "on")
     if request.param == "compiled":
-        zoo_draft.fast.compile()
+        from vlmspec_cli.runtime.compiled_step import set_compiled
+        set_compiled(zoo_draft.fast)
     yield zoo_draft
     use_fast_path(zoo_draft, "auto")
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from conftest import fresh_scenes
+from test_fast_path import small_tree
 from test_lossless import reference
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.profile import HardwareSpec, load_profile
-from vlmspec_cli.runtime.compiled_step import bucket_for, decide, draft_pays
+from vlmspec_cli.runtime.compiled_step import bucket_for, decide, draft_pays, set_compiled
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import use_fast_path
 from vlmspec_cli.runtime.request import Message, Request
@@ -30,7 +31,7 @@ def compiled(zoo_target, zoo_draft):
     module's time); back to auto afterwards."""
     for lm in (zoo_target, zoo_draft):
         use_fast_path(lm, "on")
-        lm.fast.compile()
+        set_compiled(lm.fast)
     yield zoo_target, zoo_draft
     for lm in (zoo_target, zoo_draft):
         use_fast_path(lm, "auto")
@@ -58,17 +59,8 @@ def _forwards(lm):
     outs = [lm.adapter.extend(lm, torch.tensor([[50]]), cache)]
     outs.append(lm.adapter.extend(lm, torch.tensor([[51, 52, 53]]), cache))
     cache.crop(13)
-    parents, past = [-1, 0, 0, 1], 13
-    mask = torch.full((1, 1, 4, past + 4), torch.finfo(torch.float32).min)
-    mask[..., :past] = 0
-    depth = []
-    for i in range(4):
-        node, d = i, 0
-        while node >= 0:
-            mask[0, 0, i, past + node] = 0
-            node, d = parents[node], d + 1
-        depth.append(d - 1)
-    pos = torch.tensor([[past + d for d in depth]])
+    past = 13
+    mask, pos = small_tree(past)
     outs.append(lm.adapter.extend(lm, torch.tensor([[60, 61, 62, 63]]), cache,
                                   attention_mask=mask, position_ids=pos))
     assert cache.get_seq_length() == past + 4

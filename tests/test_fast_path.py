@@ -37,6 +37,22 @@ def both_paths(zoo_target):
     use_fast_path(zoo_target, "auto")
 
 
+def small_tree(past: int):
+    """The 4-D mask and positions of a 4-node tree after ``past`` cached positions:
+    0 -> (1, 2), 1 -> 3."""
+    parents = [-1, 0, 0, 1]
+    mask = torch.full((1, 1, 4, past + 4), torch.finfo(torch.float32).min)
+    mask[..., :past] = 0
+    depth = []
+    for i in range(4):
+        node, d = i, 0
+        while node >= 0:
+            mask[0, 0, i, past + node] = 0
+            node, d = parents[node], d + 1
+        depth.append(d - 1)
+    return mask, torch.tensor([[past + d for d in depth]])
+
+
 def _prompt_ids(lm):
     return torch.tensor([[1, 17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]])
 
@@ -51,18 +67,8 @@ def test_every_kind_of_forward_matches_transformers(both_paths):
         outs.append(lm.adapter.extend(lm, torch.tensor([[50]]), cache))
         outs.append(lm.adapter.extend(lm, torch.tensor([[51, 52, 53, 54, 55]]), cache))
         truncate_cache(cache, 14)
-        # a tree of 4 nodes after 14 positions: 0 -> (1, 2), 1 -> 3
-        past, parents = 14, [-1, 0, 0, 1]
-        mask = torch.full((1, 1, 4, past + 4), torch.finfo(torch.float32).min)
-        mask[..., :past] = 0
-        depth = []
-        for i, p in enumerate(parents):
-            node, d = i, 0
-            while node >= 0:
-                mask[0, 0, i, past + node] = 0
-                node, d = parents[node], d + 1
-            depth.append(d - 1)
-        pos = torch.tensor([[past + d for d in depth]])
+        past = 14
+        mask, pos = small_tree(past)
         outs.append(lm.adapter.extend(lm, torch.tensor([[60, 61, 62, 63]]), cache,
                                       attention_mask=mask, position_ids=pos))
         select_cache_positions(cache, list(range(past)) + [past, past + 1, past + 3])

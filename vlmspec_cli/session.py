@@ -67,7 +67,7 @@ class Session:
         """Decide ``runtime.compile`` for a job of about ``expected_tokens`` tokens (see
         runtime/compiled_step.py ``decide``) and set it on the fast-path models; True when
         their steps will be compiled (``warm_up`` then compiles them)."""
-        from vlmspec_cli.runtime.compiled_step import decide, draft_pays
+        from vlmspec_cli.runtime.compiled_step import decide, draft_pays, set_compiled
 
         mode, hardware = self.profile.runtime.compile, self.profile.hardware
         on, self.compile_reason = decide(mode, hardware, expected_tokens)
@@ -88,7 +88,7 @@ class Session:
                 # bitsandbytes' layers are not traced into a graph (not tried; kept eager)
                 wanted = False
                 quantized.append(role)
-            lm.fast.compile(wanted)
+            set_compiled(lm.fast, wanted)
         if quantized:
             self.compile_reason += f"; not the quantized {' and '.join(quantized)}"
         return bool(self._compiled_models())

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from vlmspec_cli.runtime.fast_decoder import _rotate_half
+from vlmspec_cli.runtime.fast_decoder import project_qkv
 
 # row counts steps are padded to: powers of two, and between them from 8 on (a 20-node
 # tree verifies 21 rows: padded to 24, not 32)
@@ -110,12 +110,7 @@ class CompiledSteps:
         new_keys, new_values = [], []
         for i, layer in enumerate(d.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(batch, nb, -1, d.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(batch, nb, -1, d.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(batch, nb, -1, d.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k, v = project_qkv(layer, h, d.head_dim, cos, sin)
             new_keys.append(k)
             new_values.append(v)
             if prefix is not None:
@@ -312,6 +307,11 @@ class CompiledSteps:
             self.greedy_chain(torch.zeros(1, 1, dtype=torch.long, device=d.device), cache, steps)
         self.warm = True
         return time.perf_counter() - t0
+
+
+def set_compiled(decoder, on: bool = True) -> None:
+    """Turn compiled steps on (a fresh ``CompiledSteps``) or off for a ``FastDecoder``."""
+    decoder.compiled = CompiledSteps(decoder) if on else None
 
 
 def use_persistent_cache() -> None:

@@ -70,13 +70,9 @@ class FastDecoder:
         # positions a request may add after its prompt (max_new_tokens + the largest
         # round); the session sets it from the profile so caches are allocated once
         self.headroom = headroom
-        # runtime.compile: the compiled step (runtime/compiled_step.py), None = eager
+        # runtime.compile: the compiled step (runtime/compiled_step.py ``set_compiled``),
+        # None = eager
         self.compiled = None
-
-    def compile(self, on: bool = True) -> None:
-        from vlmspec_cli.runtime.compiled_step import CompiledSteps
-
-        self.compiled = CompiledSteps(self) if on else None
 
     def new_cache(self, batch: int = 1) -> StaticKVCache:
         return StaticKVCache(len(self.layers), batch, self.kv_heads, self.head_dim, 0,
@@ -129,12 +125,7 @@ class FastDecoder:
         batch, n, _ = h.shape
         end = start + n
         attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(batch, n, -1, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = project_qkv(layer, h, self.head_dim, cos, sin)
         cache.keys[i, :, :, start:end] = k
         cache.values[i, :, :, start:end] = v
         o = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :end],
@@ -179,6 +170,18 @@ class FastDecoder:
             return causal
         pad = attention_mask[:, None, None, : start + n].bool()   # (B, 1, 1, start + n)
         return pad if causal is None else pad & causal
+
+
+def project_qkv(layer, h: torch.Tensor, head_dim: int, cos, sin):
+    """A layer's input norm and q/k/v projections of h (B, n, H), as (B, heads, n, head_dim),
+    rotary applied to q and k (cos/sin broadcast over heads)."""
+    batch, n, _ = h.shape
+    attn = layer.self_attn
+    x = layer.input_layernorm(h)
+    q = attn.q_proj(x).view(batch, n, -1, head_dim).transpose(1, 2)
+    k = attn.k_proj(x).view(batch, n, -1, head_dim).transpose(1, 2)
+    v = attn.v_proj(x).view(batch, n, -1, head_dim).transpose(1, 2)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -136,13 +136,15 @@ def measure_compiled(session, context: int, rows: int, warmup: int, repeats: int
     """The fast path's steps compiled (runtime.compile): the warm-up of the buckets the
     profile's method uses, then one target step and one draft step, timed as the eager
     ones were. The models are left uncompiled."""
+    from vlmspec_cli.runtime.compiled_step import set_compiled
+
     models = [lm for lm in (session.target, session.draft) if lm is not None and lm.fast is not None]
     if session.target.fast is None:
         raise ValueError("--compile times the fast path's compiled steps, and the target is "
                          f"not on the fast path ({session.target.fast_off_reason})")
     try:
         for lm in models:
-            lm.fast.compile()
+            set_compiled(lm.fast)
         if progress:
             progress("compile warm-up")
         seconds = session.warm_up()
@@ -156,7 +158,7 @@ def measure_compiled(session, context: int, rows: int, warmup: int, repeats: int
             draft_ms = time_extend(session.draft, context, 1, rows, warmup, repeats)
     finally:
         for lm in models:
-            lm.fast.compile(False)
+            set_compiled(lm.fast, False)
     return {"compiled_target_ms": round(target_ms, 4),
             "compiled_draft_ms": None if draft_ms is None else round(draft_ms, 4),
             "compile_warmup_s": round(seconds, 2)}
