@@ -192,3 +192,20 @@ def test_profile_compile_measures_what_auto_reads(tmp_path):
     assert on == pays and (session.target.fast.compiled is not None) == pays
     assert ("measured" in session.compile_reason) if pays else ("slower" in session.compile_reason)
     assert session.plan_compile(1) is False, "a one-token job never repays a warm-up"
+
+
+def test_compile_cache_defaults_under_the_users_cache_directory(tmp_path):
+    """Compiled kernels persist under $XDG_CACHE_HOME/vlmspec/inductor (set on import,
+    before torch writes its temp-directory default); an explicit TORCHINDUCTOR_CACHE_DIR
+    wins."""
+    import os
+    import subprocess
+    import sys
+    code = "import os, vlmspec_cli; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])"
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == str(tmp_path / "vlmspec" / "inductor")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "mine")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == str(tmp_path / "mine")

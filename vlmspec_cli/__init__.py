@@ -1,3 +1,17 @@
 """vlmspec: lossless speculative decoding for vision-language models."""
 
+import os as _os
+
 __version__ = "0.1.0"
+
+
+def _default_compile_cache() -> None:
+    """Compiled steps (runtime/compiled_step.py) keep inductor's kernels between runs, under
+    the user's cache directory unless TORCHINDUCTOR_CACHE_DIR is set. Set here, before any
+    torch import: torch writes its own default (a temp directory) into the environment the
+    first time anything asks for the cache directory."""
+    base = _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache")
+    _os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _os.path.join(base, "vlmspec", "inductor"))
+
+
+_default_compile_cache()

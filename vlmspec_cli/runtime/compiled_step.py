@@ -67,8 +67,7 @@ class CompiledSteps:
     def __init__(self, decoder) -> None:
         self.decoder = decoder
         self.cuda = decoder.device.type == "cuda"
-        _allow_recompiles()
-        use_persistent_cache()
+        _allow_recompiles()   # (the compile cache directory: vlmspec_cli/__init__.py)
         mode = "reduce-overhead" if self.cuda else None
         self.step = torch.compile(self._layers, mode=mode, fullgraph=True)
         self.chain = torch.compile(self._chain, mode=mode, fullgraph=True)
@@ -312,17 +311,6 @@ class CompiledSteps:
 def set_compiled(decoder, on: bool = True) -> None:
     """Turn compiled steps on (a fresh ``CompiledSteps``) or off for a ``FastDecoder``."""
     decoder.compiled = CompiledSteps(decoder) if on else None
-
-
-def use_persistent_cache() -> None:
-    """Keep inductor's compiled kernels between runs (a second run's warm-up is a fraction
-    of the first's): under the user's cache directory unless TORCHINDUCTOR_CACHE_DIR is
-    set."""
-    import os
-    from pathlib import Path
-
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(base) / "vlmspec" / "inductor"))
 
 
 def decide(mode: str, hardware, expected_tokens: int) -> tuple[bool, str]:
