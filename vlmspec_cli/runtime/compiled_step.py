@@ -326,8 +326,8 @@ def decide(mode: str, hardware, expected_tokens: int) -> tuple[bool, str]:
     eager, fast = hardware.target_ms, hardware.compiled_target_ms
     warmup = hardware.compile_warmup_s
     if eager is None or fast is None or warmup is None:
-        return False, ("auto: not measured on this hardware (`vlmspec profile --compile "
-                       "--write hw.yaml`, then `include: hw.yaml`)")
+        return False, ("auto: not measured on this hardware; `vlmspec profile --compile "
+                       "--write hw.yaml`, then `include: hw.yaml`, measures it")
     saving_ms = eager - fast
     if saving_ms <= 0:
         return False, f"auto: a compiled target step was measured slower here ({fast:.2f} vs {eager:.2f} ms)"
