@@ -63,6 +63,12 @@ class Session:
     def _compiled_models(self):
         return [lm for lm in self._fast_models() if lm.fast.compiled is not None]
 
+    def _plain_draft_steps(self) -> bool:
+        """The draft decodes one row with plain causal steps (a chain, or an ensemble of
+        one input): no per-step masks, and greedy chains can be drafted in one call."""
+        p = self.profile
+        return p.method == "chain" or (p.method == "tabed" and len(p.drafting.inputs) == 1)
+
     def plan_compile(self, expected_tokens: int) -> bool:
         """Decide ``runtime.compile`` for a job of about ``expected_tokens`` tokens (see
         runtime/compiled_step.py ``decide``) and set it on the fast-path models; True when
@@ -74,7 +80,7 @@ class Session:
         if not self._fast_models():
             on, self.compile_reason = False, "needs the fast path, which no model is on"
         p = self.profile
-        plain = p.method == "chain" or (p.method == "tabed" and len(p.drafting.inputs) == 1)
+        plain = self._plain_draft_steps()
         quantized = []
         for role, lm in (("target", self.target), ("draft", self.draft)):
             if lm is None or lm.fast is None:
@@ -120,8 +126,8 @@ class Session:
             batch = len(p.drafting.inputs) if mask == "padded" else lm.adapter.decode_rows
             seconds += lm.fast.compiled.warm_up({up_to}, batch=batch, hidden_layer=hidden,
                                                 masks=(mask,))
-        single = p.method == "chain" or (p.method == "tabed" and len(p.drafting.inputs) == 1)
-        if single and self.sampling.greedy and self.draft is not None and self.draft in self._compiled_models():
+        if (self._plain_draft_steps() and self.sampling.greedy and self.draft is not None
+                and self.draft in self._compiled_models()):
             seconds += self.draft.fast.compiled.warm_up_chain(p.drafting.gamma)
         return seconds
 

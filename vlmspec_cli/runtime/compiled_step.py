@@ -77,7 +77,7 @@ class CompiledSteps:
         self.late_compiles = 0
         self.max_rows = BUCKETS[-1]
 
-    def _layers(self, embeds, position_ids, keys, values, start, cache_mask, new_mask,
+    def _layers(self, embeds, keys, values, position_ids, start, cache_mask, new_mask,
                 want: int):
         """The decoder layers over ``embeds`` (B, nb, H) at ``position_ids``: returns the
         final-normed states, the ``want`` entry of hidden_states (as transformers numbers
@@ -169,22 +169,26 @@ class CompiledSteps:
         steps. ``first``: (B, 1) token ids. Returns (B, steps) on the device."""
         start = cache.length
         cache.reserve(steps)
-        keys, values = cache.keys, cache.values
-        for t in (keys, values):
+        tokens, new_k, new_v = self._call(("chain", first.shape[0], steps), self.chain, first,
+                                          cache.keys, cache.values,
+                                          torch.tensor(start, device=first.device), steps)
+        _store(cache, start, steps - 1, new_k, new_v)
+        return tokens.clone() if self.cuda else tokens
+
+    def _call(self, shape: tuple, fn, *args):
+        """``fn(*args)`` (a compiled function; the cache's capacity, args 1-2 after the
+        first, is dynamic), counting a first call for ``shape`` as a compile: its time, and
+        whether it came after the warm-up."""
+        for t in args[1:3]:
             torch._dynamo.mark_dynamic(t, 3)
-        shape = ("chain", first.shape[0], steps)
         fresh = shape not in self.shapes
         t0 = time.perf_counter()
-        tokens, new_k, new_v = self.chain(first, keys, values,
-                                          torch.tensor(start, device=first.device), steps)
+        out = fn(*args)
         if fresh:
             self.shapes.add(shape)
             self.compile_s += time.perf_counter() - t0
             self.late_compiles += int(self.warm)
-        cache.keys[:, :, :, start:start + steps - 1] = new_k
-        cache.values[:, :, :, start:start + steps - 1] = new_v
-        cache.length = start + steps - 1
-        return tokens.clone() if self.cuda else tokens
+        return out
 
     def run(self, embeds, cache, attention_mask, position_ids, want: int | None):
         """As ``FastDecoder.run`` for n <= the largest bucket."""
@@ -204,24 +208,13 @@ class CompiledSteps:
             cache_mask, new_mask = self._masks(attention_mask, batch, n, nb, start,
                                                cache.capacity, embeds)
             torch._dynamo.mark_dynamic(cache_mask, 3)
-        keys, values = cache.keys, cache.values
-        for t in (keys, values):
-            torch._dynamo.mark_dynamic(t, 3)
         w = -1 if want is None else want
         lead = None if cache_mask is None else (cache_mask.shape[0], new_mask.shape[0])
-        shape = (batch, nb, lead, w, str(embeds.dtype))
-        first = shape not in self.shapes
-        t0 = time.perf_counter()
-        out, chosen, new_k, new_v = self.step(embeds, position_ids, keys, values,
-                                              torch.tensor(start, device=embeds.device),
-                                              cache_mask, new_mask, w)
-        if first:
-            self.shapes.add(shape)
-            self.compile_s += time.perf_counter() - t0
-            self.late_compiles += int(self.warm)
-        cache.keys[:, :, :, start:start + n] = new_k[:, :, :, :n]
-        cache.values[:, :, :, start:start + n] = new_v[:, :, :, :n]
-        cache.length = start + n
+        out, chosen, new_k, new_v = self._call(
+            (batch, nb, lead, w, str(embeds.dtype)), self.step, embeds, cache.keys,
+            cache.values, position_ids, torch.tensor(start, device=embeds.device), cache_mask,
+            new_mask, w)
+        _store(cache, start, n, new_k[:, :, :, :n], new_v[:, :, :, :n])
         out, chosen = out[:, :n], chosen[:, :n]
         if self.cuda:   # CUDA-graph outputs are overwritten by the next replay
             out, chosen = out.clone(), chosen.clone()
@@ -237,7 +230,7 @@ class CompiledSteps:
         low = torch.finfo(dtype).min
         slots = torch.arange(capacity, device=device)
         rows = torch.arange(nb, device=device)
-        if attention_mask is not None and attention_mask.dim() == 4:
+        if attention_mask.dim() == 4:
             given = attention_mask.to(dtype)
             lead = given.shape[0]
             cache_mask = torch.full((lead, 1, nb, capacity), low, dtype=dtype, device=device)
@@ -250,15 +243,16 @@ class CompiledSteps:
         causal = rows[None, :] <= rows[:, None]
         causal = causal & ((rows[:, None] < n) | (rows[None, :] == rows[:, None]))
         new_visible = causal[None, None]
-        if attention_mask is not None:   # (B, start + n) 0/1: left padding of some rows
-            pad = attention_mask.bool()
-            cache_pad = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
-            cache_pad[:, :start] = pad[:, :start]
-            visible = visible & cache_pad[:, None, None, :]
-            new_pad = torch.ones(batch, nb, dtype=torch.bool, device=device)
-            new_pad[:, :n] = pad[:, start:start + n]
-            new_visible = new_visible & (new_pad[:, None, None, :] | torch.eye(
-                nb, dtype=torch.bool, device=device))
+        # (B, start + n) 0/1: left padding of some rows (plain causal steps carry no mask:
+        # their masks are built inside the graph)
+        pad = attention_mask.bool()
+        cache_pad = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+        cache_pad[:, :start] = pad[:, :start]
+        visible = visible & cache_pad[:, None, None, :]
+        new_pad = torch.ones(batch, nb, dtype=torch.bool, device=device)
+        new_pad[:, :n] = pad[:, start:start + n]
+        new_visible = new_visible & (new_pad[:, None, None, :] | torch.eye(
+            nb, dtype=torch.bool, device=device))
         zero = torch.zeros((), dtype=dtype, device=device)
         return (torch.where(visible, zero, low).contiguous(),
                 torch.where(new_visible, zero, low).contiguous())
@@ -277,10 +271,7 @@ class CompiledSteps:
         largest = max(bucket_for(b) or BUCKETS[-1] for b in buckets)
         for n in [b for b in BUCKETS if b <= largest]:
             for kind in masks:
-                cache = d.new_cache(batch)
-                cache.headroom = 0
-                cache.reserve(64 + n)
-                cache.length = past = 8
+                cache, past = self._scratch(batch, n), 8
                 embeds = torch.zeros(batch, n, d.stack.config.hidden_size, device=d.device,
                                      dtype=d.dtype)
                 mask = None
@@ -299,13 +290,25 @@ class CompiledSteps:
         d = self.decoder
         t0 = time.perf_counter()
         for steps in range(2, gamma + 1):
-            cache = d.new_cache(1)
-            cache.headroom = 0
-            cache.reserve(64 + steps)
-            cache.length = 8
-            self.greedy_chain(torch.zeros(1, 1, dtype=torch.long, device=d.device), cache, steps)
+            self.greedy_chain(torch.zeros(1, 1, dtype=torch.long, device=d.device),
+                              self._scratch(1, steps), steps)
         self.warm = True
         return time.perf_counter() - t0
+
+    def _scratch(self, batch: int, n: int):
+        """A warm-up cache: 8 cached positions and room for ``n`` more."""
+        cache = self.decoder.new_cache(batch)
+        cache.headroom = 0
+        cache.reserve(64 + n)
+        cache.length = 8
+        return cache
+
+
+def _store(cache, start: int, n: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Write n new rows' keys and values at ``start`` (outside the graph) and advance."""
+    cache.keys[:, :, :, start:start + n] = keys
+    cache.values[:, :, :, start:start + n] = values
+    cache.length = start + n
 
 
 def set_compiled(decoder, on: bool = True) -> None:
