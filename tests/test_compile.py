@@ -209,3 +209,20 @@ def test_compile_cache_defaults_under_the_users_cache_directory(tmp_path):
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "mine")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == str(tmp_path / "mine")
+
+
+def test_a_file_where_the_compile_cache_goes_is_an_error_and_kept(tmp_path, monkeypatch):
+    """`on` names the cache and why, in one line (exit 2); the file is left as it was."""
+    from click.testing import CliRunner
+
+    from vlmspec_cli.cli import cli
+    blocker = tmp_path / "cache"
+    blocker.write_text("mine\n")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(blocker / "inductor"))
+    _, image = fresh_scenes(1, seed=5)[0]
+    image.save(tmp_path / "s.png")
+    res = CliRunner().invoke(cli, ["caption", str(tmp_path / "s.png"), "--compile", "on"])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "runtime.compile: on: the compile cache" in lines[0]
+    assert blocker.read_text() == "mine\n"

@@ -72,11 +72,18 @@ class Session:
     def plan_compile(self, expected_tokens: int) -> bool:
         """Decide ``runtime.compile`` for a job of about ``expected_tokens`` tokens (see
         runtime/compiled_step.py ``decide``) and set it on the fast-path models; True when
-        their steps will be compiled (``warm_up`` then compiles them)."""
-        from vlmspec_cli.runtime.compiled_step import decide, draft_pays, set_compiled
+        their steps will be compiled (``warm_up`` then compiles them). SessionError when
+        ``on`` cannot keep its compile cache."""
+        from vlmspec_cli.runtime.compiled_step import (cache_dir_problem, decide, draft_pays,
+                                                       set_compiled)
 
         mode, hardware = self.profile.runtime.compile, self.profile.hardware
         on, self.compile_reason = decide(mode, hardware, expected_tokens)
+        problem = cache_dir_problem() if on else None
+        if problem and mode == "on":
+            raise SessionError(f"runtime.compile: on: {problem}")
+        if problem:
+            on, self.compile_reason = False, f"auto: {problem}"
         if not self._fast_models():
             on, self.compile_reason = False, "needs the fast path, which no model is on"
         p = self.profile

@@ -197,8 +197,12 @@ def start_decoding(session, expected_tokens: int, quiet: bool) -> None:
     take the fast path and whether their steps are compiled, and run the compile warm-up
     as its own phase."""
     from vlmspec_cli import ui
+    from vlmspec_cli.session import SessionError
 
-    compiled = session.plan_compile(expected_tokens)
+    try:
+        compiled = session.plan_compile(expected_tokens)
+    except SessionError as exc:
+        fail(str(exc))
     if not quiet:
         ui.info(session.fast_path_summary())
     if compiled:

@@ -311,6 +311,23 @@ def _store(cache, start: int, n: int, keys: torch.Tensor, values: torch.Tensor) 
     cache.length = start + n
 
 
+def cache_dir_problem() -> str | None:
+    """Why inductor cannot keep compiled kernels in TORCHINDUCTOR_CACHE_DIR (e.g. a file
+    where its directory should be), or None. Nothing is removed or replaced."""
+    import os
+
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not path:
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return f"the compile cache {path} cannot be a directory: {exc.strerror or exc}"
+    if not os.access(path, os.W_OK):
+        return f"the compile cache {path} is not writable"
+    return None
+
+
 def set_compiled(decoder, on: bool = True) -> None:
     """Turn compiled steps on (a fresh ``CompiledSteps``) or off for a ``FastDecoder``."""
     decoder.compiled = CompiledSteps(decoder) if on else None
