@@ -209,6 +209,14 @@ def test_compile_cache_defaults_under_the_users_cache_directory(tmp_path):
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "mine")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == str(tmp_path / "mine")
+    # a file where vlmspec's cache directory would go: left alone, torch's default stays
+    del env["TORCHINDUCTOR_CACHE_DIR"]
+    env["XDG_CACHE_HOME"] = str(tmp_path / "x")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "vlmspec").write_text("mine\n")
+    code = "import os, vlmspec_cli; print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "None" and (tmp_path / "x" / "vlmspec").read_text() == "mine\n"
 
 
 def test_a_file_where_the_compile_cache_goes_is_an_error_and_kept(tmp_path, monkeypatch):
