@@ -26,6 +26,7 @@ Compiled rows also report the compile warm-up (seconds, before the first request
 the compiles that happened after it, per 100 rounds (0 when the buckets are right).
 
     python bench/engine.py [--n 12] [--max-new-tokens 48] [--threads 2] [--json out.json]
+                           [--methods 'tree (M),twig'] [--paths off,on,compiled]
 """
 
 from __future__ import annotations
@@ -172,14 +173,24 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="rows to run, comma-separated (target-only is always run)")
+    ap.add_argument("--paths", default=",".join(PATHS), help="paths to run, comma-separated")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    rows = {(m, p): build(m, p, args) for m in METHODS for p in PATHS}
-    base = rows[("target-only", "off")]["session"]
-    target, draft = base.target, rows[("chain (M)", "off")]["session"].draft
+    methods = ["target-only"] + [m for m in args.methods.split(",") if m != "target-only"]
+    paths = args.paths.split(",")
+    unknown = [m for m in methods if m not in METHODS] + [p for p in paths if p not in PATHS]
+    if unknown:
+        ap.error(f"unknown row or path: {', '.join(unknown)}")
+    rows = {(m, p): build(m, p, args) for m in methods for p in paths}
+    base = rows[("target-only", paths[0])]["session"]
+    # HF assisted generation uses chain (M)'s draft, the profile's own
+    target = base.target
+    draft = build_session(load_profile("tinyworld-caption", [])).draft
     gc = draft.model.generation_config
     gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = 5, "constant"
     gc.assistant_confidence_threshold = 0.0
@@ -201,11 +212,11 @@ def main() -> None:
             hf_runs[name]["forwards"] += stats.num_drafts
     reference = hf_runs["hf generate"]["tokens"]
     summary = {}
-    for path in PATHS:
+    for path in paths:
         only = runs[("target-only", path)]
         t_p1 = 1e3 * sum(r["target"]["seconds"]["extend"] for r in only) / max(
             1, sum(r["target"]["calls"]["extend"] for r in only))
-        for m in METHODS:
+        for m in methods:
             s = summarise(runs[(m, path)], t_p1, reference)
             s["T_p1_ms"] = t_p1
             row = rows[(m, path)]
@@ -214,9 +225,9 @@ def main() -> None:
                 s["compile_warmup_s"] = row["warmup_s"]
                 s["late_compiles_per_100_rounds"] = 100 * late / max(1, s["rounds"])
             summary[f"{m} [{path}]"] = s
-    for path in PATHS:
+    for path in paths:
         base = summary[f"target-only [{path}]"]
-        for m in METHODS:
+        for m in methods:
             s = summary[f"{m} [{path}]"]
             s["speedup_same_path"] = s["tokens_per_s"] / base["tokens_per_s"]
             # Eq. 1 models decoding rounds, not prefills: compare it with the decode phase

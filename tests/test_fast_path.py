@@ -13,7 +13,7 @@ from conftest import fresh_scenes
 from test_lossless import reference
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.profile import ProfileError, load_profile
-from vlmspec_cli.runtime.adapters.base import select_cache_positions, truncate_cache
+from vlmspec_cli.runtime.adapters.base import keep_branch, truncate_cache
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import ModelLoadError, use_fast_path
 from vlmspec_cli.runtime.request import Message, Request
@@ -69,9 +69,11 @@ def test_every_kind_of_forward_matches_transformers(both_paths):
         truncate_cache(cache, 14)
         past = 14
         mask, pos = small_tree(past)
+        if lm.fast is not None:   # the fast path takes trees' masks as bool (True = visible)
+            mask = mask == 0
         outs.append(lm.adapter.extend(lm, torch.tensor([[60, 61, 62, 63]]), cache,
                                       attention_mask=mask, position_ids=pos))
-        select_cache_positions(cache, list(range(past)) + [past, past + 1, past + 3])
+        keep_branch(cache, past, [past, past + 1, past + 3])
         for layer in (-2, -1, 0):   # a middle layer, the last (final-normed), the embeddings
             logits, hidden = lm.adapter.extend_hidden(lm, torch.tensor([[64]]), cache, layer)
             outs += [logits, hidden]
@@ -151,7 +153,7 @@ def test_static_cache_rolls_back_and_keeps_a_branch_in_place():
     cache.length = 8        # pretend a tree of 4 nodes was written at 4..7
     with torch.inference_mode():   # as the fast path writes it
         cache.keys[:, :, :, 4:8] = torch.tensor([40., 50., 60., 70.]).view(1, 1, 4, 1)
-    cache.keep_positions([0, 1, 2, 3, 5, 7])
+    cache.keep_positions(4, [5, 7])
     assert cache.length == 6
     assert cache.keys[0, 0, 0, :6, 0].tolist() == [0, 1, 2, 3, 50, 70]
     assert cache.keys is buffer and cache.grown == 0      # moved in place, no reallocation

@@ -16,7 +16,8 @@ from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.tree import DraftTree, expand_tree, path_to, tree_mask
+from vlmspec_cli.runtime.tree import DraftTree, path_to, tree_mask
+from vlmspec_cli.runtime.tree_growth import expand_tree
 from vlmspec_cli.runtime.verify import SamplingParams, verify_tree
 from vlmspec_cli.zoo import world
 

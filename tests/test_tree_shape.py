@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlmspec_cli.runtime.tree import expand_tree
+from vlmspec_cli.runtime.tree_growth import expand_tree
 from vlmspec_cli.runtime.tree_shape import (AdjacencyAdaptive, AdtBounds, FixedShape, RoundLog,
                                             TreeRound)
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams, verify_tree

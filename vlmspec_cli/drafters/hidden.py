@@ -36,7 +36,8 @@ from vlmspec_cli.runtime.engine import eos_token_ids
 from vlmspec_cli.runtime.hidden_head import head_logits, prompt_pairs
 from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.tree import DraftTree, additive_mask, expand_tree
+from vlmspec_cli.runtime.tree import DraftTree, attention_for
+from vlmspec_cli.runtime.tree_growth import FrontierFeed, expand_tree
 from vlmspec_cli.runtime.tree_shape import FixedShape, RoundLog, TreeRound
 from vlmspec_cli.runtime.verify import SamplingParams, probabilities
 
@@ -52,6 +53,7 @@ class HiddenState:
     tree: DraftTree | None = None
     shape: tuple[int, int] = (0, 0)
     log: RoundLog = field(default_factory=RoundLog)
+    feed: FrontierFeed = field(default_factory=FrontierFeed)   # a tree round's fed nodes
 
 
 @dataclass
@@ -124,15 +126,16 @@ class HiddenDrafter(DraftingMethod):
     # -- head forwards ----------------------------------------------------------------
     @torch.inference_mode()
     def _run(self, st: HiddenState, tokens: list[int] | torch.Tensor, hidden: torch.Tensor,
-             step: int, positions: list[int] | None = None,
+             step: int, positions: torch.Tensor | None = None,
              mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed pairs (tokens[i], hidden[i]) to the head; its outputs h' (n, H)."""
+        """Feed pairs (tokens[i], hidden[i]) to the head; its outputs h' (n, H).
+        ``positions`` (1, n): default the next text positions after the head's cache."""
         dev = self.target.device
         ids = torch.as_tensor(tokens, device=dev).reshape(1, -1)
         if positions is None:
             start = int(st.cache.get_seq_length())
-            positions = list(range(start, start + ids.shape[1]))
-        pos = torch.tensor([positions], device=dev)
+            positions = torch.arange(start, start + ids.shape[1])[None]
+        pos = positions.to(dev)
         steps = torch.full_like(pos, step)
         out = self.head(self.embed(ids), hidden[None].to(dev), pos, st.cache,
                         attention_mask=mask, steps=steps)
@@ -199,42 +202,26 @@ class HiddenDrafter(DraftingMethod):
 
     def _propose_tree(self, st: HiddenState, state: DecodeState, root_logits, root_h, step,
                       max_tokens: int) -> DraftTree:
-        prefix = int(st.cache.get_seq_length())
-        outputs: dict[int, torch.Tensor] = {-1: root_h}
-        slots: dict[int, int] = {}
-        levels = [step]
+        st.feed.start(int(st.cache.get_seq_length()))
+        outputs: dict[int, torch.Tensor] = {-1: root_h}   # node -> its head state h'
 
         def expand(tree: DraftTree, nodes: list[int]) -> torch.Tensor:
             # node u's pair: its token and its parent's head state; it sees the committed
             # entries, its fed ancestors and itself, at position prefix + depth
-            past = int(st.cache.get_seq_length())
-            allowed = torch.zeros((len(nodes), past + len(nodes)), dtype=torch.bool)
-            allowed[:, :prefix] = True
-            for i, u in enumerate(nodes):
-                allowed[i, past + i] = True
-                p = tree.parents[u]
-                while p >= 0:
-                    allowed[i, slots[p]] = True
-                    p = tree.parents[p]
-            for i, u in enumerate(nodes):
-                slots[u] = past + i
+            ids, pos, allowed = st.feed.feed(tree, nodes)
             parents = torch.stack([outputs[tree.parents[u]] for u in nodes])
-            out = self._run(st, [tree.tokens[u] for u in nodes], parents,
-                            step=levels[0] + tree.depth[nodes[0]],
-                            positions=[prefix + tree.depth[u] for u in nodes],
-                            mask=additive_mask(allowed, out_dtype(self.head), self.target.device))
-            for i, u in enumerate(nodes):
-                outputs[u] = out[i]
+            out = self._run(st, ids, parents, step=step + tree.depth[nodes[0]],
+                            positions=pos, mask=attention_for(self.head, allowed, st.cache))
+            outputs.update(zip(nodes, out))
             return self._logits(out)
 
         depth, top_k = self.shape.choose(st.log, len(state.tokens), None)
         depth = min(depth, max_tokens)
         st.shape = (depth, top_k)
         s = self.tree
-        tree = expand_tree(root_logits, expand, depth, top_k, s.total_tokens, self.sampling,
-                           state.draft_generator, self.eos_ids, static=s.static)
-        st.tree = tree
-        return tree
+        st.tree = expand_tree(root_logits, expand, depth, top_k, s.total_tokens, self.sampling,
+                              state.draft_generator, self.eos_ids, static=s.static)
+        return st.tree
 
     def accept(self, state: DecodeState, n_accepted: int,
                target_logits: torch.Tensor | None = None) -> None:
@@ -266,8 +253,4 @@ class HiddenDrafter(DraftingMethod):
                 del summary["accept_lengths"]
                 state.stats.trees = {"policy": "static" if self.tree.static else "dynamic",
                                      **summary}
-
-
-def out_dtype(module) -> torch.dtype:
-    return next(module.parameters()).dtype
 

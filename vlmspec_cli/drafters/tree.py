@@ -4,9 +4,10 @@ runtime/tree.py) instead of a chain; the target verifies every branch in one for
 The draft reads the request through one drafting input (inputs.py: M, T, C or P) and keeps
 its own KV cache: the prompt and the committed tokens it has read. Each expansion level
 feeds the frontier nodes in one forward, at positions base + depth, with a 4-D mask that
-lets a node see the cache, its ancestors and itself. After verification the cache is cut
-back to the prompt, the committed tokens and the accepted path's nodes it fed (an
-index_select along the sequence), so the next round starts from a plain prefix again.
+lets a node see the cache, its ancestors and itself (runtime/tree_growth.py
+``FrontierFeed``). After verification the cache keeps the prompt, the committed tokens
+and the accepted path's nodes it fed (moved down after them), so the next round starts
+from a plain prefix again.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from vlmspec_cli.drafters.base import DraftingMethod, draft_line, one_input, reg
 from vlmspec_cli.drafters.draft_model import draft_model_names, load_draft
 from vlmspec_cli.drafters.inputs import check_inputs, prefill_input
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
-from vlmspec_cli.runtime.adapters.base import cache_length, select_cache_positions
+from vlmspec_cli.runtime.adapters.base import cache_length, keep_branch
 from vlmspec_cli.runtime.engine import eos_token_ids
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.tree import DraftTree, additive_mask, expand_tree
+from vlmspec_cli.runtime.tree import DraftTree, attention_for
+from vlmspec_cli.runtime.tree_growth import FrontierFeed, expand_tree
 from vlmspec_cli.runtime.tree_shape import AdjacencyAdaptive, AdtBounds, FixedShape, RoundLog, TreeRound
 from vlmspec_cli.runtime.verify import SamplingParams
 
@@ -35,8 +37,7 @@ class TreeState:
     cache: Any
     covered: int = 0                          # committed tokens in the cache
     next_logits: torch.Tensor | None = None   # after prefill
-    prefix: int = 0                           # cache length before this round's tree
-    slots: dict[int, int] = field(default_factory=dict)   # fed node -> cache slot
+    feed: FrontierFeed = field(default_factory=FrontierFeed)   # this round's fed nodes
     tree: DraftTree | None = None
     shape: tuple[int, int] = (0, 0)           # this round's (depth, top_k)
     log: RoundLog = field(default_factory=RoundLog)
@@ -128,39 +129,22 @@ class TreeDrafter(DraftingMethod):
         else:
             root = st.next_logits
         st.next_logits = None
-        st.prefix = cache_length(st.cache)
-        st.slots = {}
+        st.feed.start(cache_length(st.cache))
 
         def step(tree: DraftTree, nodes: list[int]) -> torch.Tensor:
             # feed the frontier nodes: each sees the prefix, its ancestors (all fed at
-            # earlier levels) and itself
-            past = cache_length(st.cache)
-            allowed = torch.zeros((len(nodes), past + len(nodes)), dtype=torch.bool)
-            allowed[:, :st.prefix] = True
-            for i, node in enumerate(nodes):
-                allowed[i, past + i] = True
-                parent = tree.parents[node]
-                while parent >= 0:
-                    allowed[i, st.slots[parent]] = True
-                    parent = tree.parents[parent]
-            ids = torch.tensor([[tree.tokens[i] for i in nodes]], device=lm.device)
-            pos = torch.tensor([[st.prefix + tree.depth[i] for i in nodes]], device=lm.device)
-            for i, node in enumerate(nodes):
-                st.slots[node] = past + i
-            mask = additive_mask(allowed, lm.dtype, lm.device)
-            return lm.adapter.extend(lm, ids, st.cache, attention_mask=mask, position_ids=pos)[0]
+            # earlier levels) and itself, at position prefix + depth
+            ids, pos, allowed = st.feed.feed(tree, nodes)
+            return lm.adapter.extend(lm, ids.to(lm.device), st.cache,
+                                     attention_mask=attention_for(lm, allowed, st.cache),
+                                     position_ids=pos.to(lm.device))[0]
 
         depth, top_k = self.shape.choose(st.log, len(state.tokens), st.shape_generator)
         depth = min(depth, max_tokens)
         st.shape = (depth, top_k)
-        tree = expand_tree(root, step, depth, top_k, self.total_tokens, self.sampling,
-                           state.draft_generator, self.eos_ids, static=self.static)
-        # the final rerank renumbers nodes: follow them to their slots (pruned fed nodes
-        # stay in the cache until accept() cuts it back)
-        if tree.origin is not None:
-            st.slots = {new: st.slots[old] for new, old in enumerate(tree.origin) if old in st.slots}
-        st.tree = tree
-        return tree
+        st.tree = expand_tree(root, step, depth, top_k, self.total_tokens, self.sampling,
+                              state.draft_generator, self.eos_ids, static=self.static)
+        return st.tree
 
     def accept(self, state: DecodeState, n_accepted: int,
                target_logits: torch.Tensor | None = None) -> None:
@@ -168,12 +152,12 @@ class TreeDrafter(DraftingMethod):
         tree = st.tree
         if tree is None:  # no tree this round (the token budget allowed no proposal)
             return
-        # keep the prefix and the accepted nodes the draft fed, in path order
-        fed_path = [st.slots[n] for n in tree.accepted if n in st.slots]
-        keep = list(range(st.prefix)) + fed_path
-        select_cache_positions(st.cache, keep)
+        # keep the prefix and the accepted nodes the draft fed, in path order (fed nodes
+        # off the path stay past the cache's length, unread)
+        fed_path = st.feed.slots(tree, tree.accepted)
+        keep_branch(st.cache, st.feed.prefix, fed_path)
         st.covered += len(fed_path)
-        st.slots, st.tree = {}, None
+        st.tree = None
         depth, top_k = st.shape
         st.log.add(TreeRound(len(state.tokens) - n_accepted - 1, depth, top_k, n_accepted))
 

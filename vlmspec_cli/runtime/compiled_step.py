@@ -231,7 +231,10 @@ class CompiledSteps:
         slots = torch.arange(capacity, device=device)
         rows = torch.arange(nb, device=device)
         if attention_mask.dim() == 4:
-            given = attention_mask.to(dtype)
+            given = attention_mask
+            if given.dtype == torch.bool:   # True = visible
+                given = torch.where(given, torch.zeros((), dtype=dtype, device=device), low)
+            given = given.to(dtype)
             lead = given.shape[0]
             cache_mask = torch.full((lead, 1, nb, capacity), low, dtype=dtype, device=device)
             cache_mask[:, :, :n, :start] = given[..., :n, :start]

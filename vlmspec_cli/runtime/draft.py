@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmspec_cli.runtime.adapters.base import cache_length, select_cache_positions, truncate_cache
+from vlmspec_cli.runtime.adapters.base import cache_length, keep_branch, truncate_cache
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.verify import SamplingParams, verify_chain
 
@@ -38,13 +38,14 @@ class Verdict:
     drafted: int                   # proposals verified
     positions: int | None = None   # how deep the proposals reach (a tree's depth)
     rejected: int = 0              # chain: trailing proposals the target cache must forget
-    keep: list[int] | None = None  # tree: the target cache positions to keep, in order
+    # tree: the target cache's (prefix, slots) to keep: the prefix, then those slots
+    keep: tuple[int, list[int]] | None = None
 
     def roll_back(self, state: DecodeState) -> None:
         """Cut the request's target cache back to the prompt, the committed tokens and the
         accepted proposals."""
         if self.keep is not None:
-            select_cache_positions(state.target_cache, self.keep)
+            keep_branch(state.target_cache, *self.keep)
         else:
             truncate_cache(state.target_cache, cache_length(state.target_cache) - self.rejected)
 

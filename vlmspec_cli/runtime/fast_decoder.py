@@ -90,8 +90,8 @@ class FastDecoder:
         """The decoder over ``embeds`` (B, n, H) after the cache's ``length`` positions.
 
         ``attention_mask``: None (causal), a (B, length + n) 0/1 padding mask combined with
-        causality (left-padded ensemble rows), or a 4-D additive float mask (B|1, 1, n,
-        length + n) used as is (tree verification). ``position_ids`` (B, n), or (3, B, n) for
+        causality (left-padded ensemble rows), or a 4-D mask (B|1, 1, n,
+        length + n), bool (True = visible) or additive float, used as is (trees). ``position_ids`` (B, n), or (3, B, n) for
         Qwen2-VL's 3-D positions: default length, length + 1, … Returns the final-normed hidden states (B, n, H) and, with
         ``hidden_layer``, that entry of transformers' ``hidden_states`` (0 = embeddings,
         i = after layer i; the last entry, -1, is after the final norm, as in transformers)."""
@@ -162,7 +162,13 @@ class FastDecoder:
     def _mask(attention_mask, batch: int, n: int, start: int, like: torch.Tensor):
         """The attention mask over positions [0, start + n) for the new rows."""
         if attention_mask is not None and attention_mask.dim() == 4:
-            return attention_mask[..., : start + n].to(like.dtype)
+            # bool (True = visible; trees' masks on this path) or additive float; made
+            # additive here, once, rather than by attention in every layer
+            mask = attention_mask[..., : start + n]
+            if mask.dtype != torch.bool:
+                return mask.to(like.dtype)
+            return torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill_(
+                ~mask, torch.finfo(like.dtype).min)
         causal = None
         if n > 1:
             causal = torch.ones(n, start + n, dtype=torch.bool, device=like.device).tril(start)

@@ -59,19 +59,18 @@ class StaticKVCache:
         self.grown += 1
 
     @torch.inference_mode()
-    def keep_positions(self, keep: list[int]) -> None:
-        """Keep the cached positions ``keep`` (ascending) as positions 0..len(keep)-1: the
-        untouched prefix stays where it is and only the accepted tree nodes move down."""
-        prefix = 0
-        while prefix < len(keep) and keep[prefix] == prefix:
-            prefix += 1
-        if prefix < len(keep):
-            src = torch.tensor(keep[prefix:], device=self.keys.device)
-            dst = slice(prefix, len(keep))
+    def keep_positions(self, prefix: int, slots: list[int]) -> None:
+        """Keep positions [0, prefix) where they are and move ``slots`` (ascending, past the
+        prefix) down to follow them: a tree round's accepted branch."""
+        moved = [i for i, s in enumerate(slots) if s != prefix + i]
+        if moved:
+            first = moved[0]
+            src = torch.tensor(slots[first:], device=self.keys.device)
+            dst = slice(prefix + first, prefix + len(slots))
             # index_select copies first, so overlapping source and target are safe
             self.keys[:, :, :, dst] = self.keys.index_select(3, src)
             self.values[:, :, :, dst] = self.values.index_select(3, src)
-        self.length = len(keep)
+        self.length = prefix + len(slots)
 
     @torch.inference_mode()
     def load(self, cache) -> None:

@@ -192,11 +192,16 @@ def verify_tree(tree, root_logits: torch.Tensor, node_logits: torch.Tensor,
     """
     path: list[int] = []
     node = -1
+    if params.greedy:   # the target's argmax at the root and after every node, one sync
+        rows = root_logits[None].float()
+        if node_logits is not None:
+            rows = torch.cat([rows, node_logits.float().to(rows.device)])
+        choices = rows.argmax(-1).tolist()
     while True:
         p_logits = root_logits if node < 0 else node_logits[node]
         kids = tree.children(node)
         if params.greedy:
-            choice = int(p_logits.argmax())
+            choice = choices[node + 1]
             nxt = next((c for c in kids if tree.tokens[c] == choice), None)
             if nxt is None and relax is not None and kids:
                 p = probabilities(p_logits, UNIT_TEMPERATURE)

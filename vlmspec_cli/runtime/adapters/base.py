@@ -200,16 +200,18 @@ def truncate_cache(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def select_cache_positions(cache, keep: list[int]) -> None:
-    """Keep only the cached positions ``keep`` (in that order) in every layer: a tree
-    round's accepted branch is not contiguous in the cache (index_select along the
-    sequence dimension)."""
+def keep_branch(cache, prefix: int, slots: list[int]) -> None:
+    """Keep the first ``prefix`` cached positions and then only ``slots`` (ascending, all
+    past the prefix), which move down to follow it: a tree round's accepted branch is not
+    contiguous in the cache. In place on a static cache; an index_select along the
+    sequence of every layer of a transformers cache."""
     if isinstance(cache, StaticKVCache):
-        cache.keep_positions(keep)
+        cache.keep_positions(prefix, slots)
         return
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False) or layer.keys is None or not layer.keys.numel():
             continue
-        index = torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
+        index = torch.cat([torch.arange(prefix), torch.tensor(slots, dtype=torch.long)])
+        index = index.to(layer.keys.device)
         layer.keys = layer.keys.index_select(-2, index)
         layer.values = layer.values.index_select(-2, index)
