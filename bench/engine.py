@@ -55,6 +55,8 @@ METHODS = {   # row name: (profile, --set overrides)
     "chain (T)": ("tinyworld-caption", ["drafting.inputs=[text]"]),
     "tabed (MT)": ("tinyworld-tabed", []),
     "tree (M)": ("tinyworld-caption", ["method=tree"]),
+    # the hidden-state head (HiViS/Sparrow): its forwards are timed as the draft's
+    "hidden (chain)": ("tinyworld-hidden", []),
     # self-speculation: the drafter runs the target's layers itself, so its forwards are
     # not timed here (no T_p/T_q/overhead columns), only tokens/s and τ
     "twig": ("tinyworld-twig", []),
@@ -64,8 +66,9 @@ METHODS = {   # row name: (profile, --set overrides)
 class TimedAdapter:
     """The model's own adapter, with its forwards timed (seconds and calls per kind)."""
 
-    def __init__(self, inner, device) -> None:
+    def __init__(self, inner, device, rename=None) -> None:
         self._inner, self._device = inner, device
+        self._rename = rename or {}   # a method timed under one of TIMED's names
         self.seconds = {k: 0.0 for k in TIMED}
         self.calls = {k: 0 for k in TIMED}
         self.tokens = 0   # tokens fed by extend calls
@@ -79,16 +82,24 @@ class TimedAdapter:
         attr = getattr(self._inner, name)
         if name not in TIMED:
             return attr
+        return self._timed(attr, name, lambda args: int(args[1].shape[-1]))
 
-        def timed(lm, *args, **kwargs):
+    def timed_method(self, name):
+        """The inner object's own method ``name``, timed (the hidden head's ``_run``:
+        (state, tokens, …))."""
+        return self._timed(getattr(self._inner, name), self._rename[name],
+                           lambda args: int(torch.as_tensor(args[1]).numel()))
+
+    def _timed(self, attr, name, count):
+        def timed(*args, **kwargs):
             sync(self._device)
             t0 = time.perf_counter()
-            out = attr(lm, *args, **kwargs)
+            out = attr(*args, **kwargs)
             sync(self._device)
             self.seconds[name] += time.perf_counter() - t0
             self.calls[name] += 1
             if name.startswith("extend"):
-                self.tokens += int(args[0].shape[-1])
+                self.tokens += count(args)
             return out
         return timed
 
@@ -107,6 +118,10 @@ def build(method: str, path: str, args) -> dict:
     for role, lm in (("target", session.target), ("draft", session.draft)):
         if lm is not None:
             lm.adapter = timers[role] = TimedAdapter(lm.adapter, lm.device)
+    drafter = session.engine.drafter
+    if session.draft is None and hasattr(drafter, "head"):   # the hidden head's forwards
+        timers["draft"] = TimedAdapter(drafter, session.target.device, {"_run": "extend"})
+        drafter._run = timers["draft"].timed_method("_run")
     return {"session": session, "timers": timers, "gamma": session.engine.gamma,
             "warmup_s": warmup_s}
 

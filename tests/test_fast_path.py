@@ -210,3 +210,53 @@ def test_video_target_and_hidden_head_equal_transformers(zoo_target):
         assert isinstance(res.state.target_cache, StaticKVCache)
         accepted += res.state.stats.num_accepted_tokens
     assert accepted > 0
+
+
+def test_draft_blocks_compute_what_their_transformers_forward_computes(zoo_target):
+    """The hidden-state head's layers and the twig's own layers (blocks with no model of
+    their own) on the fast path: a prompt, a causal step and a tree-masked step give the
+    outputs of the head's own forward / the twig's transformers layers."""
+    from transformers import DynamicCache
+
+    from vlmspec_cli.runtime.adapters.base import TextStack
+    from vlmspec_cli.runtime.fast_decoder import FastDecoder
+    from vlmspec_cli.runtime.models import load_hidden_head, load_twig
+    from vlmspec_cli.runtime.trunk import chunk_mask
+
+    torch.manual_seed(3)
+    head = load_hidden_head("zoo:tinyworld/llava-hidden", zoo_target)
+    twig = load_twig("zoo:tinyworld/llava-twig", zoo_target)
+    rotary = zoo_target.adapter.text_stack(zoo_target).rotary
+    twig_stack = TextStack(None, twig.model.layers, twig.model.norm, rotary, twig.lm_head,
+                           twig.config)
+    def twig_layers(z, pos, cache, mask):
+        pe = rotary(z, pos)
+        if mask is None:
+            mask = chunk_mask(z.shape[1], cache.get_seq_length(), z.dtype, z.device)
+        for layer in twig.model.layers:
+            z = layer(z, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                      use_cache=True, position_embeddings=pe)
+        return twig.model.norm(z)
+
+    blocks = {"head": (FastDecoder(head.decoder_stack(), "cpu", head.dtype), head.layers_only),
+              "twig": (FastDecoder(twig_stack, "cpu", twig.dtype), twig_layers)}
+    width = head.config.hidden_size
+    prompt, step = torch.randn(1, 9, width), torch.randn(1, 1, width)
+    nodes = torch.randn(1, 3, width)
+    tree_pos = torch.tensor([[10, 11, 11]])
+    allowed = torch.ones(3, 13, dtype=torch.bool)
+    allowed[:, 10:] = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    additive = torch.zeros(1, 1, 3, 13).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    for name, (fast, eager) in blocks.items():
+        with torch.inference_mode():
+            cache, static = DynamicCache(), fast.new_cache()
+            want = [eager(prompt, torch.arange(9)[None], cache, None),
+                    eager(step, torch.tensor([[9]]), cache, None),
+                    eager(nodes, tree_pos, cache, additive)]
+            got = [fast.run(prompt, static)[0], fast.run(step, static)[0],
+                   fast.run(nodes, static, attention_mask=allowed[None, None],
+                            position_ids=tree_pos)[0]]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5, msg=name)
+        assert static.length == 13 and static.grown == 0
+

@@ -15,8 +15,9 @@ from vlmspec_cli.drafters.hidden import TreeSettings
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.hidden_head import prompt_pairs
-from vlmspec_cli.runtime.models import load_hidden_head
+from vlmspec_cli.runtime.models import load_hidden_head, use_fast_path
 from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.session import SessionError, build_session
 from vlmspec_cli.runtime.verify import SamplingParams
 from vlmspec_cli.zoo import world
@@ -76,14 +77,25 @@ def test_hidden_equals_target_greedy(zoo_target, zoo_head, corpus, gamma, tree):
     assert 1 + accepted / drafts > (1.5 if gamma == 2 else 2.5)
 
 
-def test_draft_cache_holds_text_positions_only(zoo_target, zoo_head, corpus):
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_draft_cache_holds_text_positions_only(zoo_target, zoo_head, corpus, mode):
     """Sparrow's VATA: the head's KV cache has one entry per text pair and none for the
-    image tokens — prompt text pairs + generated tokens, never the prompt length."""
-    engine = _engine(zoo_target, zoo_head)
-    for req, _ in corpus[:6]:
+    image tokens — prompt text pairs + generated tokens, never the prompt length; with the
+    fast path on and off (the head's layers follow the target's path)."""
+    use_fast_path(zoo_target, mode)
+    try:
+        _check_text_only_cache(_engine(zoo_target, zoo_head), corpus[:6], mode == "on")
+    finally:
+        use_fast_path(zoo_target, "auto")
+
+
+def _check_text_only_cache(engine, corpus, fast: bool) -> None:
+    lm = engine.target
+    for req, ref in corpus:
         res = engine.generate(req)
+        assert res.tokens == ref
         st = res.state.drafter_state
-        lm = zoo_target
+        assert isinstance(st.cache, StaticKVCache) == fast
         ids = lm.adapter.encode(lm, res.state.prompt, req.images or None)["input_ids"][0]
         visual = lm.adapter.visual_mask(lm, ids)
         n_visual = int(visual.sum())

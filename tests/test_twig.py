@@ -76,6 +76,7 @@ def test_twig_trunk_on_and_off_the_fast_path(zoo_target, zoo_twig, corpus, mode)
     """The split trunk over transformers' cache (off) and over static segments (on), with
     pruning segments too: the same tokens as target greedy / the pruned target."""
     from vlmspec_cli.runtime.models import use_fast_path
+    from vlmspec_cli.runtime.static_cache import StaticKVCache
     from vlmspec_cli.runtime.trunk import SegmentedCache
     try:
         use_fast_path(zoo_target, mode)
@@ -84,6 +85,8 @@ def test_twig_trunk_on_and_off_the_fast_path(zoo_target, zoo_twig, corpus, mode)
         _run(SpeculativeEngine(zoo_target, drafter, 5, GREEDY), corpus[:4])
         res = SpeculativeEngine(zoo_target, drafter, 5, GREEDY).generate(corpus[0][0])
         assert isinstance(res.state.target_cache, SegmentedCache) == (mode == "on")
+        # the twig's own layers follow the target onto the fast path
+        assert isinstance(res.state.drafter_state.twig_cache, StaticKVCache) == (mode == "on")
 
         def pruned():
             return create_drafter("twig", target=zoo_target, sampling=GREEDY, layers=2,

@@ -33,9 +33,11 @@ import torch
 from vlmspec_cli.drafters.base import DraftingMethod, register
 from vlmspec_cli.runtime.draft import Draft
 from vlmspec_cli.runtime.engine import eos_token_ids
+from vlmspec_cli.runtime.fast_decoder import FastDecoder, stack_problem
 from vlmspec_cli.runtime.hidden_head import head_logits, prompt_pairs
 from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import DecodeState
+from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.tree import DraftTree, attention_for
 from vlmspec_cli.runtime.tree_growth import FrontierFeed, expand_tree
 from vlmspec_cli.runtime.tree_shape import FixedShape, RoundLog, TreeRound
@@ -86,6 +88,7 @@ class HiddenDrafter(DraftingMethod):
         self.eos_ids = set(eos_ids)
         self.tree = tree
         self.shape = FixedShape(tree.depth, tree.top_k) if tree else None
+        self._fast: FastDecoder | None = None   # the head's fast path, made on first use
 
     # -- from a profile --------------------------------------------------------------
     @classmethod
@@ -137,9 +140,24 @@ class HiddenDrafter(DraftingMethod):
             positions = torch.arange(start, start + ids.shape[1])[None]
         pos = positions.to(dev)
         steps = torch.full_like(pos, step)
-        out = self.head(self.embed(ids), hidden[None].to(dev), pos, st.cache,
-                        attention_mask=mask, steps=steps)
+        if not isinstance(st.cache, StaticKVCache):
+            out = self.head(self.embed(ids), hidden[None].to(dev), pos, st.cache,
+                            attention_mask=mask, steps=steps)
+        else:
+            z = self.head.inputs(self.embed(ids), hidden[None].to(dev), steps)
+            out, _ = self._fast.run(z, st.cache, attention_mask=mask, position_ids=pos)
         return out[0]
+
+    def _head_fast_path(self) -> FastDecoder | None:
+        """The head decodes on the fast path when the target does (and its layers can),
+        with the target's headroom: its text positions plus the answer."""
+        if self.target.fast is None or stack_problem(self.head.config.layer_config()):
+            return None
+        if self._fast is None:
+            self._fast = FastDecoder(self.head.decoder_stack(), self.target.device,
+                                     self.head.dtype)
+        self._fast.headroom = self.target.fast.headroom
+        return self._fast
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
@@ -150,8 +168,9 @@ class HiddenDrafter(DraftingMethod):
         f = state.features
         if f is None or f.ids is None:
             raise RuntimeError("hidden drafter: the engine gave no prefill hidden states")
-        st = HiddenState(self.head.new_cache(), prompt_len=len(f.ids),
-                         first_logits=state.target_next_logits)
+        fast = self._head_fast_path()
+        cache = self.head.new_cache() if fast is None else fast.new_cache()
+        st = HiddenState(cache, prompt_len=len(f.ids), first_logits=state.target_next_logits)
         nxt, rows = prompt_pairs(f.ids, f.hidden, f.visual)
         if len(nxt):
             self._run(st, nxt, rows, step=0)

@@ -9,7 +9,9 @@ token and x_1..x_{n-1} go through layers[:K] (into the target's cache) and the t
 verification only x_n still needs layers[:K], then layers[K:] run on the stored X^(K) of
 pending, x_1..x_n. After verification the engine crops every target layer back to the
 accepted prefix; the twig's own cache is cropped to match, and an accepted x_n that the
-twig never read is fed to it (from its stored X^(K)) with the next token.
+twig never read is fed to it (from its stored X^(K)) with the next token. On the fast path
+the trunk's and the rest's layers write static buffers (trunk.py ``SegmentedCache``) and so
+do the twig's own layers, after the prompt (``FastDecoder`` over the twig's stack).
 
 Drafting stops after δ = drafting.gamma tokens, or early (θ = twig.threshold) after a
 token whose draft probability is below θ. The stop depends only on the draft, so
@@ -32,9 +34,12 @@ import torch
 from transformers import DynamicCache
 
 from vlmspec_cli.drafters.base import DraftingMethod, register
+from vlmspec_cli.runtime.adapters.base import TextStack
 from vlmspec_cli.runtime.draft import Draft
+from vlmspec_cli.runtime.fast_decoder import FastDecoder, stack_problem
 from vlmspec_cli.runtime.models import load_twig
 from vlmspec_cli.runtime.request import DecodeState
+from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.trunk import SplitTarget, crop_layers, mean_retained_tokens, run_layers
 from vlmspec_cli.runtime.verify import SamplingParams, probabilities
 
@@ -105,6 +110,7 @@ class TwigDrafter(DraftingMethod):
         if self.prune is not None:
             self._check_prune(self.prune)
         self.lossless = self.prune is None
+        self._twig_fast: FastDecoder | None = None   # the twig's fast path, made on first use
 
     # -- from a profile --------------------------------------------------------------
     @classmethod
@@ -187,7 +193,25 @@ class TwigDrafter(DraftingMethod):
                                                keep_from)[0, -1]
         # on the fast path every later forward writes into static buffers (trunk.py)
         state.target_cache = split.static_cache(state.target_cache, keep_from)
+        fast = self._twig_fast_path() if st.twig_cache is not None else None
+        if fast is not None:   # the twig's own layers follow the target onto the fast path
+            static = fast.new_cache()
+            static.load(st.twig_cache)
+            st.twig_cache = static
         state.drafter_state = st
+
+    def _twig_fast_path(self) -> FastDecoder | None:
+        """The twig's layers as a fast-path stack (the target's rotary, the twig's norm and
+        head) when the target decodes on the fast path, with the target's headroom."""
+        if self.target.fast is None or stack_problem(self.twig.config):
+            return None
+        if self._twig_fast is None:
+            twig = self.twig
+            stack = TextStack(None, twig.model.layers, twig.model.norm, self.split.stack.rotary,
+                              twig.lm_head, twig.config)
+            self._twig_fast = FastDecoder(stack, self.target.device, twig.dtype)
+        self._twig_fast.headroom = self.target.fast.headroom
+        return self._twig_fast
 
     def extend_target(self, state: DecodeState, ids: torch.Tensor) -> torch.Tensor:
         """Target logits (1, n, V) for the fed tokens (pending + proposals), reusing the
@@ -268,6 +292,9 @@ class TwigDrafter(DraftingMethod):
     def _twig_forward(self, st: TwigState, hidden_k: torch.Tensor, positions: torch.Tensor,
                       want_attention: bool = False):
         twig = self.twig
+        if isinstance(st.twig_cache, StaticKVCache):
+            out, _ = self._twig_fast.run(hidden_k, st.twig_cache, position_ids=positions)
+            return twig.lm_head(out), None
         captured = {}
         hook = None
         if want_attention:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vlmspec_cli.runtime.adapters.base import TextStack
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 
 # the text decoders it runs; Qwen2-VL / Qwen2.5-VL's rotary module folds their 3-D
@@ -41,7 +42,11 @@ def reason_unsupported(lm) -> str | None:
         stack = lm.adapter.text_stack(lm)
     except (ValueError, AttributeError) as exc:
         return str(exc)
-    config = stack.config
+    return stack_problem(stack.config)
+
+
+def stack_problem(config) -> str | None:
+    """Why a decoder with this (text) config cannot run here (None when it can)."""
     kind = getattr(config, "model_type", None)
     if kind not in FAST_FAMILIES:
         return f"its text decoder ('{kind}') is not one of {', '.join(FAST_FAMILIES)}"
@@ -54,25 +59,32 @@ def reason_unsupported(lm) -> str | None:
 
 
 class FastDecoder:
-    """Decoding steps for one model's text decoder over ``StaticKVCache``s."""
+    """Decoding steps for one decoder stack over ``StaticKVCache``s: a model's text decoder
+    (``for_model``), or the layers of a draft block that has no model of its own (the
+    hidden-state head, the twig: drafters/hidden.py, drafters/twig.py)."""
 
-    def __init__(self, lm, headroom: int = 256) -> None:
-        self.stack = lm.adapter.text_stack(lm)
-        config = self.stack.config
-        self.layers = list(self.stack.layers)
+    def __init__(self, stack: TextStack, device, dtype, headroom: int = 256) -> None:
+        self.stack = stack
+        config = stack.config
+        self.layers = list(stack.layers)
         attn = self.layers[0].self_attn
         self.head_dim = int(attn.head_dim)
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.scaling = float(attn.scaling)
-        self.device = lm.device
-        self.dtype = next(lm.model.parameters()).dtype if lm.dtype is None else lm.dtype
+        self.device = torch.device(device)
+        self.dtype = dtype
         # positions a request may add after its prompt (max_new_tokens + the largest
         # round); the session sets it from the profile so caches are allocated once
         self.headroom = headroom
         # runtime.compile: the compiled step (runtime/compiled_step.py ``set_compiled``),
         # None = eager
         self.compiled = None
+
+    @classmethod
+    def for_model(cls, lm, headroom: int = 256) -> "FastDecoder":
+        dtype = next(lm.model.parameters()).dtype if lm.dtype is None else lm.dtype
+        return cls(lm.adapter.text_stack(lm), lm.device, dtype, headroom)
 
     def new_cache(self, batch: int = 1) -> StaticKVCache:
         return StaticKVCache(len(self.layers), batch, self.kv_heads, self.head_dim, 0,

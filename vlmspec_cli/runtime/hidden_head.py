@@ -17,7 +17,9 @@ Only text positions enter the head's KV cache (Sparrow's VATA: no visual KV), at
 text-only positions 0, 1, 2 …, so a draft step costs the same for 4 frames or 400.
 
 The head is a ``PreTrainedModel`` (config + safetensors, ``from_pretrained``); it borrows
-the target's token embedding and LM head, which it does not store.
+the target's token embedding and LM head, which it does not store. When the target decodes
+on the fast path, so does the head: its layers run over a ``StaticKVCache`` through
+``FastDecoder`` (``decoder_stack``), the head's own forward is used for training.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
+from vlmspec_cli.runtime.adapters.base import TextStack
 from vlmspec_cli.runtime.trunk import chunk_mask
 
 
@@ -98,9 +101,12 @@ class HiddenDraftHead(PreTrainedModel):
         """h' (B, n, H) for n pairs (e(x_{t+1}), h_t). ``positions`` (B, n): text-only
         positions; ``attention_mask``: additive (B, 1, n, past + n), default causal after
         the cache; ``steps`` (B, n): self-feedback depth of each pair (step embeddings)."""
-        z = self.fc(torch.cat([token_embeds, hidden.to(token_embeds.dtype)], dim=-1))
-        if self.steps is not None and steps is not None:
-            z = z + self.steps(steps.clamp(max=self.config.max_steps - 1))
+        z = self.inputs(token_embeds, hidden, steps)
+        return self.layers_only(z, positions, cache, attention_mask)
+
+    def layers_only(self, z: torch.Tensor, positions: torch.Tensor, cache=None,
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The head's decoder layers over its inputs z (B, n, H)."""
         past = 0 if cache is None else int(cache.get_seq_length())
         if attention_mask is None:
             attention_mask = chunk_mask(z.shape[1], past, z.dtype, z.device)
@@ -109,6 +115,21 @@ class HiddenDraftHead(PreTrainedModel):
             z = layer(z, attention_mask=attention_mask, position_ids=positions,
                       past_key_values=cache, use_cache=cache is not None, position_embeddings=pe)
         return z
+
+    def inputs(self, token_embeds: torch.Tensor, hidden: torch.Tensor,
+               steps: torch.Tensor | None = None) -> torch.Tensor:
+        """z (B, n, H) = FC(e(x_{t+1}) ⊕ h_t) (+ s_k): what the layers read."""
+        z = self.fc(torch.cat([token_embeds, hidden.to(token_embeds.dtype)], dim=-1))
+        if self.steps is not None and steps is not None:
+            z = z + self.steps(steps.clamp(max=self.config.max_steps - 1))
+        return z
+
+    def decoder_stack(self) -> TextStack:
+        """The head's layers as a stack the fast path runs (runtime/fast_decoder.py): no
+        embedding or LM head of its own, and no final norm (``head_logits`` applies it;
+        drafting feeds the pre-norm states back)."""
+        return TextStack(None, self.layers, nn.Identity(), self.rotary, None,
+                         self.config.layer_config())
 
 
 def prompt_pairs(ids: torch.Tensor, hidden: torch.Tensor, visual: torch.Tensor):

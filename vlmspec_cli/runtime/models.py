@@ -236,7 +236,7 @@ def use_fast_path(lm: LoadedModel, mode: str, role: str = "target") -> None:
                                  f"{reason}")
         lm.fast_off_reason = reason
         return
-    lm.fast = FastDecoder(lm)
+    lm.fast = FastDecoder.for_model(lm)
 
 
 def load_twig(name: str, target: LoadedModel):

@@ -50,13 +50,15 @@ class StaticKVCache:
         need = self.length + n
         if need <= self.capacity:
             return
-        cap = max(need, 2 * self.capacity)
+        # an empty cache filled by the fast path itself (a draft block with no prefill of
+        # its own) is sized here for the first time: that is not growing
+        self.grown += self.capacity > 0
+        cap = max(need + (0 if self.capacity else self.headroom), 2 * self.capacity)
         for name in ("keys", "values"):
             old = getattr(self, name)
             new = old.new_zeros(*old.shape[:3], cap, old.shape[4])
             new[:, :, :, : self.length] = old[:, :, :, : self.length]
             setattr(self, name, new)
-        self.grown += 1
 
     @torch.inference_mode()
     def keep_positions(self, prefix: int, slots: list[int]) -> None:
