@@ -52,7 +52,9 @@ def test_buckets():
 
 
 def _forwards(lm):
-    """A decoding step, a 3-token verification, rollback, a 4-node tree with its mask."""
+    """A decoding step, a 3-token verification, rollback, a 4-node tree with its mask
+    (bool, as trees pass it on the fast path), a step with the last layer's states (the
+    shipped hidden heads read hidden_states[-1])."""
     cache = lm.adapter.new_cache(lm)
     ids = torch.tensor([[1, 17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]])
     lm.adapter.prefill(lm, {"input_ids": ids}, cache)
@@ -62,8 +64,9 @@ def _forwards(lm):
     past = 13
     mask, pos = small_tree(past)
     outs.append(lm.adapter.extend(lm, torch.tensor([[60, 61, 62, 63]]), cache,
-                                  attention_mask=mask, position_ids=pos))
+                                  attention_mask=mask == 0, position_ids=pos))
     assert cache.get_seq_length() == past + 4
+    outs += lm.adapter.extend_hidden(lm, torch.tensor([[64]]), cache, -1)
     return outs
 
 

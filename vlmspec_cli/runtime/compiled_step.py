@@ -191,7 +191,8 @@ class CompiledSteps:
         return out
 
     def run(self, embeds, cache, attention_mask, position_ids, want: int | None):
-        """As ``FastDecoder.run`` for n <= the largest bucket."""
+        """As ``FastDecoder.run`` for n <= the largest bucket; ``want``: the hidden_states
+        entry to return, as an index in [0, layers] (None: none)."""
         batch, n, width = embeds.shape
         nb = bucket_for(n)
         start = cache.length

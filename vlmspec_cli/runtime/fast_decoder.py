@@ -108,8 +108,9 @@ class FastDecoder:
         ``hidden_layer``, that entry of transformers' ``hidden_states`` (0 = embeddings,
         i = after layer i; the last entry, -1, is after the final norm, as in transformers)."""
         batch, n, _ = embeds.shape
+        want = None if hidden_layer is None else hidden_layer % (len(self.layers) + 1)
         if self.compiled is not None and n <= self.compiled.max_rows:
-            return self.compiled.run(embeds, cache, attention_mask, position_ids, hidden_layer)
+            return self.compiled.run(embeds, cache, attention_mask, position_ids, want)
         start = cache.length
         end = start + n
         cache.reserve(n)
@@ -119,7 +120,6 @@ class FastDecoder:
         # cos/sin from the model's own rotary module: (B, n, head_dim), in the model dtype
         cos, sin = self.stack.rotary(embeds, position_ids)
         cos, sin = cos[:, None], sin[:, None]
-        want = None if hidden_layer is None else hidden_layer % (len(self.layers) + 1)
         chosen = embeds if want == 0 else None
         h = embeds
         for i, layer in enumerate(self.layers):
