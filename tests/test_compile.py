@@ -84,6 +84,10 @@ def test_compiled_forwards_match_eager_and_compile_once_per_bucket(compiled):
     steps.warm, late = True, steps.late_compiles
     _forwards(target)
     assert steps.late_compiles == late, "a repeated step compiled again"
+    # the warm-up compiles the shapes decoding uses: hidden_states[-1] as run() gets it
+    known = set(steps.shapes)
+    steps.warm_up([1], hidden_layer=-1)
+    assert steps.shapes == known and steps.late_compiles == late
 
 
 def test_padded_rows_compiled_match_eager(compiled):

@@ -269,6 +269,8 @@ class CompiledSteps:
         rows of an ensemble); returns the seconds it took. Compiles after this are counted
         as late."""
         d = self.decoder
+        # hidden_states entries as run() receives them (FastDecoder.run normalises -1 …)
+        want = None if hidden_layer is None else hidden_layer % (len(d.layers) + 1)
         t0 = time.perf_counter()
         # every bucket up to the largest: a round that drafts fewer tokens (an early stop,
         # the last tokens before max_new_tokens) verifies fewer rows
@@ -283,7 +285,7 @@ class CompiledSteps:
                     mask = torch.zeros(batch, 1, n, past + n, device=d.device)
                 elif kind == "padded":
                     mask = torch.ones(batch, past + n, dtype=torch.long, device=d.device)
-                self.run(embeds, cache, mask, None, hidden_layer)
+                self.run(embeds, cache, mask, None, want)
         self.warm = True
         return time.perf_counter() - t0
 
