@@ -16,7 +16,7 @@ Loss per step: Smooth-L1(o_t, h_{t+1}) + CE(draft logits, the target's argmax) +
 term (cross-entropy against the target's distribution renormalised over its top K tokens:
 agreement where the target itself is confident, HiViS' top-K filtering).
 
-``python -m vlmspec_cli.zoo.hidden --target llava`` (or ``video``) writes
+``python -m vlmspec_cli.zoo.hidden --target llava`` (or ``llava-deep``, ``video``) writes
 ``weights/tinyworld/<target>-hidden`` and a BUILD_REPORT.json with the acceptance the
 head reaches on fresh requests.
 """
@@ -248,6 +248,8 @@ def video_data(n: int, seed: int, frames=(4, 8, 16)):
 
 TARGETS = {
     "llava": ("zoo:tinyworld/llava-target", "llava-hidden", llava_data, -1),
+    # the 32-layer caption target (zoo/deepen.py): same data, its own head
+    "llava-deep": ("zoo:tinyworld/llava-target-deep", "llava-deep-hidden", llava_data, -1),
     "video": ("zoo:tinyworld/qwen-video-target", "qwen-video-hidden", video_data, -2),
 }
 
