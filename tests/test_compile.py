@@ -52,13 +52,13 @@ def test_buckets():
 
 
 def _forwards(lm):
-    """A decoding step, a 3-token verification, rollback, a 4-node tree with its mask
-    (bool, as trees pass it on the fast path), a step with the last layer's states (the
-    shipped hidden heads read hidden_states[-1])."""
+    """A decoding step that also returns the last layer's states (the shipped hidden heads
+    read hidden_states[-1]), a 3-token verification, rollback, a 4-node tree with its mask
+    (bool, as trees pass it on the fast path)."""
     cache = lm.adapter.new_cache(lm)
     ids = torch.tensor([[1, 17, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]])
     lm.adapter.prefill(lm, {"input_ids": ids}, cache)
-    outs = [lm.adapter.extend(lm, torch.tensor([[50]]), cache)]
+    outs = list(lm.adapter.extend_hidden(lm, torch.tensor([[50]]), cache, -1))
     outs.append(lm.adapter.extend(lm, torch.tensor([[51, 52, 53]]), cache))
     cache.crop(13)
     past = 13
@@ -66,7 +66,6 @@ def _forwards(lm):
     outs.append(lm.adapter.extend(lm, torch.tensor([[60, 61, 62, 63]]), cache,
                                   attention_mask=mask == 0, position_ids=pos))
     assert cache.get_seq_length() == past + 4
-    outs += lm.adapter.extend_hidden(lm, torch.tensor([[64]]), cache, -1)
     return outs
 
 
