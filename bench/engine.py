@@ -203,9 +203,10 @@ def main() -> None:
         ap.error(f"unknown row or path: {', '.join(unknown)}")
     rows = {(m, p): build(m, p, args) for m in methods for p in paths}
     base = rows[("target-only", paths[0])]["session"]
-    # HF assisted generation uses chain (M)'s draft, the profile's own
+    # HF assisted generation uses chain (M)'s draft (the default profile's own)
     target = base.target
-    draft = build_session(load_profile("tinyworld-caption", [])).draft
+    chain = rows.get(("chain (M)", paths[0]))
+    draft = (chain["session"] if chain else build_session(load_profile("tinyworld-caption"))).draft
     gc = draft.model.generation_config
     gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = 5, "constant"
     gc.assistant_confidence_threshold = 0.0

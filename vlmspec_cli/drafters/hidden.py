@@ -33,7 +33,7 @@ import torch
 from vlmspec_cli.drafters.base import DraftingMethod, register
 from vlmspec_cli.runtime.draft import Draft
 from vlmspec_cli.runtime.engine import eos_token_ids
-from vlmspec_cli.runtime.fast_decoder import FastDecoder, stack_problem
+from vlmspec_cli.runtime.fast_decoder import FastDecoder, follow_target
 from vlmspec_cli.runtime.hidden_head import head_logits, prompt_pairs
 from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import DecodeState
@@ -148,17 +148,6 @@ class HiddenDrafter(DraftingMethod):
             out, _ = self._fast.run(z, st.cache, attention_mask=mask, position_ids=pos)
         return out[0]
 
-    def _head_fast_path(self) -> FastDecoder | None:
-        """The head decodes on the fast path when the target does (and its layers can),
-        with the target's headroom: its text positions plus the answer."""
-        if self.target.fast is None or stack_problem(self.head.config.layer_config()):
-            return None
-        if self._fast is None:
-            self._fast = FastDecoder(self.head.decoder_stack(), self.target.device,
-                                     self.head.dtype)
-        self._fast.headroom = self.target.fast.headroom
-        return self._fast
-
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
             return head_logits(self.head, self.lm_head, h).float()
@@ -168,7 +157,9 @@ class HiddenDrafter(DraftingMethod):
         f = state.features
         if f is None or f.ids is None:
             raise RuntimeError("hidden drafter: the engine gave no prefill hidden states")
-        fast = self._head_fast_path()
+        # the head's layers follow the target onto the fast path
+        fast = self._fast = follow_target(self.target, self._fast, self.head.decoder_stack,
+                                          self.head.config.layer_config(), self.head.dtype)
         cache = self.head.new_cache() if fast is None else fast.new_cache()
         st = HiddenState(cache, prompt_len=len(f.ids), first_logits=state.target_next_logits)
         nxt, rows = prompt_pairs(f.ids, f.hidden, f.visual)

@@ -36,7 +36,7 @@ from transformers import DynamicCache
 from vlmspec_cli.drafters.base import DraftingMethod, register
 from vlmspec_cli.runtime.adapters.base import TextStack
 from vlmspec_cli.runtime.draft import Draft
-from vlmspec_cli.runtime.fast_decoder import FastDecoder, stack_problem
+from vlmspec_cli.runtime.fast_decoder import FastDecoder, follow_target
 from vlmspec_cli.runtime.models import load_twig
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.static_cache import StaticKVCache
@@ -193,25 +193,16 @@ class TwigDrafter(DraftingMethod):
                                                keep_from)[0, -1]
         # on the fast path every later forward writes into static buffers (trunk.py)
         state.target_cache = split.static_cache(state.target_cache, keep_from)
-        fast = self._twig_fast_path() if st.twig_cache is not None else None
-        if fast is not None:   # the twig's own layers follow the target onto the fast path
+        fast = None
+        if st.twig_cache is not None:   # the twig's own layers follow the target onto the fast path
+            fast = self._twig_fast = follow_target(self.target, self._twig_fast,
+                                                   self._twig_stack, self.twig.config,
+                                                   self.twig.dtype)
+        if fast is not None:
             static = fast.new_cache()
             static.load(st.twig_cache)
             st.twig_cache = static
         state.drafter_state = st
-
-    def _twig_fast_path(self) -> FastDecoder | None:
-        """The twig's layers as a fast-path stack (the target's rotary, the twig's norm and
-        head) when the target decodes on the fast path, with the target's headroom."""
-        if self.target.fast is None or stack_problem(self.twig.config):
-            return None
-        if self._twig_fast is None:
-            twig = self.twig
-            stack = TextStack(None, twig.model.layers, twig.model.norm, self.split.stack.rotary,
-                              twig.lm_head, twig.config)
-            self._twig_fast = FastDecoder(stack, self.target.device, twig.dtype)
-        self._twig_fast.headroom = self.target.fast.headroom
-        return self._twig_fast
 
     def extend_target(self, state: DecodeState, ids: torch.Tensor) -> torch.Tensor:
         """Target logits (1, n, V) for the fed tokens (pending + proposals), reusing the
@@ -287,6 +278,12 @@ class TwigDrafter(DraftingMethod):
         st.lowered = (st.lowered or []) + tokens
         st.lowered_states = h if st.lowered_states is None else torch.cat([st.lowered_states, h], 1)
         return h
+
+    def _twig_stack(self) -> TextStack:
+        """The twig's layers, norm and head, over the target's rotary embedding."""
+        twig = self.twig
+        return TextStack(None, twig.model.layers, twig.model.norm, self.split.stack.rotary,
+                         twig.lm_head, twig.config)
 
     @torch.inference_mode()
     def _twig_forward(self, st: TwigState, hidden_k: torch.Tensor, positions: torch.Tensor,

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from vlmspec_cli.runtime.fast_decoder import project_qkv
+from vlmspec_cli.runtime.fast_decoder import additive, project_qkv
 
 # row counts steps are padded to: powers of two, and between them from 8 on (a 20-node
 # tree verifies 21 rows: padded to 24, not 32)
@@ -232,10 +232,8 @@ class CompiledSteps:
         slots = torch.arange(capacity, device=device)
         rows = torch.arange(nb, device=device)
         if attention_mask.dim() == 4:
-            given = attention_mask
-            if given.dtype == torch.bool:   # True = visible
-                given = torch.where(given, torch.zeros((), dtype=dtype, device=device), low)
-            given = given.to(dtype)
+            given = attention_mask   # bool (True = visible) or additive
+            given = additive(given, dtype) if given.dtype == torch.bool else given.to(dtype)
             lead = given.shape[0]
             cache_mask = torch.full((lead, 1, nb, capacity), low, dtype=dtype, device=device)
             cache_mask[:, :, :n, :start] = given[..., :n, :start]

@@ -58,6 +58,26 @@ def stack_problem(config) -> str | None:
     return None
 
 
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool visibility mask (True = visible) as an additive one: 0 where visible, the
+    dtype's most negative value elsewhere (what attention adds to its scores)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min)
+
+
+def follow_target(target, decoder: "FastDecoder | None", make_stack, config,
+                  dtype) -> "FastDecoder | None":
+    """The fast path of a draft block that is not a model of its own (the hidden head, the
+    twig): None unless ``target`` decodes on the fast path and the block's layers
+    (``config``) can; ``decoder`` (the one made for an earlier request) or a new one over
+    ``make_stack()``, given the target's headroom."""
+    if target.fast is None or stack_problem(config):
+        return None
+    decoder = decoder or FastDecoder(make_stack(), target.device, dtype)
+    decoder.headroom = target.fast.headroom
+    return decoder
+
+
 class FastDecoder:
     """Decoding steps for one decoder stack over ``StaticKVCache``s: a model's text decoder
     (``for_model``), or the layers of a draft block that has no model of its own (the
@@ -177,10 +197,7 @@ class FastDecoder:
             # bool (True = visible; trees' masks on this path) or additive float; made
             # additive here, once, rather than by attention in every layer
             mask = attention_mask[..., : start + n]
-            if mask.dtype != torch.bool:
-                return mask.to(like.dtype)
-            return torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill_(
-                ~mask, torch.finfo(like.dtype).min)
+            return additive(mask, like.dtype) if mask.dtype == torch.bool else mask.to(like.dtype)
         causal = None
         if n > 1:
             causal = torch.ones(n, start + n, dtype=torch.bool, device=like.device).tril(start)

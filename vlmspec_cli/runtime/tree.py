@@ -16,6 +16,7 @@ import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length
 from vlmspec_cli.runtime.draft import Proposal, Verdict
+from vlmspec_cli.runtime.fast_decoder import additive
 from vlmspec_cli.runtime.request import DecodeState, TargetFeatures
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.verify import verify_tree
@@ -129,9 +130,7 @@ def attention_for(lm, allowed: torch.Tensor, cache) -> torch.Tensor:
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
     """(q, kv) bool → the (1, 1, q, kv) additive float mask transformers passes through
     as is (0 where allowed, finfo.min elsewhere; a bool 4-D mask is wrong with eager)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    return additive(allowed, dtype)[None, None].to(device)
 
 
 def path_to(tree: DraftTree, node: int) -> list[int]:

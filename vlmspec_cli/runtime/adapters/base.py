@@ -208,10 +208,10 @@ def keep_branch(cache, prefix: int, slots: list[int]) -> None:
     if isinstance(cache, StaticKVCache):
         cache.keep_positions(prefix, slots)
         return
+    index = torch.cat([torch.arange(prefix), torch.tensor(slots, dtype=torch.long)])
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", False) or layer.keys is None or not layer.keys.numel():
             continue
-        index = torch.cat([torch.arange(prefix), torch.tensor(slots, dtype=torch.long)])
         index = index.to(layer.keys.device)
         layer.keys = layer.keys.index_select(-2, index)
         layer.values = layer.values.index_select(-2, index)
