@@ -16,7 +16,7 @@ Loss per step: Smooth-L1(o_t, h_{t+1}) + CE(draft logits, the target's argmax) +
 term (cross-entropy against the target's distribution renormalised over its top K tokens:
 agreement where the target itself is confident, HiViS' top-K filtering).
 
-``python -m vlmspec_cli.zoo.hidden --target llava`` (or ``llava-deep``, ``video``) writes
+``python -m vlmspec_cli.zoo.hidden --target llava`` (or ``llava-deep``, ``video``, ``video-deep``) writes
 ``weights/tinyworld/<target>-hidden`` and a BUILD_REPORT.json with the acceptance the
 head reaches on fresh requests.
 """
@@ -251,6 +251,8 @@ TARGETS = {
     # the 32-layer caption target (zoo/deepen.py): same data, its own head
     "llava-deep": ("zoo:tinyworld/llava-target-deep", "llava-deep-hidden", llava_data, -1),
     "video": ("zoo:tinyworld/qwen-video-target", "qwen-video-hidden", video_data, -2),
+    # the 24-layer video target (zoo/deepen.py --family video)
+    "video-deep": ("zoo:tinyworld/qwen-video-target-deep", "qwen-video-deep-hidden", video_data, -2),
 }
 
 
