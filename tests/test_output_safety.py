@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from conftest import TEST_PROFILES
 from corpus import make_bad_outputs, make_good_images, torn_jsonl_bytes, vlmspec_record
 from vlmspec_cli.cli import cli
 
@@ -57,7 +58,7 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
 @pytest.fixture(autouse=True)
 def this_checkouts_profiles(monkeypatch):
     """Tests that chdir elsewhere still resolve profile names in this checkout."""
-    monkeypatch.setenv("VLMSPEC_PROFILES", str(ROOT / "profiles"))
+    monkeypatch.setenv("VLMSPEC_PROFILES", os.pathsep.join([str(TEST_PROFILES), str(ROOT / "profiles")]))
 
 
 @pytest.fixture()

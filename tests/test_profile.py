@@ -24,11 +24,12 @@ def write(path, text):
     return path
 
 
-def test_default_profile_values():
+def test_default_profile_values(monkeypatch):
+    monkeypatch.delenv("VLMSPEC_PROFILES")   # the shipped default, not the tests' (conftest)
     p = load_profile()
     assert p.name == "tinyworld-caption"
     assert p.task == "caption"
-    assert p.target == ModelSpec(model="zoo:tinyworld/llava-target")
+    assert p.target == ModelSpec(model="zoo:tinyworld/llava-target-deep")
     assert p.draft == ModelSpec(model="zoo:tinyworld/llava-draft")
     assert p.method == "chain"
     assert p.drafting == DraftingSpec(gamma=5, inputs=["multimodal"])

@@ -57,7 +57,8 @@ def test_write_checked_is_atomic_and_never_clobbers(tmp_path):
     assert target.read_bytes().endswith(b"third") and os.listdir(target.parent) == ["out.png"]
 
 
-def test_include_chain(tmp_path):
+def test_include_chain(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLMSPEC_PROFILES")   # the shipped profiles, not the tests' (conftest)
     chain = include_chain("tinyworld-tabed")
     assert [p.stem for p in chain] == ["tinyworld-tabed", "tinyworld-caption"]
     (tmp_path / "hw.yaml").write_text("hardware: {latency_ratio: 0.2}\n")

@@ -234,7 +234,7 @@ class Profile:
     name: str = "default"
     description: str = ""
     task: str = field(default="caption", metadata=_rule(choices=("caption", "image", "video")))
-    target: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-target"))
+    target: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-target-deep"))
     draft: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-draft"))
     captioner: CaptionerSpec = field(
         default_factory=lambda: CaptionerSpec(model="zoo:tinyworld/captioner"))

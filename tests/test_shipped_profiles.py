@@ -1,0 +1,122 @@
+"""The shipped profiles and their deep targets, end to end.
+
+The rest of the suite resolves the shipped caption and video profile names to the smaller
+targets the deep ones were grown from (tests/profiles/README.md); here the shipped files
+are loaded by path, so every shipped deep model is exercised: each method decodes exactly
+what its target's own greedy ``generate()`` does, and a fresh user's first command runs
+the deep default."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, fresh_scenes
+from test_lossless import PROMPTS, reference
+from vlmspec_cli.profile import load_profile
+from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.session import build_session
+
+SHIPPED = ROOT / "profiles"
+CPU = {"target.device": "cpu", "draft.device": "cpu"}
+
+
+def shipped(name: str, *sets: str):
+    return load_profile(str(SHIPPED / f"{name}.yaml"), overrides=list(sets), cli=CPU)
+
+
+@pytest.fixture(scope="module")
+def default_session():
+    return build_session(shipped("tinyworld-caption"))
+
+
+def _requests(n: int, seed: int, max_new_tokens: int = 32) -> list[Request]:
+    return [Request([Message("user", PROMPTS[i % len(PROMPTS)], (image,))], max_new_tokens=max_new_tokens)
+            for i, (_, image) in enumerate(fresh_scenes(n, seed=seed))]
+
+
+def _equal_and_drafted(session, requests, reference_of) -> None:
+    accepted = 0
+    for req in requests:
+        res = session.engine.generate(req)
+        assert res.tokens == reference_of(req)
+        accepted += res.state.stats.num_accepted_tokens
+    assert accepted > 0, "the draft was never accepted"
+
+
+def test_the_default_is_the_deep_pair_and_equals_its_greedy_decoding(default_session):
+    """The shipped default: the 32-layer target (zoo/deepen.py) with the 1-layer draft."""
+    target = default_session.target
+    assert target.model.config.text_config.num_hidden_layers == 32
+    assert default_session.draft.model.config.text_config.num_hidden_layers == 1
+    _equal_and_drafted(default_session, _requests(3, 3232), lambda r: reference(target, r))
+
+
+def test_the_shipped_hidden_head_equals_the_deep_targets_greedy_decoding(default_session):
+    """tinyworld-hidden: the deep target's own head (zoo/hidden.py --target llava-deep)."""
+    session = build_session(shipped("tinyworld-hidden"))
+    assert session.target.model.config.text_config.num_hidden_layers == 32
+    _equal_and_drafted(session, _requests(2, 3233), lambda r: reference(default_session.target, r))
+
+
+def test_the_shipped_tabed_ensemble_on_the_deep_target(default_session):
+    session = build_session(shipped("tinyworld-tabed"))
+    assert session.target.model.config.text_config.num_hidden_layers == 32
+    _equal_and_drafted(session, _requests(1, 3234, 24), lambda r: reference(default_session.target, r))
+
+
+def test_a_fresh_users_first_command_runs_the_deep_default(default_session, tmp_path):
+    """`vlmspec caption IMAGE` with no profile and no profile path set, as a fresh user
+    runs it: the record names the deep target and holds its greedy output."""
+    image = sorted((ROOT / "examples" / "images").glob("*.png"))[0]
+    env = {k: v for k, v in os.environ.items() if k != "VLMSPEC_PROFILES"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "caption", str(image), "--json",
+                           "--max-new-tokens", "24", "--device", "cpu"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record["profile"] == "tinyworld-caption"
+    assert record["settings"]["target"] == "zoo:tinyworld/llava-target-deep"
+    from PIL import Image
+
+    req = Request([Message("user", record["prompt"], (Image.open(image).convert("RGB"),))],
+                  max_new_tokens=24)
+    expected = default_session.target.tokenizer.decode(reference(default_session.target, req),
+                                                       skip_special_tokens=True).strip()
+    assert record["output"] == expected
+
+
+def test_the_shipped_video_profile_is_the_deep_target_and_equals_its_greedy_decoding():
+    """tinyworld-video: the 24-layer video target (zoo/deepen.py --family video) drafted by
+    its own hidden-state head, and by the plain draft that reads the video."""
+    import random
+
+    from vlmspec_cli.tasks.video_io import clip_from_arrays
+    from vlmspec_cli.zoo import video
+
+    sessions = [build_session(shipped("tinyworld-video")),
+                build_session(shipped("tinyworld-video", "method=chain"))]
+    target = sessions[0].target
+    assert target.model.config.text_config.num_hidden_layers == 24
+    requests = []
+    for seed, frames in ((920_001, 8), (920_002, 16)):
+        script = video.random_script(random.Random(seed))
+        clip = clip_from_arrays(video.render_script(script, frames), fps=frames / video.DURATION)
+        requests.append(Request([Message("user", video.QUESTIONS[0], videos=(clip,))], max_new_tokens=40))
+
+    def greedy(req):   # transformers' own generate() on the runtime's inputs
+        prompt = target.adapter.prompt_text(target, req.messages)
+        inputs = target.adapter.encode(target, prompt, None, videos=req.videos)
+        # the runtime's own rope bookkeeping; generate() computes its own
+        inputs = {k: v for k, v in inputs.items() if k not in ("position_ids", "rope_deltas")}
+        out = target.model.generate(**inputs, do_sample=False, max_new_tokens=req.max_new_tokens)
+        return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+    for session in sessions:
+        _equal_and_drafted(session, requests, greedy)
