@@ -120,3 +120,24 @@ def test_the_shipped_video_profile_is_the_deep_target_and_equals_its_greedy_deco
 
     for session in sessions:
         _equal_and_drafted(session, requests, greedy)
+
+
+def test_the_shipped_image_profile_is_the_deep_generator_and_equals_hf_generate():
+    """tinyworld-image: ADT-Tree on the 24-layer generator (zoo/deepen.py --family image)
+    gives the 64 codes of transformers' own guided greedy image generation."""
+    import torch
+
+    from vlmspec_cli.tasks.imagegen import ImageJob, image_request
+
+    session = build_session(shipped("tinyworld-image"))
+    lm = session.target
+    assert lm.model.config.text_config.num_hidden_layers == 24
+    ad = lm.adapter
+    lm.model.generation_config.generation_kwargs = {"boi_token_id": ad._special(lm, "boi_token_id")}
+    prompt = "a red circle on a blue background"
+    res = session.engine.generate(image_request(session, ImageJob("t", prompt, 0, 0, 0)))
+    ids = ad.prompt_ids(lm, ad.prompt_text(lm, [Message("user", prompt)]))[:1]
+    hf = lm.model.generate(ids, attention_mask=torch.ones_like(ids), generation_mode="image",
+                           do_sample=False, guidance_scale=ad.guidance_scale(lm))
+    assert res.tokens == hf[0].tolist()
+    assert res.state.stats.num_accepted_tokens > 0

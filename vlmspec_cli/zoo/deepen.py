@@ -1,10 +1,10 @@
-"""Deepen a built tinyworld target: ``python -m vlmspec_cli.zoo.deepen [--family video]``.
+"""Deepen a built tinyworld target: ``python -m vlmspec_cli.zoo.deepen [--family video|image]``.
 
 Real speculative pairs put a 1-2 layer draft against a 24-32 layer target (LLaVA-1.5-7B:
 32 decoder layers; Qwen2.5-VL-7B: 28), and the draft/target cost ratio is what Eq. 1 turns
 into speed. The tinyworld caption target (``build.py``) has 8 layers, the video target
-(``zoo/video``) 6. This script makes a deeper one from either without losing what it
-learned:
+(``zoo/video``) and the image generator (``zoo/imagegen``) 6. This script makes a deeper
+one from any of them without losing what it learned:
 
 1. **Function-preserving initialisation** (Net2DeeperNet, Chen et al. 2016): trained layer
    i is followed by ``factor - 1`` copies of itself whose output projections (attention
@@ -13,17 +13,21 @@ learned:
 2. **Training** with the language-model loss for ``--steps`` steps, vision tower frozen,
    on the source's own training data (caption: the build's conversation mix,
    ``build.make_dataset``, same seed; video: fresh scripts at 4/8/16 frames,
-   ``video.training.train``): the output projections of the added layers move off zero
+   ``video.training.train``; image: the build's prompt/code pairs,
+   ``imagegen.generator.train_generator``, VQ frozen): the output projections of the added layers move off zero
    (their gradient is non-zero from the first step), so every layer computes.
 3. **Evaluation** with the source build's own measure (caption: caption and Q&A accuracy
    on fresh scenes, ``build.evaluate``; video: exact/shape/motion accuracy on fresh
-   scripts at 4/8/16 frames, ``video.report.evaluate``) of the saved model *as loaded*
+   scripts at 4/8/16 frames, ``video.report.evaluate``; image: the share of greedy images
+   that match their prompt and the shipped draft's greedy agreement,
+   ``imagegen.build.evaluate``) of the saved model *as loaded*
    (weights are stored in float16 to keep the package small; CPUs load them in float32),
    next to the source's.
 
-The tokenizer, vision tower, projector, embeddings and head are the source's, so every
-draft built for the source (``llava-draft``, the captioner, ``qwen-video-draft``) drafts
-for the deep target too. Deterministic given the seed.
+The tokenizer, vision tower, projector, embeddings and head are the source's (and the
+image generator's VQ), so every draft built for the source (``llava-draft``, the
+captioner, ``qwen-video-draft``, ``janus-draft``) drafts for the deep target too.
+Deterministic given the seed.
 """
 
 from __future__ import annotations
@@ -129,7 +133,47 @@ class VideoFamily:
         return {"eval": [e for e in report.get("target_eval", []) if e["frames"] in self.frames]}
 
 
-FAMILIES = {"caption": CaptionFamily, "video": VideoFamily}
+class ImageFamily:
+    """The Janus image generator (``zoo/imagegen``): its prompt/code pairs, its match rate."""
+    source, name, steps, lr = "janus-target", "janus-target-deep", 500, 5e-4
+
+    def __init__(self, src_dir, args):
+        from transformers import AutoTokenizer, JanusForConditionalGeneration
+
+        self.cls, self.args = JanusForConditionalGeneration, args
+        self.tok = AutoTokenizer.from_pretrained(src_dir)
+
+    def train(self, model):
+        from vlmspec_cli.zoo.imagegen.generator import make_dataset, train_generator
+        from vlmspec_cli.zoo.imagegen.scenes import all_scenes
+        from vlmspec_cli.zoo.imagegen.vq import patch_codes
+
+        scenes = all_scenes()   # the build's scenes and codes (same seeds)
+        data = make_dataset(self.tok, dict(zip(scenes, patch_codes(scenes, self.args.seed))),
+                            self.args.examples, self.args.seed + 1)
+        train_generator(model, data, self.args.steps, self.args.lr, 32, self.args.seed, self.tok,
+                        self.args.name)
+
+    def save(self, model, out):
+        model.save_pretrained(out)
+        self.tok.save_pretrained(out)
+
+    def evaluate(self, model) -> dict:
+        from vlmspec_cli.zoo.imagegen.build import evaluate
+
+        draft = self.cls.from_pretrained(self.args.out / "janus-draft", use_safetensors=True).eval()
+        m = evaluate(model, draft, self.tok, self.args.eval_videos, seed=10_000 + self.args.seed)
+        return {k: m[k] for k in ("target_match_rate", "draft_target_greedy_agreement",
+                                  "target_generate_s")}
+
+    def source_metrics(self, out) -> dict:
+        report = _read_report(out / "BUILD_REPORT.json")
+        return {"target_match_rate": report.get(self.args.source, {}).get("match_rate"),
+                "draft_target_greedy_agreement":
+                    report.get("janus-draft", {}).get("draft_target_greedy_agreement")}
+
+
+FAMILIES = {"caption": CaptionFamily, "video": VideoFamily, "image": ImageFamily}
 
 
 def _read_report(path) -> dict:
@@ -143,12 +187,13 @@ def main(argv=None) -> None:
                                      "video: qwen-video-target]")
     ap.add_argument("--name", help="the deepened model's name [the source's name + -deep]")
     ap.add_argument("--factor", type=int, default=4, help="layers per source layer (8 -> 32, 6 -> 24)")
-    ap.add_argument("--steps", type=int, help="training steps [caption 400, video 500]")
+    ap.add_argument("--steps", type=int, help="training steps [caption 400, video and image 500]")
     ap.add_argument("--lr", type=float, help="peak learning rate [5e-4]")
-    ap.add_argument("--examples", type=int, default=8000, help="caption: conversations")
+    ap.add_argument("--examples", type=int, default=8000, help="caption: conversations; image: prompts")
     ap.add_argument("--batch-tokens", type=int, default=2048, help="caption: tokens per batch")
     ap.add_argument("--eval-scenes", type=int, default=100, help="caption: evaluation scenes")
-    ap.add_argument("--eval-videos", type=int, default=40, help="video: evaluation scripts")
+    ap.add_argument("--eval-videos", type=int, default=40,
+                    help="video: evaluation scripts; image: evaluation prompts")
     args = parse_args(ap, argv)
     kind = FAMILIES[args.family]
     for key in ("source", "name", "steps", "lr"):
@@ -175,7 +220,7 @@ def main(argv=None) -> None:
         "source": args.source, "factor": args.factor,
         "text_layers": loaded.config.text_config.num_hidden_layers,
         "init_equals_source": same, "steps": args.steps, "lr": args.lr,
-        **({"examples": args.examples} if args.family == "caption" else {}),
+        **({"examples": args.examples} if args.family != "video" else {}),
         "params": sum(p.numel() for p in loaded.parameters()),
         "stored_dtype": "float16", "source_metrics": family.source_metrics(args.out), **metrics,
         "build_s": round(time.time() - t0)}
