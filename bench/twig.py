@@ -5,7 +5,7 @@ twig-guided token pruning (TTP).
 
 Rows, all on the same requests (greedy):
   target-only                      the baseline (``none`` drafter)
-  layer-skip K=1,2,3               the target's first K layers + its own norm/head (θ)
+  layer-skip K=1,2,3               the target's first K layers + its own norm/head (θ; --layer-skip)
   twig K=.. T=.. θ=0 / θ=0.6       the shipped twig (``--twig``), without / with early exit
   variant K{k}-T{t}-{init}         each twig the build saved under ``--variants-dir`` (θ)
   twig+TTP R=.. P=.. Kf=..         the shipped twig with pruning plans ``--prune`` (θ; lossy)
@@ -71,13 +71,12 @@ from vlmspec_cli.zoo import world  # noqa: E402
 
 GREEDY = SamplingParams(0.0)
 BASELINE = "target-only"
-TARGET = "zoo:tinyworld/llava-target"
+TARGET = "zoo:tinyworld/llava-target"   # --target; the 32-layer one: llava-target-deep
 SEED_BASE = 878000  # far from the build's training (1), evaluation (10000) and twig eval (20000+) seeds
-LAYER_SKIP_K = (1, 2, 3)
 # what the build saves with --twig-ablation (zoo/twig.py); absent ones are reported
 EXPECTED_VARIANTS = ("K2-T1-next", "K2-T2-next", "K2-T3-next", "K2-T4-next", "K2-T1-last",
                      "K2-T1-random", "K1-T1-next", "K3-T1-next")
-ALL_VARIANTS = tuple(f"K{k}-T{t}-{init}" for k in (1, 2, 3) for t in (1, 2, 3, 4)
+ALL_VARIANTS = tuple(f"K{k}-T{t}-{init}" for k in (1, 2, 3, 4, 8) for t in (1, 2, 3, 4)
                      for init in ("next", "last", "random"))
 DEFAULT_PRUNE = ("3,2,6", "1,2,4")  # R,P,K_f: the target has 8 layers, an image 9 visual tokens
 
@@ -156,7 +155,7 @@ def build_rows(target, args) -> list[Row]:
                         dict(config, lossless=bool(drafter.lossless))))
 
     n_layers = len(target.adapter.text_stack(target).layers)
-    for k in LAYER_SKIP_K:
+    for k in args.layer_skip:
         if k < n_layers:
             add(f"layer-skip K={k}", "layer-skip", {"K": k, "threshold": theta},
                 layers=k, twig=None, threshold=theta)
@@ -353,7 +352,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--seed", type=int, default=0, help="picks the fresh inputs")
     ap.add_argument("--device", default="cpu", help="device of target and twigs (cpu, cuda, ...)")
+    ap.add_argument("--target", default=TARGET, help="the target (zoo name or directory)")
     ap.add_argument("--twig", default="zoo:tinyworld/llava-twig", help="the shipped twig (zoo name or directory)")
+    ap.add_argument("--layer-skip", type=lambda v: [int(k) for k in v.split(",")], default=[1, 2, 3],
+                    metavar="K,K,..", help="layer-skip rows: the target's first K layers (default 1,2,3)")
     ap.add_argument("--variants-dir", default="bench/twigs",
                     help="twig variants K{k}-T{t}-{init} saved by the build (a row for each present)")
     ap.add_argument("--prune", type=parse_plan, action="append", default=None, metavar="R,P,KF",
@@ -370,17 +372,17 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     try:
-        target = load_model(ModelSpec(model=TARGET, device=args.device), "target")
+        target = load_model(ModelSpec(model=args.target, device=args.device), "target")
     except ModelLoadError as exc:
         sys.exit(f"bench/twig.py: {exc}")
     machine = machine_info(target.device)
-    cfg = {"target": TARGET, "twig": args.twig, "variants_dir": args.variants_dir, "n": args.n,
+    cfg = {"target": args.target, "twig": args.twig, "variants_dir": args.variants_dir, "n": args.n,
            "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "threshold": args.threshold,
            "seed": args.seed, "latency_repeats": args.latency_repeats,
            "prune": [[p.keep, p.layer, p.final_wipe] for p in args.prune]}
     print(f"machine: {machine['hardware']} | device {machine['device']} | torch {machine['torch']}"
           f" | transformers {machine['transformers']} | threads {machine['threads']}")
-    print(f"target {TARGET} | twig {args.twig} | variants {args.variants_dir}")
+    print(f"target {args.target} | twig {args.twig} | variants {args.variants_dir}")
     print(f"n={args.n} (caption/question alternating), max_new_tokens={args.max_new_tokens}, "
           f"δ=gamma={args.gamma}, θ={args.threshold:g}, seed={args.seed}, greedy\n")
 

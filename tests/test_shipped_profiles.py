@@ -64,6 +64,14 @@ def test_the_shipped_hidden_head_equals_the_deep_targets_greedy_decoding(default
     _equal_and_drafted(session, _requests(2, 3233), lambda r: reference(default_session.target, r))
 
 
+def test_the_shipped_twig_equals_the_deep_targets_greedy_decoding(default_session):
+    """tinyworld-twig: the deep target's first 2 layers + its own twig (zoo/twig.py)."""
+    session = build_session(shipped("tinyworld-twig"))
+    assert session.target.model.config.text_config.num_hidden_layers == 32
+    assert session.engine.drafter.twig.config.twig_from_layer == 2
+    _equal_and_drafted(session, _requests(2, 3235), lambda r: reference(default_session.target, r))
+
+
 def test_the_shipped_tabed_ensemble_on_the_deep_target(default_session):
     session = build_session(shipped("tinyworld-tabed"))
     assert session.target.model.config.text_config.num_hidden_layers == 32

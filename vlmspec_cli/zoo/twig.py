@@ -9,7 +9,10 @@ training conversations; its layers start as copies of the target's layers[K:K+T]
 ``from_pretrained`` (its embedding table is unused: tokens enter through the target).
 
 ``build_twig`` trains the shipped twig and, with ``ablation``, the paper's Table 7
-comparison: token acceptance rate (TokAR) for each init and for T = 1..4.
+comparison: token acceptance rate (TokAR) for each init and for T = 1..4. ``build.py``
+grows ``llava-twig`` on the 8-layer target; ``python -m vlmspec_cli.zoo.twig`` grows
+``llava-deep-twig`` on the 32-layer target (``zoo/deepen.py``; K = 2, T = 1 from its
+ablation, ``--ablation``: K = 2, 4, 8 and T = 1, 2, 3).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from __future__ import annotations
 import copy
 import json
 import random
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from vlmspec_cli.zoo import world
-from vlmspec_cli.zoo.train import batches, collate, optimize, warmup_cosine
+from vlmspec_cli.zoo.train import arg_parser, batches, collate, optimize, parse_args, warmup_cosine
 
 TWIG_K = 2          # shared target layers
 TWIG_T = 1          # twig layers (chosen from the ablation: see BUILD_REPORT.json)
@@ -51,6 +55,25 @@ def make_twig(target, k: int, t: int, init: str, seed: int) -> LlamaForCausalLM:
     return twig
 
 
+@torch.no_grad()
+def hidden_after(target, k: int, **inputs) -> torch.Tensor:
+    """X^(K): the frozen target's hidden states after its first ``k`` decoder layers,
+    running only those (a hook on layer k reads them; transformers' own
+    ``output_hidden_states`` records through hooks it installs once, on the layers present
+    at the first call, so it cannot follow a temporarily shortened stack)."""
+    text = target.model.language_model
+    layers, captured = text.layers, {}
+    hook = layers[k - 1].register_forward_hook(
+        lambda module, args, out: captured.__setitem__("h", out[0] if isinstance(out, tuple) else out))
+    text.layers = layers[:k]
+    try:
+        target(**inputs, logits_to_keep=1)
+    finally:
+        text.layers = layers
+        hook.remove()
+    return captured["h"]
+
+
 def train_twig(target, twig, data, k: int, steps: int, lr: float, batch_tokens: int, seed: int,
                pad_id: int, label: str):
     """Only the twig's layers, norm and head learn; X^(K) comes from the frozen target."""
@@ -62,9 +85,7 @@ def train_twig(target, twig, data, k: int, steps: int, lr: float, batch_tokens: 
     def batch_loss(step):
         ids, labels, mask, pix = collate(data, next(it), pad_id)
         kwargs = {"pixel_values": pix} if pix is not None else {}
-        with torch.no_grad():
-            hidden_k = target(input_ids=ids, attention_mask=mask, output_hidden_states=True,
-                              logits_to_keep=1, **kwargs).hidden_states[k]
+        hidden_k = hidden_after(target, k, input_ids=ids, attention_mask=mask, **kwargs)
         return twig(inputs_embeds=hidden_k, attention_mask=mask, labels=labels).loss
 
     # App. A: AdamW, no weight decay, linear warm-up over 3% of the steps, cosine decay
@@ -105,41 +126,80 @@ def measure_tokar(target_lm, twig, k: int, requests, gamma: int = 5) -> dict:
 
 
 def build_twig(out, processor, data, report: dict, steps: int, seed: int, batch_tokens: int,
-               ablation: bool, eval_requests_n: int = 40, variants_dir=None) -> None:
-    """Train and save ``llava-twig`` (K = TWIG_K, T = TWIG_T, init next); with
-    ``ablation``, also train and measure the other inits, T = 1..4 and K = 1, 3 (saved
-    under ``variants_dir`` as K{k}-T{t}-{init} when given, for bench/twig.py)."""
+               ablation: bool, eval_requests_n: int = 40, variants_dir=None,
+               target_name: str = "llava-target", name: str = "llava-twig", k: int = TWIG_K,
+               t: int = TWIG_T, other_ks=(1, 3), ts=(1, 2, 3, 4), inits=INITS) -> None:
+    """Train and save ``name`` on ``target_name`` (K = ``k``, T = ``t``, init next); with
+    ``ablation``, also train and measure the other ``inits``, T in ``ts`` and K in
+    ``other_ks`` (saved under ``variants_dir`` as K{k}-T{t}-{init} when given, for
+    bench/twig.py)."""
     from vlmspec_cli.profile import ModelSpec
     from vlmspec_cli.runtime.models import load_model
 
-    target_lm = load_model(ModelSpec(model=str(out / "llava-target"), device="cpu"), "target")
+    target_lm = load_model(ModelSpec(model=str(out / target_name), device="cpu", dtype="float32"),
+                           "target")
     target = target_lm.model
     pad_id = processor.tokenizer.pad_token_id
     requests = eval_requests(eval_requests_n, seed=20_000 + seed)
-    variants = [(TWIG_K, TWIG_T, "next")]
+    variants = [(k, t, "next")]
     if ablation:
-        variants += [(TWIG_K, t, "next") for t in (1, 2, 3, 4) if t != TWIG_T]
-        variants += [(TWIG_K, TWIG_T, init) for init in INITS if init != "next"]
-        variants += [(k, TWIG_T, "next") for k in (1, 3) if k != TWIG_K]
+        variants += [(k, tt, "next") for tt in ts if tt != t]
+        variants += [(k, t, init) for init in inits if init != "next"]
+        variants += [(kk, t, "next") for kk in other_ks if kk != k]
     rows = []
     layer_skip = {k: measure_tokar(target_lm, None, k, requests) for k in sorted({v[0] for v in variants})}
-    for k, t, init in variants:
-        twig = make_twig(target, k, t, init, seed)
-        before = measure_tokar(target_lm, twig, k, requests)
-        train_twig(target, twig, data, k, steps, 1e-3, batch_tokens, seed, pad_id,
-                   f"twig K={k} T={t} {init}")
-        after = measure_tokar(target_lm, twig, k, requests)
-        rows.append({"K": k, "T": t, "init": init, "untrained": before, **after})
+    for vk, vt, init in variants:
+        twig = make_twig(target, vk, vt, init, seed)
+        before = measure_tokar(target_lm, twig, vk, requests)
+        train_twig(target, twig, data, vk, steps, 1e-3, batch_tokens, seed, pad_id,
+                   f"twig K={vk} T={vt} {init}")
+        after = measure_tokar(target_lm, twig, vk, requests)
+        rows.append({"K": vk, "T": vt, "init": init, "untrained": before, **after})
         print(f"[twig] {json.dumps(rows[-1])}", flush=True)
-        dests = [out / "llava-twig"] if (k, t, init) == (TWIG_K, TWIG_T, "next") else []
+        dests = [out / name] if (vk, vt, init) == (k, t, "next") else []
         if variants_dir is not None:
-            dests.append(variants_dir / f"K{k}-T{t}-{init}")
+            dests.append(variants_dir / f"K{vk}-T{vt}-{init}")
         for dest in dests:
             dest.mkdir(parents=True, exist_ok=True)
             copy.deepcopy(twig).save_pretrained(dest)
-    entry = report.setdefault("llava-twig", {})
-    entry.update({"K": TWIG_K, "T": TWIG_T, "init": "next", "steps": steps,
+    entry = report.setdefault(name, {})
+    entry.update({"target": target_name, "K": k, "T": t, "init": "next", "steps": steps,
                   "eval_requests": eval_requests_n,
-                  "layer_skip": {f"K={k}": v for k, v in layer_skip.items()}, **rows[0]})
+                  "layer_skip": {f"K={kk}": v for kk, v in layer_skip.items()}, **rows[0]})
     if ablation:
         entry["ablation"] = rows
+
+
+def main(argv=None) -> None:
+    """Grow a twig on a built target other than the one build.py grows it on."""
+    from transformers import LlavaProcessor
+
+    from vlmspec_cli.zoo.build import make_dataset
+
+    ap = arg_parser(__doc__)
+    ap.add_argument("--target", default="llava-target-deep", help="the built target")
+    ap.add_argument("--name", default="llava-deep-twig", help="the twig's name")
+    ap.add_argument("--k", type=int, default=2, help="target layers shared with the twig")
+    ap.add_argument("--t", type=int, default=TWIG_T, help="twig layers")
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--examples", type=int, default=8000)
+    ap.add_argument("--batch-tokens", type=int, default=2048)
+    ap.add_argument("--ablation", action="store_true",
+                    help="also train K in --other-ks and T in --ts (init next) and report TokAR")
+    ap.add_argument("--other-ks", type=lambda v: [int(x) for x in v.split(",")], default=[4, 8])
+    ap.add_argument("--ts", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2, 3])
+    ap.add_argument("--variants", type=Path, metavar="DIR",
+                    help="with --ablation: save every variant there (for bench/twig.py)")
+    args = parse_args(ap, argv)
+    processor = LlavaProcessor.from_pretrained(args.out / args.target)
+    data = make_dataset(processor, args.examples, args.seed + 1)
+    report_path = args.out / "BUILD_REPORT.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    build_twig(args.out, processor, data, report, args.steps, args.seed, args.batch_tokens,
+               args.ablation, target_name=args.target, name=args.name, k=args.k, t=args.t,
+               other_ks=args.other_ks, ts=args.ts, inits=("next",), variants_dir=args.variants)
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
