@@ -46,10 +46,10 @@ SEED_BASE = 777000  # far from the build's training (1) and evaluation (10000) s
 ALL4 = ["multimodal", "text", "caption", "pooled"]
 # row name -> (method, create_drafter kwargs, takes the --window/--distance/--grid options)
 ROWS = {
-    "M": ("chain", {"variant": "multimodal"}, False),
-    "T": ("chain", {"variant": "text"}, False),
-    "C": ("chain", {"variant": "caption"}, False),
-    "P": ("chain", {"variant": "pooled"}, False),
+    "M": ("chain", {"drafting_input": "multimodal"}, False),
+    "T": ("chain", {"drafting_input": "text"}, False),
+    "C": ("chain", {"drafting_input": "caption"}, False),
+    "P": ("chain", {"drafting_input": "pooled"}, False),
     "MT": ("tabed", {"inputs": ["multimodal", "text"], "policy": "static"}, True),
     "MT*": ("tabed", {"inputs": ["multimodal", "text"], "policy": "grid"}, True),
     "MTCP": ("tabed", {"inputs": ALL4, "policy": "static"}, True),

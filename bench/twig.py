@@ -66,6 +66,7 @@ from vlmspec_cli.runtime.latency import eq1_speedup, synchronize  # noqa: E402
 from vlmspec_cli.runtime.models import ModelLoadError, load_model, load_twig  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
 from vlmspec_cli.runtime.stats import SpecStats  # noqa: E402
+from vlmspec_cli.runtime.trunk import crop_layers  # noqa: E402
 from vlmspec_cli.runtime.verify import SamplingParams  # noqa: E402
 from vlmspec_cli.zoo import world  # noqa: E402
 
@@ -246,12 +247,11 @@ def measure_c(rows: list[Row], warm: Item, device: torch.device, repeats: int, w
         drafter = row.engine.drafter
         state = row.engine.start(warm.request)
         st, cache = state.drafter_state, state.target_cache
-        lower = [layer.self_attn.layer_idx for layer in drafter.split.lower_layers]
+        lower = drafter.split.lower_layers
 
         def draft_step():
             drafter._draft_step(st, state, [tok])
-            for idx in lower:
-                cache.layers[idx].crop(-1)
+            crop_layers(cache, lower, 1)   # the fast path's segmented cache, or transformers'
             if st.twig_cache is not None:
                 st.twig_cache.crop(-1)
             st.lowered, st.lowered_states = None, None

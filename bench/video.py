@@ -42,8 +42,11 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device, repeats: int = 30) -> float:
-    """Median milliseconds of ``fn()``."""
+def timed(fn, device, repeats: int = 30, warmup: int = 10) -> float:
+    """Median milliseconds of ``fn()`` after ``warmup`` untimed calls (the first calls after
+    a long prefill ran up to 1.8x slower: allocator and caches, not the step's own work)."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         sync(device)
