@@ -134,7 +134,13 @@ def exit_130_on_interrupt(sink, emit):
 
     def counted(record: dict) -> None:
         nonlocal finished
-        emit(record)
+        before = None if sink is None else sink.written
+        try:
+            emit(record)
+        except KeyboardInterrupt:
+            if sink is not None and sink.written > before:   # its record was kept whole
+                finished += 1
+            raise
         finished += 1
 
     try:

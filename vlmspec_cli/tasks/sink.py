@@ -266,16 +266,24 @@ class JsonlSink:
     def append(self, record: dict) -> None:
         """Append one record as one line, durably (write + fsync). A record that cannot be
         serialized raises without touching the file; a failed or interrupted write is cut
-        back (no torn record) and raises OutputError (or the interrupt)."""
+        back (no torn record) and raises OutputError (or the interrupt). An interrupt that
+        comes once the whole line is written (during the fsync) keeps it, counted."""
         data = _encode(record)
         with self._mutex:
             fd = self._ensure_open()
             before = None if self.stream else os.fstat(fd).st_size
+            whole = False
             try:
                 write_all(fd, data)
+                whole = True
                 if self.durable and not self.stream:
                     _fsync(fd)
             except BaseException as exc:
+                if whole and not isinstance(exc, OSError):
+                    # interrupted while syncing: the whole line is already in the file (a
+                    # reader may have seen it); keep it and count it rather than cut it
+                    self._count(record)
+                    raise
                 if before is not None:
                     try:
                         os.ftruncate(fd, before)
@@ -286,11 +294,14 @@ class JsonlSink:
                         f"{self.path}: cannot write a record: {_strerror(exc)}; this run wrote "
                         f"{self.written} record(s) to it before, all kept") from None
                 raise
-            self.written += 1
-            if self.kind.keyed and record.get("error") is None:
-                key = record_key(record)
-                if key is not None:
-                    self._done.add(key)
+            self._count(record)
+
+    def _count(self, record: dict) -> None:
+        self.written += 1
+        if self.kind.keyed and record.get("error") is None:
+            key = record_key(record)
+            if key is not None:
+                self._done.add(key)
 
     def close(self) -> None:
         """Close the file (releasing the lock); appending again reopens it."""
