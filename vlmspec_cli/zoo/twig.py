@@ -10,7 +10,7 @@ training conversations; its layers start as copies of the target's layers[K:K+T]
 
 ``build_twig`` trains the shipped twig and, with ``ablation``, the paper's Table 7
 comparison: token acceptance rate (TokAR) for each init and for T = 1..4. ``build.py``
-grows ``llava-twig`` on the 8-layer target; ``python -m vlmspec_cli.zoo.twig`` grows
+grows ``llava-twig`` on the 8-layer target; ``python -m vlmspec_cli.zoo.deep_twig`` grows
 ``llava-deep-twig`` on the 32-layer target (``zoo/deepen.py``; K = 2, T = 1 from its
 ablation, ``--ablation``: K = 2, 4, 8 and T = 1, 2, 3).
 """
@@ -20,13 +20,12 @@ from __future__ import annotations
 import copy
 import json
 import random
-from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from vlmspec_cli.zoo import world
-from vlmspec_cli.zoo.train import arg_parser, batches, collate, optimize, parse_args, warmup_cosine
+from vlmspec_cli.zoo.train import batches, collate, optimize, warmup_cosine
 
 TWIG_K = 2          # shared target layers
 TWIG_T = 1          # twig layers (chosen from the ablation: see BUILD_REPORT.json)
@@ -169,37 +168,3 @@ def build_twig(out, processor, data, report: dict, steps: int, seed: int, batch_
     if ablation:
         entry["ablation"] = rows
 
-
-def main(argv=None) -> None:
-    """Grow a twig on a built target other than the one build.py grows it on."""
-    from transformers import LlavaProcessor
-
-    from vlmspec_cli.zoo.build import make_dataset
-
-    ap = arg_parser(__doc__)
-    ap.add_argument("--target", default="llava-target-deep", help="the built target")
-    ap.add_argument("--name", default="llava-deep-twig", help="the twig's name")
-    ap.add_argument("--k", type=int, default=2, help="target layers shared with the twig")
-    ap.add_argument("--t", type=int, default=TWIG_T, help="twig layers")
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--examples", type=int, default=8000)
-    ap.add_argument("--batch-tokens", type=int, default=2048)
-    ap.add_argument("--ablation", action="store_true",
-                    help="also train K in --other-ks and T in --ts (init next) and report TokAR")
-    ap.add_argument("--other-ks", type=lambda v: [int(x) for x in v.split(",")], default=[4, 8])
-    ap.add_argument("--ts", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2, 3])
-    ap.add_argument("--variants", type=Path, metavar="DIR",
-                    help="with --ablation: save every variant there (for bench/twig.py)")
-    args = parse_args(ap, argv)
-    processor = LlavaProcessor.from_pretrained(args.out / args.target)
-    data = make_dataset(processor, args.examples, args.seed + 1)
-    report_path = args.out / "BUILD_REPORT.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    build_twig(args.out, processor, data, report, args.steps, args.seed, args.batch_tokens,
-               args.ablation, target_name=args.target, name=args.name, k=args.k, t=args.t,
-               other_ks=args.other_ks, ts=args.ts, inits=("next",), variants_dir=args.variants)
-    report_path.write_text(json.dumps(report, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
