@@ -1,10 +1,13 @@
-"""What the bench scripts share: the machine a run was on, and plain/markdown tables.
+"""What the bench scripts share: the machine a run was on, a median step time, and
+plain/markdown tables.
 (They run as scripts, so this directory is on sys.path.)"""
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -42,3 +45,23 @@ def print_table(title: str, header: list[str], lines: list[list[str]], markdown:
             print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                             for i, (c, w) in enumerate(zip(cells, widths))))
     print()
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, repeats: int = 30, warmup: int = 10) -> float:
+    """Median milliseconds of ``fn()`` after ``warmup`` untimed calls (the first calls after
+    a long prefill ran up to 1.8x slower: allocator and caches, not the step's own work)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)

@@ -17,36 +17,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-from benchlib import machine_info
+from benchlib import machine_info, timed
 from vlmspec_cli.profile import load_profile
-from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import build_session
-from vlmspec_cli.tasks.video_io import clip_from_arrays
-from vlmspec_cli.zoo import video as world
+from video import requests
+
+CPU = torch.device("cpu")
 
 
-def median_ms(fn, repeats: int = 15, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return round(1000 * statistics.median(times), 3)
-
-
-def request(frames: int, seed: int) -> Request:
-    script = world.random_script(random.Random(seed))
-    clip = clip_from_arrays(world.render_script(script, frames), fps=frames / world.DURATION)
-    return Request([Message("user", world.QUESTIONS[0], videos=(clip,))], max_new_tokens=40)
+def ms(fn) -> float:
+    """Median milliseconds of fn() over 15 calls after 5 untimed ones."""
+    return round(timed(fn, CPU, repeats=15, warmup=5), 3)
 
 
 def attention_only(cache, n: int) -> float:
@@ -60,7 +45,7 @@ def attention_only(cache, n: int) -> float:
     def run():
         for i in range(layers):
             F.scaled_dot_product_attention(q, keys[i], values[i], attn_mask=mask)
-    return median_ms(run)
+    return ms(run)
 
 
 def main() -> None:
@@ -76,7 +61,7 @@ def main() -> None:
     gamma = session.profile.drafting.gamma
     rows = []
     for frames in [int(f) for f in args.frames.split(",")]:
-        state = session.engine.start(request(frames, args.seed))
+        state = session.engine.start(requests(1, frames, args.seed)[0][0])
         cache, head = state.target_cache, state.drafter_state
         row = {"frames": frames, "cached_positions": cache.length}
         for n in (1, 2, gamma + 1):
@@ -85,7 +70,7 @@ def main() -> None:
             def extend():
                 lm.adapter.extend(lm, ids, cache)
                 cache.crop(-n)
-            row[f"T_p({n}) ms"] = median_ms(extend)
+            row[f"T_p({n}) ms"] = ms(extend)
             row[f"attention({n}) ms"] = attention_only(cache, n)
         row[f"T_p({gamma + 1})/T_p(1)"] = round(row[f"T_p({gamma + 1}) ms"] / row["T_p(1) ms"], 2)
         h = head.rows[-1]
@@ -95,12 +80,12 @@ def main() -> None:
             head.cache.crop(-1)
         row["head_cache_positions"] = head.cache.length
         row["head_cache_capacity"] = head.cache.keys.shape[3]
-        row["head_step ms"] = median_ms(head_step)
+        row["head_step ms"] = ms(head_step)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json_path:
         with open(args.json_path, "w") as f:
-            json.dump({"machine": machine_info(torch.device("cpu")),
+            json.dump({"machine": machine_info(CPU),
                        "args": vars(args), "rows": rows}, f, indent=1)
 
 

@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import time
 
 import torch
 
-from benchlib import machine_info, print_table
+from benchlib import machine_info, print_table, sync, timed
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import build_session
@@ -35,26 +34,6 @@ from vlmspec_cli.zoo import video as world
 ROWS = [("target-only", ["method=none"]),
         ("plain draft, reads the video (chain M)", ["method=chain", "drafting.inputs=[multimodal]"]),
         ("hidden-state draft (Sparrow head)", ["method=hidden"])]
-
-
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, repeats: int = 30, warmup: int = 10) -> float:
-    """Median milliseconds of ``fn()`` after ``warmup`` untimed calls (the first calls after
-    a long prefill ran up to 1.8x slower: allocator and caches, not the step's own work)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
 
 
 def requests(n: int, frames: int, seed: int) -> list[tuple[Request, str]]:

@@ -35,7 +35,10 @@ def reference(target, request: Request) -> list[int]:
     """The target's own greedy decoding with transformers' generate()."""
     adapter = target.adapter
     prompt = adapter.prompt_text(target, request.messages)
-    inputs = adapter.encode(target, prompt, request.images or None)
+    videos = {"videos": request.videos} if request.videos else {}
+    inputs = adapter.encode(target, prompt, request.images or None, **videos)
+    # the runtime's own rope bookkeeping (Qwen2-VL); generate() computes its own
+    inputs = {k: v for k, v in inputs.items() if k not in ("position_ids", "rope_deltas")}
     out = target.model.generate(**inputs, do_sample=False, max_new_tokens=request.max_new_tokens)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 

@@ -118,16 +118,8 @@ def test_the_shipped_video_profile_is_the_deep_target_and_equals_its_greedy_deco
         clip = clip_from_arrays(video.render_script(script, frames), fps=frames / video.DURATION)
         requests.append(Request([Message("user", video.QUESTIONS[0], videos=(clip,))], max_new_tokens=40))
 
-    def greedy(req):   # transformers' own generate() on the runtime's inputs
-        prompt = target.adapter.prompt_text(target, req.messages)
-        inputs = target.adapter.encode(target, prompt, None, videos=req.videos)
-        # the runtime's own rope bookkeeping; generate() computes its own
-        inputs = {k: v for k, v in inputs.items() if k not in ("position_ids", "rope_deltas")}
-        out = target.model.generate(**inputs, do_sample=False, max_new_tokens=req.max_new_tokens)
-        return out[0, inputs["input_ids"].shape[1]:].tolist()
-
     for session in sessions:
-        _equal_and_drafted(session, requests, greedy)
+        _equal_and_drafted(session, requests, lambda r: reference(target, r))
 
 
 def test_the_shipped_image_profile_is_the_deep_generator_and_equals_hf_generate():
