@@ -97,9 +97,13 @@ class ChainBatchDrafter(BatchDrafter):
         self.cache.keep_rows(rows)
 
     def propose(self, states: list[DecodeState], budgets: list[int]) -> list[Draft]:
-        """Up to budgets[b] draft tokens per row, one batched draft forward per position."""
+        """Up to budgets[b] draft tokens per row, one batched draft forward per position
+        (sampled: each row's token is drawn on the host from its q, with its own draft
+        generator)."""
         rows: list[ChainRow] = [st.drafter_state for st in states]
         logits = self._catch_up(states, rows, budgets)
+        if self.sampling.greedy:
+            return self._propose_greedy(rows, logits, budgets)
         tokens: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
         active = [budgets[b] > 0 for b in range(len(rows))]
@@ -112,8 +116,7 @@ class ChainBatchDrafter(BatchDrafter):
                     feed.append([])
                     continue
                 tokens[b].append(tok)
-                if q is not None:
-                    probs[b].append(q)
+                probs[b].append(q)
                 if len(tokens[b]) == budgets[b]:
                     active[b] = False   # its last proposal need not be fed
                     feed.append([])
@@ -143,11 +146,39 @@ class ChainBatchDrafter(BatchDrafter):
                 row.next_logits = None
         return logits
 
+    def _propose_greedy(self, rows: list[ChainRow], logits: list[torch.Tensor | None],
+                        budgets: list[int]) -> list[Draft]:
+        """T = 0: the rows' argmax chains stay on the device and are read back once, for
+        verification (no host sync per drafted position). Every drafting row is fed for the
+        longest budget, past its own budget or an EOS: the batched forward runs over every
+        row anyway, and ``accept`` drops what was fed beyond the accepted proposals."""
+        drafting = [n > 0 for n in budgets]
+        steps = max(budgets, default=0)
+        if steps == 0:
+            return [Draft([]) for _ in rows]
+        live = next(x for x, d in zip(logits, drafting) if d)
+        last = torch.stack([x if d else torch.zeros_like(live) for x, d in zip(logits, drafting)])
+        fed_rows = torch.tensor(drafting, device=last.device)[:, None]   # (B, 1)
+        chain = []
+        for step in range(steps):
+            chain.append(last.argmax(-1, keepdim=True))                   # (B, 1), on device
+            if step + 1 < steps:
+                last = self.cache.feed_tensor(chain[-1], fed_rows)[:, -1]
+        proposals = torch.cat(chain, 1).tolist()                          # the one read-back
+        drafts = []
+        for b, row in enumerate(rows):
+            if not drafting[b]:
+                drafts.append(Draft([]))
+                continue
+            row.fed += steps - 1
+            tokens = proposals[b][:budgets[b]]
+            # EOS is never proposed: the chain stops before it
+            stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), len(tokens))
+            drafts.append(Draft(tokens[:stop]))
+        return drafts
+
     def _draw(self, logits: torch.Tensor, state: DecodeState):
-        """The row's next draft token and the q it was drawn from (argmax and None at
-        T = 0)."""
-        if self.sampling.greedy:
-            return int(logits.argmax()), None
+        """The row's next draft token, sampled, and the q it was drawn from."""
         q = probabilities(logits.float(), self.sampling)
         return int(torch.multinomial(q.cpu(), 1, generator=state.draft_generator)), q
 

@@ -102,6 +102,14 @@ class RaggedCache:
             if f:
                 ids[b, t - len(f):] = torch.tensor(f, device=lm.device)
                 new_valid[b, t - len(f):] = True
+        logits = self.feed_tensor(ids, new_valid)
+        return [logits[b, t - len(f):] for b, f in enumerate(feeds)]
+
+    def feed_tensor(self, ids: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
+        """``feed`` for tokens already on the device: ids (B, t), and new_valid (B, t) says
+        which of them a row feeds (the others are padding, invalid slots). Returns the
+        logits (B, t, V); nothing is read back to the host."""
+        lm = self.lm
         # each fed token at its row's next position; padding slots get a harmless position
         positions = self.next_pos[:, None] + new_valid.long().cumsum(-1) - 1
         positions = positions.clamp_min(0)
@@ -109,7 +117,7 @@ class RaggedCache:
         logits = lm.adapter.extend(lm, ids, self.cache, attention_mask=mask, position_ids=positions)
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.next_pos = self.next_pos + new_valid.sum(-1)
-        return [logits[b, t - len(f):] for b, f in enumerate(feeds)]
+        return logits
 
     def rollback(self, drop: list[int]) -> None:
         """Forget the last ``drop[b]`` tokens of row b (rejected proposals): mark its last
