@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from click.testing import CliRunner
 from PIL import Image
 
@@ -58,6 +60,37 @@ def test_profile_json_to_stdout():
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["draft_ms"] is None and data["latency_ratio"] is None and data["target_ms"] > 0
+
+
+@pytest.mark.parametrize("args,method", [
+    (["-p", "tinyworld-hidden"], "hidden"), (["-p", "tinyworld-twig"], "twig"),
+    (["--set", "method=tree"], "tree"), ([], "chain")])
+def test_profile_times_the_rounds_of_every_method(args, method):
+    """Methods without a separate draft model (hidden head, twig) get their drafting cost
+    from timed rounds of their own decoding; trees report nodes and levels apart."""
+    res = CliRunner().invoke(cli, ["profile", *args, "--repeats", "3", "--warmup", "0",
+                                   "--contexts", "32", "--json", "-q"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    r = data["measurements"]["rounds"]
+    assert r["method"] == method and 0 < r["rounds_drafting"] <= r["rounds"]
+    assert r["draft_ms_per_round"] > 0 and r["verify_ms_per_round"] > 0
+    assert 1 <= r["levels_per_round"] <= 5          # γ = 5; the tree's depth is 5
+    # per round, drafting per level ≤ drafting (≥ 1 level), so their medians are ordered too;
+    # equal only if no round drafted more than one level
+    assert 0 < r["draft_ms_per_level"] < r["draft_ms_per_round"]
+    assert data["measurements"]["verify_over_step"] == pytest.approx(
+        data["target_verify_ms"] / data["target_ms"], abs=1e-3)
+    if method == "tree":
+        assert r["drafted_per_round"] > 2 * r["levels_per_round"]   # 20 nodes over ≤ 5 levels
+    else:
+        assert r["drafted_per_round"] == r["levels_per_round"]      # a chain: one per level
+    if method in ("hidden", "twig"):   # no draft model: the ratio is the method's own
+        assert data["draft_ms"] is None
+        assert data["latency_ratio"] == pytest.approx(r["draft_per_level_over_target_step"],
+                                                      rel=1e-3)
+    else:
+        assert data["draft_ms"] > 0
 
 
 def test_remarks_and_eq1():

@@ -171,6 +171,17 @@ def latency_table(hardware: dict) -> None:
         if hardware.get("compiled_draft_ms") is not None:
             table.add_row("draft step T_q, compiled", f"{hardware['compiled_draft_ms']:.3f} ms")
         table.add_row("compile warm-up", f"{hardware['compile_warmup_s']:.1f} s")
+    if m.get("verify_over_step") is not None:
+        table.add_row("T_p(γ+1) / T_p(1)", f"{m['verify_over_step']:.2f}")
+    r = m.get("rounds") or {}
+    if r.get("rounds_drafting"):
+        table.add_row(f"{r['method']} rounds (sample requests)",
+                      f"{r['rounds_drafting']} drafting, {r['drafted_per_round']:.1f} proposals, "
+                      f"{r['levels_per_round']:.1f} levels each")
+        table.add_row(f"{r['method']}: drafting per round", f"{r['draft_ms_per_round']:.3f} ms")
+        table.add_row(f"{r['method']}: verifying + rest per round", f"{r['verify_ms_per_round']:.3f} ms")
+        table.add_row(f"{r['method']}: drafting per level / T_p",
+                      f"{r['draft_ms_per_level']:.3f} ms ({r['draft_per_level_over_target_step']:.3f})")
     for name, r in m["remarks"].items():
         if r is not None:
             verdict = "holds" if r["holds"] else "does not hold"

@@ -17,6 +17,7 @@ from vlmspec_cli.runtime.latency import (LatencyTables, eq1_speedup, measure_tab
                                          remarks)
 from vlmspec_cli.runtime.limits import position_limit
 from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.round_timing import time_rounds
 from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_png, is_profile,
                                             same_file, write_checked)
 from vlmspec_cli.zoo import world
@@ -102,6 +103,10 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
         for t in sorted(set(TAUS) | ({tau} if tau else set())):
             expected[str(t)] = {"eq1": round(eq1_speedup(t, gamma, ratio), 3),
                                 "eq1_measured_verify": round(eq1_speedup(t, gamma, ratio, t_verify / t_p), 3)}
+    rounds = measure_rounds(session, t_p, progress)
+    if ratio is None and rounds and rounds.get("draft_ms_per_level") is not None:
+        # no separate draft model (a hidden-state head, a twig): its drafting per level
+        ratio = rounds["draft_ms_per_level"] / t_p
     compiled = (measure_compiled(session, s0, rows, warmup, repeats, progress)
                 if compile_steps else {})
     return {
@@ -127,8 +132,28 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
                                 for b, row in tables.target_batch_ms.items()},
             "remarks": remarks(tables),
             "expected_speedup": expected,
+            # T_p(γ+1)/T_p(1): what verifying a round costs in target steps
+            "verify_over_step": round(t_verify / t_p, 4),
+            "rounds": rounds,
         },
     }
+
+
+def measure_rounds(session, t_p: float, progress: Callable[[str], None] | None = None,
+                   requests: int = 3) -> dict | None:
+    """The profile's own method decoding sample requests, every round timed
+    (runtime/round_timing.py): its drafting cost per round and per level, whatever drafts
+    (a draft model, a tree, an ensemble, a hidden-state head, a twig). None for method none."""
+    profile = session.profile
+    if profile.method == "none":
+        return None
+    if progress:
+        progress(f"{profile.method}: timing decoding rounds on {requests} sample requests")
+    timed = time_rounds(session.engine, [sample_request(profile, seed) for seed in range(requests)])
+    out = timed.summary()
+    if out.get("draft_ms_per_level") is not None:   # against one target step T_p(1)
+        out["draft_per_level_over_target_step"] = round(out["draft_ms_per_level"] / t_p, 4)
+    return {"method": profile.method, "requests": requests, **out}
 
 
 def measure_compiled(session, context: int, rows: int, warmup: int, repeats: int,
