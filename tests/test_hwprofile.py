@@ -93,6 +93,29 @@ def test_profile_times_the_rounds_of_every_method(args, method):
         assert data["draft_ms"] > 0
 
 
+def test_profile_of_a_video_profile_times_every_length(tmp_path):
+    png = tmp_path / "video.png"
+    res = CliRunner().invoke(cli, ["profile", "-p", "tinyworld-video", "--frames", "4,16",
+                                   "--repeats", "3", "--warmup", "0", "--contexts", "64",
+                                   "--plot", str(png), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    frames = data["measurements"]["frames"]
+    assert set(frames) == {"4", "16"}           # JSON keys
+    short, long_ = frames["4"], frames["16"]
+    assert long_["prompt_tokens"] > short["prompt_tokens"]   # the video's tokens grow
+    assert all(f["prefill_ms"] > 0 and f["target_step_ms"] > 0 and f["draft_ms_per_level"] > 0
+               for f in (short, long_))
+    assert data["measurements"]["rounds"]["method"] == "hidden" and data["latency_ratio"] > 0
+    assert "video of 16 frames" in res.stderr
+    with Image.open(png) as im:
+        assert im.format == "PNG"
+    res = CliRunner().invoke(cli, ["profile", "-p", "tinyworld-image", "-q"])
+    assert res.exit_code == 2 and "task 'image'" in res.stderr
+    res = CliRunner().invoke(cli, ["profile", "--frames", "4", "-q"])
+    assert res.exit_code == 2 and "--frames" in res.stderr
+
+
 def test_remarks_and_eq1():
     tables = LatencyTables(target_verify_ms={10: {1: 1.0, 4: 1.02, 8: 1.2}},
                            draft_step_ms={1: {10: 0.5, 100: 0.51}, 2: {10: 0.52, 100: 0.5}})

@@ -182,6 +182,13 @@ def latency_table(hardware: dict) -> None:
         table.add_row(f"{r['method']}: verifying + rest per round", f"{r['verify_ms_per_round']:.3f} ms")
         table.add_row(f"{r['method']}: drafting per level / T_p",
                       f"{r['draft_ms_per_level']:.3f} ms ({r['draft_per_level_over_target_step']:.3f})")
+    for k, f in (m.get("frames") or {}).items():
+        parts = [f"{f['prompt_tokens']} positions", f"prefill {f['prefill_ms']:.1f} ms"]
+        if f.get("target_step_ms") is not None:
+            parts.append(f"step {f['target_step_ms']:.2f} ms")
+        if f.get("draft_ms_per_level") is not None:
+            parts.append(f"drafting {f['draft_ms_per_level']:.2f} ms/level")
+        table.add_row(f"video of {k} frames", ", ".join(parts))
     for name, r in m["remarks"].items():
         if r is not None:
             verdict = "holds" if r["holds"] else "does not hold"

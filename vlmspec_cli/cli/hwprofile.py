@@ -16,6 +16,8 @@ Examples:
   vlmspec profile -p tinyworld-tabed --write hw-cpu.yaml --plot hw-cpu.png
   vlmspec profile --contexts 128,1024 --repeats 30 --tau 3.2 --json
   vlmspec profile --compile --write hw.yaml        # also time compiled steps (runtime.compile)
+  vlmspec profile -p tinyworld-hidden              # the hidden-state head's own rounds
+  vlmspec profile -p tinyworld-video --frames 4,16,64   # prefill, steps, drafting vs frames
 
 Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 """
@@ -38,12 +40,14 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 @click.option("--compile", "compile_steps", is_flag=True,
               help="Also time the fast path's steps compiled with torch.compile and the "
                    "compile warm-up; runtime.compile: auto decides from these numbers.")
+@click.option("--frames", type=IntList(min=1), metavar="N,N,...",
+              help="Video profiles: the video lengths (frames) to time [4,8,16,32].")
 @click.option("--force", is_flag=True, help="Overwrite an existing --write / --plot file (only "
                                             "a hardware profile / a PNG; never the --profile).")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
 def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats, warmup, tau,
-                compile_steps, force, as_json, quiet):
+                compile_steps, frames, force, as_json, quiet):
     """Measure this hardware: target and draft step times, the latency ratio T_q/T_p,
     TABED's Remarks 1-3 and Eq. 1's expected speedup, written as a YAML hardware profile.
 
@@ -57,8 +61,12 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
                                              run_profile, sample_request, save_outputs)
     from vlmspec_cli.tasks.output_files import OutputRefused
 
-    prof = load_profile(profile, sets, {"target.device": device, "draft.device": device},
-                         task="caption")
+    prof = load_profile(profile, sets, {"target.device": device, "draft.device": device})
+    if prof.task == "image":
+        fail(f"profile '{prof.name}' is for task 'image': vlmspec profile measures caption and "
+             "video profiles; image generation is not measured yet")
+    if frames and prof.task != "video":
+        fail(f"--frames: profile '{prof.name}' is for task '{prof.task}'; --frames times videos")
     extra = contexts or None
     try:
         check_outputs(write_path, plot_path, prof.source, force)  # before anything loads
@@ -73,7 +81,8 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
     with ui.Status(quiet) as status:
         try:
             hardware = run_profile(session, contexts=extra, warmup=warmup, repeats=repeats,
-                                   tau=tau, progress=status.update, compile_steps=compile_steps)
+                                   tau=tau, progress=status.update, compile_steps=compile_steps,
+                                   frames=list(frames) if frames else None)
         except ValueError as exc:
             fail(str(exc))
     if not quiet:

@@ -15,7 +15,7 @@ import yaml
 from vlmspec_cli.runtime.latency import (LatencyTables, eq1_speedup, measure_tables, median_ms,
                                          time_extend,
                                          remarks)
-from vlmspec_cli.runtime.limits import position_limit
+from vlmspec_cli.runtime.limits import position_limit, prompt_tokens
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.round_timing import time_rounds
 from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_png, is_profile,
@@ -25,9 +25,20 @@ from vlmspec_cli.zoo import world
 TAUS = (2.0, 3.0, 4.0)
 
 
-def sample_request(profile, seed: int = 0) -> Request:
-    """A representative request for the profile's task: one image and the profile prompt."""
-    image = world.render(world.sample_scene(random.Random(seed)))
+def sample_request(profile, seed: int = 0, frames: int | None = None) -> Request:
+    """A representative request for the profile's task and prompt: one image (caption), or
+    one tinyworld video of ``frames`` frames (video; default the profile's video.frames)."""
+    rng = random.Random(seed)
+    if profile.task == "video":
+        from vlmspec_cli.tasks.video_io import clip_from_arrays
+        from vlmspec_cli.zoo import video
+
+        k = frames or profile.video.frames or 8
+        clip = clip_from_arrays(video.render_script(video.random_script(rng), k),
+                                fps=k / video.DURATION)
+        return Request([Message("user", profile.generation.prompt, videos=(clip,))],
+                       max_new_tokens=profile.generation.max_new_tokens, seed=seed)
+    image = world.render(world.sample_scene(rng))
     return Request([Message("user", profile.generation.prompt, (image,))],
                    max_new_tokens=profile.generation.max_new_tokens, seed=seed)
 
@@ -73,15 +84,15 @@ def context_lengths(target, prompt_len: int, extra: list[int] | None) -> list[in
 def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: list[int] | None = None,
                 batches: list[int] | None = None, warmup: int = 3, repeats: int = 15,
                 tau: float | None = None, progress: Callable[[str], None] | None = None,
-                compile_steps: bool = False) -> dict:
+                compile_steps: bool = False, frames: list[int] | None = None) -> dict:
     """Measure everything; returns the ``hardware`` section as a plain dict. With
-    ``compile_steps`` also the compiled steps (runtime.compile) and their warm-up."""
+    ``compile_steps`` also the compiled steps (runtime.compile) and their warm-up; for a
+    video profile also prefill, target step and drafting as the video grows (``frames``)."""
     profile = session.profile
     target, draft = session.target, session.draft
     request = sample_request(profile)
     baseline = session.baseline_engine()
-    prompt = target.adapter.prompt_text(target, request.messages)
-    prompt_len = int(target.adapter.encode(target, prompt, request.images)["input_ids"].shape[1])
+    prompt_len = prompt_tokens(target, request.messages)
     if progress:
         progress("target prefill of a sample request")
     prefill = median_ms(lambda: baseline.start(request), target.device, warmup, repeats)
@@ -98,17 +109,19 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
     t_verify = tables.target_ms(s0, gamma + 1)  # pending token + γ proposals, as the engine feeds
     t_q = tables.draft_step_ms[rows][s0] if draft is not None else None
     ratio = t_q / t_p if t_q is not None else None
+    rounds = measure_rounds(session, t_p, progress)
+    if ratio is None and rounds and rounds.get("draft_ms_per_level") is not None:
+        # no separate draft model (a hidden-state head, a twig): its drafting per level
+        ratio = rounds["draft_ms_per_level"] / t_p
     expected = {}
     if ratio is not None:
         for t in sorted(set(TAUS) | ({tau} if tau else set())):
             expected[str(t)] = {"eq1": round(eq1_speedup(t, gamma, ratio), 3),
                                 "eq1_measured_verify": round(eq1_speedup(t, gamma, ratio, t_verify / t_p), 3)}
-    rounds = measure_rounds(session, t_p, progress)
-    if ratio is None and rounds and rounds.get("draft_ms_per_level") is not None:
-        # no separate draft model (a hidden-state head, a twig): its drafting per level
-        ratio = rounds["draft_ms_per_level"] / t_p
     compiled = (measure_compiled(session, s0, rows, warmup, repeats, progress)
                 if compile_steps else {})
+    by_frames = (measure_frames(session, frames or [4, 8, 16, 32], warmup, repeats, progress)
+                 if profile.task == "video" else None)
     return {
         "latency_ratio": round(ratio, 4) if ratio is not None else None,
         "device": device_name(target.device),
@@ -135,8 +148,35 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
             # T_p(γ+1)/T_p(1): what verifying a round costs in target steps
             "verify_over_step": round(t_verify / t_p, 4),
             "rounds": rounds,
+            **({"frames": by_frames} if by_frames is not None else {}),
         },
     }
+
+
+def measure_frames(session, frames: list[int], warmup: int, repeats: int,
+                   progress: Callable[[str], None] | None = None) -> dict:
+    """Per video length (frames): the prompt's positions, the target's prefill, one target
+    step after that many positions, and the profile's method drafting per level on one
+    request of that length (a hidden-state head's cost should not grow with the video; a
+    draft that reads the video grows like the target)."""
+    baseline = session.baseline_engine()
+    lo, hi = context_range(session.target)
+    out = {}
+    for k in frames:
+        request = sample_request(session.profile, 0, k)
+        s = prompt_tokens(session.target, request.messages)
+        if progress:
+            progress(f"video of {k} frames ({s} positions)")
+        row = {"prompt_tokens": s,
+               "prefill_ms": round(median_ms(lambda: baseline.start(request), session.target.device,
+                                             min(warmup, 1), max(3, repeats // 5)), 4)}
+        if lo <= s <= hi:
+            row["target_step_ms"] = round(time_extend(session.target, s, 1, 1, warmup, repeats), 4)
+        if session.profile.method != "none":
+            r = time_rounds(session.engine, [request], warmup=0).summary()
+            row["draft_ms_per_level"] = r.get("draft_ms_per_level")
+        out[k] = row
+    return out
 
 
 def measure_rounds(session, t_p: float, progress: Callable[[str], None] | None = None,
@@ -249,6 +289,15 @@ def plot_png(hardware: dict) -> bytes:
     panels = [Panel("target: verify k tokens", "tokens verified (gamma, tree size)", "ms",
                     [Series(f"S={s}", [(k, v) for k, v in sorted(row.items())]) for s, row in verify.items()],
                     log_x=True)]
+    by_frames = m.get("frames")
+    if by_frames:   # a video profile: what grows with the video, and what should not
+        ks = sorted(by_frames, key=int)
+        series = [Series(name, [(int(k), by_frames[k][key]) for k in ks
+                                if by_frames[k].get(key) is not None])
+                  for name, key in (("prefill", "prefill_ms"), ("target step", "target_step_ms"),
+                                    (f"{m['method']} drafting per level", "draft_ms_per_level"))]
+        panels.append(Panel("video length", "frames", "ms", [x for x in series if x.points],
+                            log_x=True))
     if draft:
         panels.append(Panel("draft: one step", "context S (tokens)", "ms",
                             [Series(f"B={b}", sorted(row.items())) for b, row in draft.items()]))
