@@ -110,10 +110,32 @@ def test_profile_of_a_video_profile_times_every_length(tmp_path):
     assert "video of 16 frames" in res.stderr
     with Image.open(png) as im:
         assert im.format == "PNG"
-    res = CliRunner().invoke(cli, ["profile", "-p", "tinyworld-image", "-q"])
-    assert res.exit_code == 2 and "task 'image'" in res.stderr
     res = CliRunner().invoke(cli, ["profile", "--frames", "4", "-q"])
     assert res.exit_code == 2 and "--frames" in res.stderr
+
+
+def test_profile_of_an_image_profile_times_guided_steps_and_tree_sizes(tmp_path):
+    hw, png = tmp_path / "img.yaml", tmp_path / "img.png"
+    res = CliRunner().invoke(cli, ["profile", "-p", "tinyworld-image", "--repeats", "3",
+                                   "--warmup", "0", "--write", str(hw), "--plot", str(png), "-q"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    user = tmp_path / "mine.yaml"
+    user.write_text(f"include: [tinyworld-image, {hw.name}]\nname: mine\n")
+    h = load_profile(str(user)).hardware
+    m = h.measurements
+    (s, verify), = m["target_verify_ms"].items()          # the sample prompt's length
+    assert set(verify) >= {1, 2, 4, 8, 16, 32, 64}        # up to ADT-Tree's largest trees
+    assert h.target_ms == verify[1] and h.draft_ms == m["draft_step_ms"][1][s]
+    assert 0 < h.latency_ratio < 1 and h.prefill_ms > 0
+    r = m["rounds"]
+    assert r["method"] == "adt" and r["rounds_drafting"] > 0
+    assert r["drafted_per_round"] > r["levels_per_round"] >= 1   # trees, not chains
+    with Image.open(png) as im:
+        assert im.format == "PNG"
+    for extra in (["--contexts", "64"], ["--compile"]):
+        res = CliRunner().invoke(cli, ["profile", "-p", "tinyworld-image", *extra, "-q"])
+        assert res.exit_code == 2 and "task 'image'" in res.stderr
 
 
 def test_remarks_and_eq1():

@@ -18,6 +18,7 @@ Examples:
   vlmspec profile --compile --write hw.yaml        # also time compiled steps (runtime.compile)
   vlmspec profile -p tinyworld-hidden              # the hidden-state head's own rounds
   vlmspec profile -p tinyworld-video --frames 4,16,64   # prefill, steps, drafting vs frames
+  vlmspec profile -p tinyworld-image --plot img.png     # guided steps, tree sizes, ADT rounds
 
 Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 """
@@ -62,16 +63,17 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
     from vlmspec_cli.tasks.output_files import OutputRefused
 
     prof = load_profile(profile, sets, {"target.device": device, "draft.device": device})
-    if prof.task == "image":
-        fail(f"profile '{prof.name}' is for task 'image': vlmspec profile measures caption and "
-             "video profiles; image generation is not measured yet")
+    if prof.task == "image" and (contexts or compile_steps):
+        fail(f"{'--contexts' if contexts else '--compile'}: profile '{prof.name}' is for task "
+             "'image', timed at its sample prompt and without compiled steps")
     if frames and prof.task != "video":
         fail(f"--frames: profile '{prof.name}' is for task '{prof.task}'; --frames times videos")
     extra = contexts or None
     try:
         check_outputs(write_path, plot_path, prof.source, force)  # before anything loads
         session = build_session(prof)
-        check_fits(session, sample_request(prof))
+        if prof.task != "image":   # an image profile's sample is a prompt and its grid
+            check_fits(session, sample_request(prof))
         check_contexts(session.target, extra)
         if compile_steps and session.target.fast is None:
             raise ValueError("--compile times the fast path's compiled steps; the target is not "

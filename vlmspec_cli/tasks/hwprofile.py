@@ -90,26 +90,39 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
     video profile also prefill, target step and drafting as the video grows (``frames``)."""
     profile = session.profile
     target, draft = session.target, session.draft
-    request = sample_request(profile)
-    baseline = session.baseline_engine()
-    prompt_len = prompt_tokens(target, request.messages)
-    if progress:
-        progress("target prefill of a sample request")
-    prefill = median_ms(lambda: baseline.start(request), target.device, warmup, repeats)
     gamma = profile.drafting.gamma
     rows = draft_rows(profile)
-    contexts = context_lengths(target, prompt_len, contexts)
-    verify_tokens = sorted(set(verify_tokens or [1, 2, 4, 8, 16, 32, 64]) | {1, gamma + 1})
-    batches = sorted(set(batches or [1, 2, 3, 4]) | {rows})
-    tables: LatencyTables = measure_tables(target, draft, contexts, verify_tokens, batches,
-                                           warmup, repeats, progress)
-    tables.prefill_ms = prefill
-    s0 = contexts[0]
+    if profile.task == "image":   # guided two-row forwards of image tokens
+        from vlmspec_cli.tasks.hwprofile_image import image_request, image_tables
+
+        tables = image_tables(session, warmup, repeats, progress)
+        prompt_len = s0 = next(iter(tables.target_verify_ms))
+        prefill = tables.prefill_ms
+
+        def make_request(seed: int) -> Request:
+            return image_request(target, seed)
+    else:
+        request = sample_request(profile)
+        baseline = session.baseline_engine()
+        prompt_len = prompt_tokens(target, request.messages)
+        if progress:
+            progress("target prefill of a sample request")
+        prefill = median_ms(lambda: baseline.start(request), target.device, warmup, repeats)
+        contexts = context_lengths(target, prompt_len, contexts)
+        verify_tokens = sorted(set(verify_tokens or [1, 2, 4, 8, 16, 32, 64]) | {1, gamma + 1})
+        batches = sorted(set(batches or [1, 2, 3, 4]) | {rows})
+        tables: LatencyTables = measure_tables(target, draft, contexts, verify_tokens, batches,
+                                               warmup, repeats, progress)
+        tables.prefill_ms = prefill
+        s0 = contexts[0]
+
+        def make_request(seed: int) -> Request:
+            return sample_request(profile, seed)
     t_p = tables.target_ms(s0, 1)
     t_verify = tables.target_ms(s0, gamma + 1)  # pending token + γ proposals, as the engine feeds
     t_q = tables.draft_step_ms[rows][s0] if draft is not None else None
     ratio = t_q / t_p if t_q is not None else None
-    rounds = measure_rounds(session, t_p, progress)
+    rounds = measure_rounds(session, t_p, make_request, progress)
     if ratio is None and rounds and rounds.get("draft_ms_per_level") is not None:
         # no separate draft model (a hidden-state head, a twig): its drafting per level
         ratio = rounds["draft_ms_per_level"] / t_p
@@ -179,8 +192,8 @@ def measure_frames(session, frames: list[int], warmup: int, repeats: int,
     return out
 
 
-def measure_rounds(session, t_p: float, progress: Callable[[str], None] | None = None,
-                   requests: int = 3) -> dict | None:
+def measure_rounds(session, t_p: float, make_request: Callable[[int], Request],
+                   progress: Callable[[str], None] | None = None, requests: int = 3) -> dict | None:
     """The profile's own method decoding sample requests, every round timed
     (runtime/round_timing.py): its drafting cost per round and per level, whatever drafts
     (a draft model, a tree, an ensemble, a hidden-state head, a twig). None for method none."""
@@ -189,7 +202,7 @@ def measure_rounds(session, t_p: float, progress: Callable[[str], None] | None =
         return None
     if progress:
         progress(f"{profile.method}: timing decoding rounds on {requests} sample requests")
-    timed = time_rounds(session.engine, [sample_request(profile, seed) for seed in range(requests)])
+    timed = time_rounds(session.engine, [make_request(seed) for seed in range(requests)])
     out = timed.summary()
     if out.get("draft_ms_per_level") is not None:   # against one target step T_p(1)
         out["draft_per_level_over_target_step"] = round(out["draft_ms_per_level"] / t_p, 4)

@@ -1,0 +1,76 @@
+"""``vlmspec profile`` for image-generation profiles (``task: image``, Janus-class models).
+
+An image model decodes VQ codes with classifier-free guidance: every forward carries two
+rows (the prompt and the unconditional prompt) and mixes their logits. So its latency
+tables are made of guided forwards: the target's prefill of a sample prompt, the target
+verifying k image tokens after it (k = a chain's γ+1 or a draft tree's node count, up to
+64: ADT-Tree's largest trees), and one guided draft step; the method's own rounds are
+timed on a whole image grid (runtime/round_timing.py). The numbers land in the same
+``hardware:`` keys as a caption profile's, so ``include:`` and ``--plot`` work alike.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
+from vlmspec_cli.runtime.latency import LatencyTables, median_ms
+from vlmspec_cli.runtime.request import Message, Request
+
+PROMPTS = ("a red circle on a blue background", "a small green square at the top left",
+           "a white triangle on a black background")
+NODES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def image_request(lm, seed: int = 0) -> Request:
+    """One whole image of a tinyworld prompt."""
+    return Request([Message("user", PROMPTS[seed % len(PROMPTS)])], seed=seed,
+                   max_new_tokens=lm.adapter.num_image_tokens(lm))
+
+
+def _prompt_inputs(lm) -> dict[str, torch.Tensor]:
+    prompt = lm.adapter.prompt_text(lm, image_request(lm).messages)
+    return lm.adapter.encode(lm, prompt, None)
+
+
+def time_guided_extend(lm, k: int, warmup: int, repeats: int) -> tuple[int, float]:
+    """(S, ms): one guided forward of k image tokens (both rows) after the sample prompt's
+    S positions, cropped back after each call."""
+    cache = lm.adapter.new_cache(lm)
+    lm.adapter.prefill(lm, _prompt_inputs(lm), cache)
+    s = cache_length(cache)
+    feed = torch.zeros((1, k), dtype=torch.long, device=lm.device)   # code 0, k times
+
+    def step():
+        lm.adapter.extend(lm, feed, cache)
+        truncate_cache(cache, s)
+
+    return s, median_ms(step, lm.device, warmup, repeats)
+
+
+def image_tables(session, warmup: int, repeats: int,
+                 progress: Callable[[str], None] | None = None) -> LatencyTables:
+    """T_p(k) for k in NODES (and γ+1), the draft's guided step, the target's prefill."""
+    target, draft = session.target, session.draft
+    tables = LatencyTables()
+    ks = sorted(set(NODES) | {session.profile.drafting.gamma + 1})
+    for k in ks:
+        if progress:
+            progress(f"target: guided forward of {k} image tokens")
+        s, ms = time_guided_extend(target, k, warmup, repeats)
+        tables.target_verify_ms.setdefault(s, {})[k] = ms
+    if draft is not None:
+        if progress:
+            progress("draft: one guided step")
+        s, ms = time_guided_extend(draft, 1, warmup, repeats)
+        tables.draft_step_ms[1] = {s: ms}
+    if progress:
+        progress("target prefill of a sample prompt")
+    inputs = _prompt_inputs(target)
+    tables.prefill_ms = median_ms(
+        lambda: target.adapter.prefill(target, inputs, target.adapter.new_cache(target)),
+        target.device, warmup, repeats)
+    return tables
+
