@@ -30,7 +30,7 @@ def test_default_profile_values(monkeypatch):
     assert p.name == "tinyworld-caption"
     assert p.task == "caption"
     assert p.target == ModelSpec(model="zoo:tinyworld/llava-target-deep")
-    assert p.draft == ModelSpec(model="zoo:tinyworld/llava-draft")
+    assert p.draft == ModelSpec(model="zoo:tinyworld/llava-deep-draft")
     assert p.method == "chain"
     assert p.drafting == DraftingSpec(gamma=5, inputs=["multimodal"])
     assert p.sampling.temperature == 0.0 and isinstance(p.sampling.temperature, float)

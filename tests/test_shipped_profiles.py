@@ -49,10 +49,12 @@ def _equal_and_drafted(session, requests, reference_of) -> None:
 
 
 def test_the_default_is_the_deep_pair_and_equals_its_greedy_decoding(default_session):
-    """The shipped default: the 32-layer target (zoo/deepen.py) with the 1-layer draft."""
+    """The shipped default: the 32-layer target (zoo/deepen.py) with the 1-layer draft
+    distilled on its answers (zoo/distill_draft.py)."""
     target = default_session.target
     assert target.model.config.text_config.num_hidden_layers == 32
     assert default_session.draft.model.config.text_config.num_hidden_layers == 1
+    assert default_session.profile.draft.model == "zoo:tinyworld/llava-deep-draft"
     _equal_and_drafted(default_session, _requests(3, 3232), lambda r: reference(target, r))
 
 

@@ -235,7 +235,7 @@ class Profile:
     description: str = ""
     task: str = field(default="caption", metadata=_rule(choices=("caption", "image", "video")))
     target: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-target-deep"))
-    draft: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-draft"))
+    draft: ModelSpec = field(default_factory=lambda: ModelSpec(model="zoo:tinyworld/llava-deep-draft"))
     captioner: CaptionerSpec = field(
         default_factory=lambda: CaptionerSpec(model="zoo:tinyworld/captioner"))
     method: str = "chain"

@@ -120,17 +120,18 @@ def encode_example(tok, turns, variant: str = "multimodal", rng: random.Random |
 
 
 def make_dataset(processor, n: int, seed: int, weights: dict | None = None,
-                 inputs: dict[str, float] | None = None
+                 inputs: dict[str, float] | None = None, conversations: list | None = None
                  ) -> list[tuple[list[int], list[int], torch.Tensor | None]]:
     """Conversations encoded exactly as at inference: the processor makes the pixels.
     ``inputs``: the share of examples read through each drafting input (default: all
-    multimodal); a separate generator picks them, so the conversations stay the same."""
+    multimodal); a separate generator picks them, so the conversations stay the same.
+    ``conversations``: encode these (lists of world turns) instead of sampling ``n``."""
     rng = random.Random(seed)
     pick = random.Random(seed + 7919)
     tok = processor.tokenizer
     data = []
-    for _ in range(n):
-        _, turns = world.sample_mix(rng, weights)
+    sampled = (world.sample_mix(rng, weights)[1] for _ in range(n))
+    for turns in (conversations if conversations is not None else sampled):
         variant = pick.choices(list(inputs), weights=list(inputs.values()))[0] if inputs else "multimodal"
         ids, labels, images = encode_example(tok, turns, variant, pick)
         pix = processor.image_processor(images, return_tensors="pt")["pixel_values"] if images else None
