@@ -10,6 +10,14 @@ Columns (scenarios): a 1st turn (one image; caption prompt or question, alternat
 turn. Decoding is greedy, so every output must equal the target-only output; the bench
 counts the ones that do not.
 
+Eq. 1 per row (the paper's headline model): speedup = τ / (γ·c + 1) with c = T_q(m)/T_p,
+T_p one target decoding step and T_q(m) one draft step over the m rows the method drafts
+with (1 for a single input, 2 for MT, 4 for MTCP), both measured here before the run
+(runtime/latency.py, at the 1st-turn prompt's length). Eq. 1 models neither prefill nor
+the captioner's caption, nor verification costing more than one step; measured ÷ Eq. 1
+shows how much of that model the engine reaches. The static ensembles (MT, MTCP: equal
+weights) are compared with the adaptive ones (MT*, MTCP*) column by column.
+
     python bench/tabed.py [--profile NAME] [--n 10] [--max-new-tokens 48] [--gamma 5]
                           [--threads 2] [--seed 0] [--window all] [--distance kl]
                           [--grid 10] [--json out.json] [--markdown]
@@ -34,6 +42,7 @@ from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.profile import ProfileError, load_profile  # noqa: E402
 from vlmspec_cli.runtime.captioner import Captioner  # noqa: E402
 from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
+from vlmspec_cli.runtime.latency import measure_tables  # noqa: E402
 from vlmspec_cli.runtime.models import ModelLoadError, check_compatible, load_model  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
 from vlmspec_cli.runtime.stats import SpecStats  # noqa: E402
@@ -164,6 +173,34 @@ def summarize(raw: dict) -> dict:
     return out
 
 
+def draft_rows(row: str) -> int:
+    """How many rows the row's draft forwards carry (TABED drafts its inputs as a batch)."""
+    method, kw, _ = ROWS[row]
+    return len(kw["inputs"]) if method == "tabed" else 1
+
+
+def latency(target, draft, request: Request) -> dict:
+    """T_p (one target step) and T_q(B) for the batch sizes the rows draft with, in ms, at
+    the context length of ``request``'s prompt."""
+    enc = target.adapter.encode(target, target.adapter.prompt_text(target, request.messages),
+                                list(request.images))
+    s0 = int(enc["input_ids"].shape[1])
+    tables = measure_tables(target, draft, [s0], [1], sorted({draft_rows(r) for r in ROWS}),
+                            warmup=3, repeats=15)
+    return {"context": s0, "target_step_ms": tables.target_verify_ms[s0][1],
+            "draft_step_ms": {b: row[s0] for b, row in tables.draft_step_ms.items()}}
+
+
+def add_eq1(rows: dict, lat: dict, gamma: int) -> None:
+    """Eq. 1 = τ / (γ·c + 1), c = T_q(rows)/T_p, per row and column, and measured ÷ Eq. 1."""
+    for r in ROWS:
+        c = lat["draft_step_ms"][draft_rows(r)] / lat["target_step_ms"]
+        for cell in rows[r].values():
+            cell["c"] = c
+            cell["eq1"] = cell["tau"] / (gamma * c + 1)
+            cell["measured_over_eq1"] = cell["speedup"] / cell["eq1"]
+
+
 # -- reporting -----------------------------------------------------------------------
 def ranks(values: dict[str, float]) -> dict[str, int]:
     """1 for the best, 2 for the second best, 0 otherwise; compared as printed (2 decimals),
@@ -200,6 +237,28 @@ def speed_table(rows: dict, markdown: bool) -> None:
     print_table("Measured wall speedup over target-only (same requests, same process; tok/s over "
                 "all columns; ≠ greedy: outputs differing from target-only)",
                 ["method"] + cols + ["tok/s", "≠ greedy"], lines, markdown)
+
+
+def eq1_table(rows: dict, markdown: bool) -> None:
+    cols = list(SCENARIOS) + ["all"]
+    lines = [[r, f"{rows[r]['all']['c']:.3f}"]
+             + [f"{rows[r][c]['eq1']:.2f} / {rows[r][c]['measured_over_eq1']:.2f}" for c in cols]
+             for r in ROWS]
+    print_table("Eq. 1 = τ/(γc+1) per cell, then measured ÷ Eq. 1 (c = T_q(rows)/T_p, measured "
+                "before the run)", ["method", "c"] + cols, lines, markdown)
+
+
+def static_vs_adaptive(rows: dict) -> str:
+    """Where the adaptive ensemble beats its static twin, in τ and in measured speed."""
+    parts = []
+    for static, adaptive in (("MT", "MT*"), ("MTCP", "MTCP*")):
+        tau_wins = [c for c in SCENARIOS if rows[adaptive][c]["tau"] > rows[static][c]["tau"]]
+        fast_wins = [c for c in SCENARIOS if rows[adaptive][c]["speedup"] > rows[static][c]["speedup"]]
+        parts.append(f"{adaptive} over static {static}: higher τ in {len(tau_wins)}/{len(SCENARIOS)}"
+                     f" columns ({', '.join(tau_wins) or 'none'}), faster in {len(fast_wins)}/"
+                     f"{len(SCENARIOS)} ({', '.join(fast_wins) or 'none'}); τ all "
+                     f"{rows[adaptive]['all']['tau']:.2f} vs {rows[static]['all']['tau']:.2f}")
+    return "Static vs adaptive weights. " + ". ".join(parts) + "."
 
 
 def claim_check(rows: dict) -> str:
@@ -266,21 +325,29 @@ def main() -> None:
 
     scenarios = make_scenarios(args.n, args.seed, args.max_new_tokens)
     engines = build_engines(target, draft, captioner, args.gamma, options)
+    lat = latency(target, draft, scenarios[SCENARIOS[0]][0])
+    print(f"T_p = {lat['target_step_ms']:.2f} ms, T_q(B) = "
+          + ", ".join(f"{b}: {v:.2f}" for b, v in lat["draft_step_ms"].items())
+          + f" ms (context {lat['context']} tokens)\n")
     rows = summarize(run_all(engines, scenarios, target.device))
+    add_eq1(rows, lat, args.gamma)
 
     tau_table(rows, args.markdown)
     speed_table(rows, args.markdown)
+    eq1_table(rows, args.markdown)
     for r in ("MT*", "MTCP*"):
         weights = "; ".join(f"{c} {rows[r][c]['mean_weights']}" for c in SCENARIOS)
         print(f"mean block weights {r} ({'/'.join(ROWS[r][1]['inputs'])}): {weights}")
     print()
+    print(static_vs_adaptive(rows))
     print(claim_check(rows))
     bad = sum(rows[r]["all"]["mismatches"] for r in ROWS)
     if bad:
         print(f"\nWARNING: {bad} outputs differ from target-only greedy decoding", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"config": cfg, "machine": machine, "scenarios": list(SCENARIOS), "rows": rows}, indent=2))
+            {"config": cfg, "machine": machine, "latency": lat, "scenarios": list(SCENARIOS),
+             "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":
