@@ -15,7 +15,9 @@ from conftest import fresh_scenes
 from corpus import make_broken_model_dir, write_foreign_yaml, write_user_notes
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
-from vlmspec_cli.tasks.calibrate import LatencyModel, tau_for_gamma
+from vlmspec_cli.session import build_session
+from vlmspec_cli.tasks.calibrate import TREE_SHAPES, LatencyModel, sample_requests, tau_for_gamma
+from vlmspec_cli.tasks.inputs import expand_inputs
 
 
 @pytest.fixture(scope="module")
@@ -62,42 +64,60 @@ def test_calibrate_measures_the_default_and_is_deterministic(setup):
     assert second["winner"] == first["winner"]
     assert [c["label"] for c in second["candidates"]] == [c["label"] for c in first["candidates"]]
     tuned = load_profile(str(root / "tuned.yaml"))
-    assert tuned.method == winner["method"] and tuned.drafting.gamma == winner["gamma"]
+    _is_written_winner(tuned, winner)
     assert tuned.drafting.inputs == winner["inputs"] and tuned.hardware.latency_ratio  # included base
 
 
-@pytest.mark.parametrize("draft_ms,expect_gamma", [(0.0, max), (1000.0, min)])
-def test_calibrate_finds_the_known_answer_of_a_hardware_profile(setup, tmp_path, draft_ms,
-                                                                expect_gamma):
+def _is_written_winner(profile, winner: dict) -> None:
+    assert profile.method == winner["method"]
+    if winner["tree"]:
+        t = profile.tree
+        assert [t.depth, t.top_k, t.total_tokens] == list(winner["tree"])
+    else:
+        assert profile.drafting.gamma == winner["gamma"]
+
+
+@pytest.mark.parametrize("draft_ms", [0.0, 1000.0])
+def test_calibrate_finds_the_known_answer_of_a_hardware_profile(setup, tmp_path, draft_ms):
     """Two made-up machines whose best choice is known without measuring anything: with
-    free draft steps and a flat verification cost the modelled speedup is τ(γ) itself, so
-    the largest γ and the best-accepted candidate win; with draft steps of 100 target steps,
-    τ(γ) ≤ 1 + γ·P(k ≥ 1) makes the smallest γ of a one-row chain win (an ensemble's rows cost
-    more). A sort in the wrong direction, or γ wrong in Eq. 1, picks otherwise."""
+    free draft steps and a flat verification cost the modelled speedup is τ itself, so the
+    best-accepted candidate wins (a deep tree, on these models); with draft steps of 100
+    target steps, τ(γ) ≤ 1 + γ·P(k ≥ 1) makes γ = 1 of a one-row chain win (an ensemble's
+    rows and a tree's levels cost more). A sort in the wrong direction, or γ or a tree's
+    depth wrong in the model, picks otherwise. Every method calibrate claims is probed,
+    and the written winner loads and decodes exactly target-only's tokens."""
     root, samples, _ = setup
     one = tmp_path / "one"
     one.mkdir()
     (one / "s0.png").write_bytes((samples / "s0.png").read_bytes())
     hw = tmp_path / "known.yaml"
     hw.write_text("include: tinyworld-caption\nname: known\nhardware:\n  measurements:\n"
-                  "    target_verify_ms: {64: {1: 10.0, 2: 10.0, 5: 10.0}}\n"
+                  "    target_verify_ms: {64: {1: 10.0, 2: 10.0, 5: 10.0, 64: 10.0}}\n"
                   f"    draft_step_ms: {{1: {{64: {draft_ms}}}, 2: {{64: {2 * draft_ms}}}}}\n")
+    tuned = tmp_path / "tuned.yaml"
     res = CliRunner().invoke(cli, ["calibrate", str(one), "--profile", str(hw), "--gammas", "1,4",
                                    "--top", "1", "--max-new-tokens", "16", "--margin", "100",
-                                   "--json", "-q"], catch_exceptions=False)
+                                   "--write", str(tuned), "--json", "-q"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     cands = {c["label"]: c for c in out["candidates"]}
     winner = cands[out["winner"]]
-    # γ ∈ {1, 4} and the profile's own 5
-    assert {c["gamma"] for c in cands.values()} == {1, 4, 5}
-    assert winner["gamma"] == expect_gamma((1, 4, 5)) and winner["mismatches"] == 0
-    assert {c["method"] for c in cands.values()} == {"chain", "tabed"}   # both were probed
+    assert winner["mismatches"] == 0
+    # chains and ensembles at γ ∈ {1, 4} and the profile's own 5, and every tree shape
+    assert {c["gamma"] for c in cands.values() if c["tree"] is None} == {1, 4, 5}
+    assert {tuple(c["tree"]) for c in cands.values() if c["tree"]} == set(TREE_SHAPES)
+    assert {c["method"] for c in cands.values()} == {"chain", "tabed", "tree"}
     if draft_ms == 0.0:
         assert winner["tau_model"] == max(c["tau_model"] for c in cands.values())
         assert winner["predicted"] == pytest.approx(winner["tau_model"], abs=1e-3)
     else:
-        assert winner["method"] == "chain"
+        assert winner["method"] == "chain" and winner["gamma"] == 1
+    # the written profile is the winner, and decodes what the target alone decodes
+    profile = load_profile(str(tuned))
+    _is_written_winner(profile, winner)
+    session = build_session(profile)
+    request = sample_requests(profile, expand_inputs([str(one / "s0.png")]))[0][0]
+    assert session.engine.generate(request).tokens == session.baseline_engine().generate(request).tokens
 
 
 def test_tau_model_and_latency_model():

@@ -3,12 +3,17 @@
 1. Latency model: T_p(k) (target verifying k tokens) and T_q(B) (one draft step for B rows)
    from the profile's ``hardware:`` section when it holds ``vlmspec profile`` tables (then
    the choice is deterministic), else measured now.
-2. Acceptance: every drafting variant decodes the samples once at the largest γ; the
-   histogram of accepted counts k per round estimates τ(γ) = 1 + E[min(k, γ)] for every
-   smaller γ without decoding again.
+2. Acceptance: every chain or ensemble variant decodes the samples once at the largest γ;
+   the histogram of accepted counts k per round estimates τ(γ) = 1 + E[min(k, γ)] for
+   every smaller γ without decoding again. A draft tree's acceptance cannot be replayed
+   that way (which nodes a smaller tree keeps changes what is accepted), so every tree
+   shape in TREE_SHAPES decodes the samples itself: its τ is measured, not estimated.
 3. Model: speedup(γ) = τ(γ)·T_p(1) / (γ·T_q(B) + T_p(γ+1)) (Eq. 1 with the measured
-   verification cost); the best ``top`` candidates and the profile's own configuration are
-   then decoded for real, against target-only decoding on the same samples.
+   verification cost); for a tree of depth d, top_k k and n nodes,
+   τ·T_p(1) / (d·T_q(k) + T_p(n+1)) (a level drafts from up to k frontier rows, and the
+   target verifies the pending token and n nodes). The best ``top`` candidates and the
+   profile's own configuration are then decoded for real, against target-only decoding
+   on the same samples.
 4. The winner is the best modelled candidate among those measured, unless another one was
    measured more than ``margin`` faster (timing noise must not flip the choice).
 """
@@ -32,6 +37,10 @@ from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_prof
                                             write_checked)
 
 
+# draft-tree shapes calibrate decodes: (depth, top_k, total_tokens)
+TREE_SHAPES = ((3, 2, 8), (4, 4, 12), (5, 4, 20), (6, 4, 30), (5, 8, 40))
+
+
 @dataclass
 class Candidate:
     method: str
@@ -44,14 +53,18 @@ class Candidate:
     speedup: float | None = None    # measured, vs target-only on the same samples
     tokens_per_s: float | None = None
     mismatches: int = 0
+    tree: tuple[int, int, int] | None = None   # method tree: (depth, top_k, total_tokens)
 
     @property
     def label(self) -> str:
+        if self.tree is not None:
+            d, k, n = self.tree
+            return f"tree {letters(self.inputs)} d={d} k={k} n={n}"
         star = "*" if self.policy in ("grid", "softmax") else ""
         return f"{self.method} {letters(self.inputs)}{star} γ={self.gamma}"
 
     def key(self) -> tuple:
-        return (self.method, tuple(self.inputs), self.policy)
+        return (self.method, tuple(self.inputs), self.policy, self.tree)
 
 
 def variants(profile, session, captioner_ok: bool) -> list[tuple[str, list[str], str | None]]:
@@ -91,6 +104,11 @@ class LatencyModel:
         t_p = self._at(self.verify_ms, 1)
         return tau * t_p / (gamma * self._at(self.draft_ms, rows) + self._at(self.verify_ms, gamma + 1))
 
+    def predicted_tree_speedup(self, tau: float, depth: int, top_k: int, nodes: int) -> float:
+        """A round drafts ``depth`` levels of up to ``top_k`` rows and verifies nodes + 1."""
+        t_p = self._at(self.verify_ms, 1)
+        return tau * t_p / (depth * self._at(self.draft_ms, top_k) + self._at(self.verify_ms, nodes + 1))
+
     @classmethod
     def from_hardware(cls, hardware) -> "LatencyModel | None":
         m = hardware.measurements if hardware is not None else None
@@ -107,12 +125,28 @@ def tau_for_gamma(hist: list[int], gamma: int) -> float:
     return 1.0 + sum(n * min(k, gamma) for k, n in enumerate(hist)) / rounds if rounds else 1.0
 
 
-def _drafter(session, captioner, method: str, inputs: list[str], policy: str | None):
+def _drafter(session, captioner, method: str, inputs: list[str], policy: str | None,
+             tree: tuple[int, int, int] | None = None):
     common = dict(draft=session.draft, sampling=session.sampling, captioner=captioner,
                   image_token=session.target.adapter.image_token(session.target))
     if method == "chain":
         return create_drafter("chain", drafting_input=inputs[0], **common)
+    if method == "tree":
+        from vlmspec_cli.runtime.engine import eos_token_ids
+
+        depth, top_k, total = tree
+        return create_drafter("tree", drafting_input=inputs[0], depth=depth, top_k=top_k,
+                              total_tokens=total, eos_ids=eos_token_ids(session.target), **common)
     return create_drafter(method, inputs=inputs, policy=policy or "grid", **common)
+
+
+def tree_input(profile, session) -> str:
+    """The drafting input trees use: the profile's own single input, else multimodal when the
+    draft reads images, else text."""
+    own = list(profile.drafting.inputs)
+    if len(own) == 1:
+        return own[0]
+    return "multimodal" if session.draft.adapter.takes_images else "text"
 
 
 def _decode(engine, requests: list[Request]) -> tuple[SpecStats, float, list[list[int]]]:
@@ -158,17 +192,34 @@ def calibrate(session, requests: list[Request], *, gammas: list[int], captioner=
             tau = tau_for_gamma(stats.accept_len_hist, g)
             candidates.append(Candidate(method, list(inputs), policy, g, round(tau, 4),
                                         round(model.predicted_speedup(tau, g, rows), 4)))
+    tree_in = [tree_input(profile, session)]
+    for shape in TREE_SHAPES:
+        if time.perf_counter() - t_start > budget_s:
+            say("budget spent: the remaining tree shapes are left unprobed")
+            break
+        say(f"acceptance of tree {shape}")
+        # a tree's depth bounds a round as γ bounds a chain (TreeDrafter.gamma)
+        engine = SpeculativeEngine(session.target, _drafter(session, captioner, "tree", tree_in,
+                                                            None, shape), shape[0], session.sampling)
+        stats, _, _ = _decode(engine, requests)
+        tau = stats.mean_accept_len
+        candidates.append(Candidate("tree", tree_in, None, shape[0], round(tau, 4),
+                                    round(model.predicted_tree_speedup(tau, *shape), 4), tree=shape))
     candidates.sort(key=lambda c: (-c.predicted, c.label))
+    own_tree = ((profile.tree.depth, profile.tree.top_k, profile.tree.total_tokens)
+                if profile.method == "tree" else None)
     own_key = (profile.method, tuple(profile.drafting.inputs),
-               profile.ensemble.policy if profile.method == "tabed" else None)
-    default = next((c for c in candidates if c.key() == own_key and c.gamma == profile.drafting.gamma), None)
+               profile.ensemble.policy if profile.method == "tabed" else None, own_tree)
+    default = next((c for c in candidates if c.key() == own_key
+                    and (c.tree is not None or c.gamma == profile.drafting.gamma)), None)
     finalists = candidates[:top] + ([default] if default is not None and default not in candidates[:top] else [])
     for i, cand in enumerate(finalists):
         if i > 0 and time.perf_counter() - t_start > budget_s:
             say("budget spent: the remaining finalists are left unmeasured")
             break
         say(f"measuring {cand.label}")
-        engine = SpeculativeEngine(session.target, _drafter(session, captioner, cand.method, cand.inputs, cand.policy),
+        engine = SpeculativeEngine(session.target, _drafter(session, captioner, cand.method, cand.inputs,
+                                                            cand.policy, cand.tree),
                                    cand.gamma, session.sampling)
         _decode(engine, requests[:1])  # warm-up
         stats, wall, outputs = _decode(engine, requests)
@@ -195,6 +246,10 @@ def winner_yaml(winner: Candidate, base_source: str, name: str, include: str, ta
                   "drafting": {"gamma": winner.gamma, "inputs": list(winner.inputs)}}
     if winner.method == "tabed":
         data["ensemble"] = {"policy": winner.policy}
+    if winner.tree is not None:   # its depth is its γ: the profile's drafting.gamma stays
+        d, k, n = winner.tree
+        del data["drafting"]["gamma"]
+        data["tree"] = {"depth": d, "top_k": k, "total_tokens": n, "policy": "dynamic"}
     lines = ["# written by `vlmspec calibrate`; candidates (τ model, predicted, measured):"]
     for c in table[:12]:
         measured = f"{c.speedup:.2f}x" if c.speedup is not None else "-"
