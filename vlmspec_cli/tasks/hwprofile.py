@@ -97,27 +97,16 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
 
         tables = image_tables(session, warmup, repeats, progress)
         prompt_len = s0 = next(iter(tables.target_verify_ms))
-        prefill = tables.prefill_ms
 
         def make_request(seed: int) -> Request:
             return image_request(target, seed)
     else:
-        request = sample_request(profile)
-        baseline = session.baseline_engine()
-        prompt_len = prompt_tokens(target, request.messages)
-        if progress:
-            progress("target prefill of a sample request")
-        prefill = median_ms(lambda: baseline.start(request), target.device, warmup, repeats)
-        contexts = context_lengths(target, prompt_len, contexts)
-        verify_tokens = sorted(set(verify_tokens or [1, 2, 4, 8, 16, 32, 64]) | {1, gamma + 1})
-        batches = sorted(set(batches or [1, 2, 3, 4]) | {rows})
-        tables: LatencyTables = measure_tables(target, draft, contexts, verify_tokens, batches,
-                                               warmup, repeats, progress)
-        tables.prefill_ms = prefill
-        s0 = contexts[0]
+        tables, prompt_len, s0 = text_tables(session, contexts, verify_tokens, batches, warmup,
+                                             repeats, progress)
 
         def make_request(seed: int) -> Request:
             return sample_request(profile, seed)
+    prefill = tables.prefill_ms
     t_p = tables.target_ms(s0, 1)
     t_verify = tables.target_ms(s0, gamma + 1)  # pending token + γ proposals, as the engine feeds
     t_q = tables.draft_step_ms[rows][s0] if draft is not None else None
@@ -164,6 +153,29 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
             **({"frames": by_frames} if by_frames is not None else {}),
         },
     }
+
+
+def text_tables(session, contexts: list[int] | None, verify_tokens: list[int] | None,
+                batches: list[int] | None, warmup: int, repeats: int,
+                progress: Callable[[str], None] | None = None) -> tuple[LatencyTables, int, int]:
+    """The latency tables of a caption or video profile, timed at the sample request's
+    prompt length and ``contexts``; that length, and the context S the headline numbers
+    are read at (the smallest timed)."""
+    profile, target = session.profile, session.target
+    request = sample_request(profile)
+    baseline = session.baseline_engine()
+    prompt_len = prompt_tokens(target, request.messages)
+    if progress:
+        progress("target prefill of a sample request")
+    prefill = median_ms(lambda: baseline.start(request), target.device, warmup, repeats)
+    contexts = context_lengths(target, prompt_len, contexts)
+    verify_tokens = sorted(set(verify_tokens or [1, 2, 4, 8, 16, 32, 64])
+                           | {1, profile.drafting.gamma + 1})
+    batches = sorted(set(batches or [1, 2, 3, 4]) | {draft_rows(profile)})
+    tables = measure_tables(target, session.draft, contexts, verify_tokens, batches, warmup,
+                            repeats, progress)
+    tables.prefill_ms = prefill
+    return tables, prompt_len, contexts[0]
 
 
 def measure_frames(session, frames: list[int], warmup: int, repeats: int,
