@@ -30,7 +30,6 @@ class RoundTimes:
     drafted: list[int] = field(default_factory=list)       # proposals (a tree's nodes)
     levels: list[int] = field(default_factory=list)        # draft positions deep
     new_tokens: int = 0
-    rounds_with_drafts: int = 0
 
     def summary(self) -> dict:
         """Medians per round of the rounds that drafted, and the drafting cost per level."""

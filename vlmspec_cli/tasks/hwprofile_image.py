@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
-from vlmspec_cli.runtime.latency import LatencyTables, median_ms
+from vlmspec_cli.runtime.adapters.base import cache_length
+from vlmspec_cli.runtime.latency import LatencyTables, median_ms, time_feed
 from vlmspec_cli.runtime.request import Message, Request
 
 PROMPTS = ("a red circle on a blue background", "a small green square at the top left",
@@ -40,14 +40,8 @@ def time_guided_extend(lm, k: int, warmup: int, repeats: int) -> tuple[int, floa
     S positions, cropped back after each call."""
     cache = lm.adapter.new_cache(lm)
     lm.adapter.prefill(lm, _prompt_inputs(lm), cache)
-    s = cache_length(cache)
     feed = torch.zeros((1, k), dtype=torch.long, device=lm.device)   # code 0, k times
-
-    def step():
-        lm.adapter.extend(lm, feed, cache)
-        truncate_cache(cache, s)
-
-    return s, median_ms(step, lm.device, warmup, repeats)
+    return cache_length(cache), time_feed(lm, cache, feed, warmup, repeats)
 
 
 def image_tables(session, warmup: int, repeats: int,

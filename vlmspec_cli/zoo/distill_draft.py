@@ -69,27 +69,38 @@ def target_answers(target, conversations: list[list], batch_size: int,
         turn += 1
 
 
-def chain_tau(target, draft, n: int, seed: int, gamma: int = 5) -> dict:
-    """τ of chain M (the default's drafting) against the target on ``n`` fresh requests, greedy,
+def eval_set(target, n: int, seed: int) -> list[tuple]:
+    """``n`` fresh requests and the target's own greedy tokens for each (decoded once, for
+    both drafts' evaluation)."""
+    from vlmspec_cli.drafters import create_drafter
+    from vlmspec_cli.runtime.engine import SpeculativeEngine
+    from vlmspec_cli.runtime.verify import SamplingParams
+    from vlmspec_cli.zoo.hidden import llava_data
+
+    requests, _ = llava_data(n, seed)
+    alone = SpeculativeEngine(target, create_drafter("none"), 1, SamplingParams(0.0))
+    return [(req, alone.generate(req).tokens) for req in requests]
+
+
+def chain_tau(target, draft, evaluation: list[tuple], gamma: int = 5) -> dict:
+    """τ of chain M (the default's drafting) against the target on the ``eval_set``, greedy,
     and how many decoded exactly the target's own tokens (all of them, or it is a bug)."""
     from vlmspec_cli.drafters import create_drafter
     from vlmspec_cli.runtime.engine import SpeculativeEngine
     from vlmspec_cli.runtime.verify import SamplingParams
     from vlmspec_cli.runtime.stats import SpecStats
-    from vlmspec_cli.zoo.hidden import llava_data
 
     greedy = SamplingParams(0.0)
-    requests, _ = llava_data(n, seed)
-    alone = SpeculativeEngine(target, create_drafter("none"), 1, greedy)
     drafter = create_drafter("chain", draft=draft, sampling=greedy, drafting_input="multimodal",
                              image_token=target.adapter.image_token(target))
     engine = SpeculativeEngine(target, drafter, gamma, greedy)
     stats, same = SpecStats(), 0
-    for req in requests:
+    for req, reference in evaluation:
         res = engine.generate(req)
         stats.merge(res.state.stats)
-        same += res.tokens == alone.generate(req).tokens
-    return {"requests": n, "identical": same, "mean_accept_len": round(stats.mean_accept_len, 3)}
+        same += res.tokens == reference
+    return {"requests": len(evaluation), "identical": same,
+            "mean_accept_len": round(stats.mean_accept_len, 3)}
 
 
 def main(argv=None) -> None:
@@ -117,7 +128,8 @@ def main(argv=None) -> None:
 
     processor = LlavaProcessor.from_pretrained(args.out / args.draft)
     data = make_dataset(processor, 0, args.seed + 1, inputs=DRAFT_INPUT_MIX, conversations=answered)
-    before = chain_tau(target, _load(args.out, args.draft), args.eval, 20_000 + args.seed)
+    evaluation = eval_set(target, args.eval, 20_000 + args.seed)
+    before = chain_tau(target, _load(args.out, args.draft), evaluation)
     print(f"[{args.draft}] {json.dumps(before)}", flush=True)
     model = LlavaForConditionalGeneration.from_pretrained(args.out / args.draft, use_safetensors=True)
     t1 = time.time()
@@ -131,7 +143,7 @@ def main(argv=None) -> None:
                   "tokenizer_config.json", "generation_config.json"):
         if (args.out / args.draft / extra).exists():
             shutil.copy(args.out / args.draft / extra, out / extra)
-    after = chain_tau(target, _load(args.out, args.name), args.eval, 20_000 + args.seed)
+    after = chain_tau(target, _load(args.out, args.name), evaluation)
     report = {"target": args.target, "from": args.draft, "conversations": args.examples,
               "answers_changed_from_reference": changed, "steps": args.steps, "lr": args.lr,
               "answer_s": round(answer_s, 1), "train_s": round(train_s, 1),
