@@ -115,6 +115,8 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--eval", type=int, default=40, help="fresh requests for τ before and after")
     args = parse_args(ap, argv, deterministic=False)
+    if (args.out / args.name).resolve() in {(args.out / m).resolve() for m in (args.target, args.draft)}:
+        ap.error(f"--name {args.name}: is the model it is built from; pick another name")
     t0 = time.time()
     target = _load(args.out, args.target)
     rng = random.Random(args.seed + 31)
