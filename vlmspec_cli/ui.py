@@ -200,16 +200,23 @@ def latency_table(hardware: dict) -> None:
     stderr.print(table)
 
 
-def calibration_table(candidates, winner, rows: int = 12) -> None:
-    table = Table(title="vlmspec calibrate", title_justify="left")
+def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: int = 14) -> None:
+    title = "vlmspec calibrate" + (f" (latency: {latency})" if latency else "")
+    table = Table(title=title, title_justify="left")
     for name, justify in (("candidate", "left"), ("τ model", "right"), ("predicted", "right"),
                           ("τ measured", "right"), ("speedup measured", "right"), ("tok/s", "right")):
         table.add_column(name, justify=justify)
-    for c in candidates[:rows]:
-        table.add_row(escape(c.label), f"{c.tau_model:.2f}", f"{c.predicted:.2f}x",
+    shown = candidates[:rows] + [c for c in candidates[rows:] if c.speedup is not None]
+    for c in shown:
+        timed = " (timed)" if c.cost == "timed" else ""
+        table.add_row(escape(c.label), f"{c.tau_model:.2f}", f"{c.predicted:.2f}x{timed}",
                       "-" if c.tau is None else f"{c.tau:.2f}",
                       "-" if c.speedup is None else f"{c.speedup:.2f}x",
                       "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.0f}",
                       style="bold green" if c is winner else None)
     stderr.print(table)
+    if len(candidates) > len(shown):
+        stderr.print(f"{len(candidates) - len(shown)} more candidates modelled (--json lists all)")
+    if skipped:
+        stderr.print(f"skipped by --budget: {escape(', '.join(skipped))}")
     stderr.print(f"winner: [bold]{escape(winner.label)}[/]")

@@ -16,6 +16,17 @@ Examples:
   vlmspec calibrate examples/images/ --write tuned          # -> profiles/tuned.yaml
   vlmspec calibrate -p mine.yaml shots/*.png --gammas 2,3,4,6 --budget 300
   vlmspec caption shots/ --profile tuned                    # use the winner
+  vlmspec calibrate -p tinyworld-image "a red circle" "a blue square" --write img-tuned
+  vlmspec calibrate -p tinyworld-video examples/videos/ --write video-tuned
+  vlmspec calibrate shots/ --hidden ./my-head --twig ./my-twig   # your own heads and twigs
+
+\b
+What is searched, by the profile's task:
+  caption  chain x input (M T C P) x gamma, TABED MT* and MTCP*, draft trees (depth x
+           top_k x total_tokens, dynamic and static), hidden-state heads (chain x gamma,
+           trees), twigs x theta x gamma, then --batch-size 2 and 4 for several samples
+  image    ADT-Tree bounds x beta, fixed draft trees (SAMPLES are prompts)
+  video    the draft's chain x gamma, hidden-state heads (chain x gamma, trees)
 
 Include a `vlmspec profile` hardware YAML in the base profile to make the choice
 deterministic (the latency model then comes from it instead of a fresh measurement).
@@ -35,6 +46,11 @@ deterministic (the latency model then comes from it instead of a fresh measureme
 @click.option("--margin", type=FiniteFloat(min=0), default=0.10, show_default=True,
               help="Prefer a measured candidate over the modelled best only when it was "
                    "this much faster (0.10 = 10%); large values keep the modelled choice.")
+@click.option("--hidden", "heads", multiple=True, metavar="MODEL",
+              help="Also try this hidden-state head (repeatable; the shipped ones for the "
+                   "target are tried anyway).")
+@click.option("--twig", "twigs", multiple=True, metavar="MODEL",
+              help="Also try this twig (repeatable; as --hidden).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per sample.")
 @click.option("--seed", type=Seed(), help="Sampling seed [profile: sampling.seed].")
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps.")
@@ -44,61 +60,64 @@ deterministic (the latency model then comes from it instead of a fresh measureme
                                             "profile, never the base or one it includes).")
 @click.option("--json", "as_json", is_flag=True, help="Print all candidates as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
-def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_tokens, seed, device,
-                  write_name, force, as_json, quiet):
-    """Pick the drafting method, inputs and γ that decode SAMPLES fastest here.
+def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, twigs, max_new_tokens,
+                  seed, device, write_name, force, as_json, quiet):
+    """Pick the method and its parameters that decode SAMPLES fastest here.
 
-    Measures acceptance of every drafting variant once, models each γ with the latency
-    profile (Eq. 1 with measured verification cost), decodes the best candidates for real
-    against target-only decoding, and prints a ranked table.
+    Measures the acceptance of every configuration the profile's task allows once (chain
+    variants at the largest γ stand for every γ), models each with the latency profile
+    (Eq. 1 with measured verification cost), decodes the best candidates and the profile's
+    own for real against target-only decoding, and prints a ranked table. SAMPLES are
+    images (caption), prompts (image) or videos (video).
     """
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.limits import check_fits
     from vlmspec_cli.runtime.models import ModelLoadError
-    from vlmspec_cli.session import SessionError
-    from vlmspec_cli.tasks.calibrate import (as_dicts, calibrate, calibration_session,
-                                             check_profile_write, include_for, profile_write_path,
-                                             sample_requests, winner_yaml, write_profile)
-    from vlmspec_cli.tasks.inputs import expand_inputs
+    from vlmspec_cli.session import SessionError, build_session
+    from vlmspec_cli.tasks.calibrate import as_dicts, calibrate, winner_yaml
+    from vlmspec_cli.tasks.calibrate_io import (check_profile_write, include_for, profile_write_path,
+                                                sample_requests, search_base, write_profile)
     from vlmspec_cli.tasks.output_files import OutputRefused
 
     if not samples:
-        raise click.UsageError("no SAMPLES given (images, directories or globs)")
-    gamma_list = list(gammas)
+        raise click.UsageError("no SAMPLES given (images, videos or directories; prompts for an "
+                               "image profile)")
     prof = load_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
                                          "sampling.seed": seed, "target.device": device,
-                                         "draft.device": device}, task="caption")
-    items = expand_inputs(samples, stdin=sys.stdin)
-    inputs = [item.path for item in items]
+                                         "draft.device": device}, task=None)
+    items = _sample_items(prof.task, samples)
+    inputs = [] if prof.task == "image" else [item.path for item in items]
     path = profile_write_path(write_name) if write_name else None
     if path is not None:
         try:
             check_profile_write(path, prof.source, force=force, inputs=inputs)  # before any work
         except OutputRefused as exc:
             fail(str(exc))
-    requests, errors = sample_requests(prof, items)
-    for line in errors:
-        ui.error(line)
-    if not requests:
-        fail("no usable samples")
     try:
-        session, captioner, note = calibration_session(prof)
-        for request in requests:  # the samples share the prompt: one too long, all are
+        base, note = search_base(prof)
+        session = build_session(base)
+        requests, errors = sample_requests(base, items, session.target)
+        for line in errors:
+            ui.error(line)
+        if not requests:
+            fail("no usable samples")
+        for request in requests:  # one too long is refused before anything is measured
             check_fits(session, request)
     except (SessionError, ModelLoadError, ValueError) as exc:
         fail(str(exc))
     if note:
         ui.warning(note)
-    gamma_list = sorted(set(gamma_list) | {prof.drafting.gamma})  # the profile's own γ too
+    gamma_list = sorted(set(gammas) | {base.drafting.gamma})  # the profile's own γ too
     with ui.Status(quiet) as status:
-        candidates, winner = calibrate(session, requests, gammas=gamma_list, captioner=captioner,
-                                       top=top, budget_s=budget, margin=margin,
-                                       progress=status.update)
+        result = calibrate(base, requests, gammas=gamma_list, captioner_ok=note is None,
+                           hidden=heads, twigs=twigs, top=top, budget_s=budget, margin=margin,
+                           progress=status.update, session=session)
+    winner = result.winner
     if not quiet:
-        ui.calibration_table(candidates, winner)
+        ui.calibration_table(result.candidates, winner, result.skipped, result.latency)
     if path is not None:
         text = winner_yaml(winner, prof.source, path.stem, include_for(profile, prof.source, path),
-                           candidates)
+                           result.candidates)
         try:
             write_profile(path, text, force=force, inputs=inputs)
         except OutputRefused as exc:
@@ -106,8 +125,22 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, max_new_t
         if not quiet:
             ui.info(f"wrote {path}: {winner.label}")
     if as_json:
-        click.echo(json.dumps({"winner": winner.label, "candidates": as_dicts(candidates)}))
+        click.echo(json.dumps({"winner": winner.label, "latency": result.latency,
+                               "skipped": result.skipped, "candidates": as_dicts(result.candidates)}))
     else:
         click.echo(winner.label)
     sys.exit(1 if errors else 0)
 
+
+
+def _sample_items(task: str, samples) -> list:
+    """Prompts as given (image), or the expanded video / image inputs."""
+    if task == "image":
+        return list(samples)
+    if task == "video":
+        from vlmspec_cli.tasks.video import expand_video_inputs
+
+        return expand_video_inputs(samples, stdin=sys.stdin)
+    from vlmspec_cli.tasks.inputs import expand_inputs
+
+    return expand_inputs(samples, stdin=sys.stdin)

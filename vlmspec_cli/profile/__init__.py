@@ -18,6 +18,7 @@ from vlmspec_cli.profile.loader import (
     profile_to_dict,
     profile_to_yaml,
     resolve_profile_path,
+    with_settings,
 )
 from vlmspec_cli.profile.schema import (
     AdaptiveTreeSpec,
@@ -43,6 +44,7 @@ __all__ = [
     "include_chain",
     "DEFAULT_PROFILE", "ENV_VAR", "ProfileError", "list_profiles", "load_profile", "profile_keys",
     "profile_search_path", "profile_to_dict", "profile_to_yaml", "resolve_profile_path",
+    "with_settings",
     "AdaptiveTreeSpec", "CaptionerSpec", "DraftingSpec", "EnsembleSpec", "GenerationSpec",
     "HardwareSpec", "HiddenSpec", "ImageSpec", "ModelSpec", "Profile", "PruneSpec", "RelaxedSpec", "RuntimeSpec",
     "SamplingSpec", "TreeSpec", "TwigSpec", "VideoSpec",

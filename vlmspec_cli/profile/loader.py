@@ -469,6 +469,17 @@ def load_profile(name_or_path: str | os.PathLike | None = None,
     return profile
 
 
+def with_settings(profile: Profile, settings: Mapping[str, Any], source: str = "calibrate") -> Profile:
+    """A copy of ``profile`` with dotted-key ``settings`` applied ({"tree.depth": 4}),
+    checked as a profile's own keys are; the copy keeps the original's ``source``."""
+    data: dict = {}
+    for key, value in settings.items():
+        data = _merge(data, _dotted_layer(key, value, f"{source}: {key}"))
+    out = _build(profile, data)
+    out.source = profile.source
+    return out
+
+
 # ------------------------------------------------------------------- dumping
 def profile_to_dict(p) -> dict:
     """Plain nested dict of YAML keys (no ``source``); round-trips through load."""

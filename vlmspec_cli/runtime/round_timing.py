@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from vlmspec_cli.runtime.latency import synchronize
+from vlmspec_cli.runtime.stats import SpecStats
 
 
 @dataclass
@@ -30,6 +31,8 @@ class RoundTimes:
     drafted: list[int] = field(default_factory=list)       # proposals (a tree's nodes)
     levels: list[int] = field(default_factory=list)        # draft positions deep
     new_tokens: int = 0
+    stats: SpecStats = field(default_factory=SpecStats)     # the timed requests' acceptance
+    outputs: list[list[int]] = field(default_factory=list)  # their tokens, in order
 
     def summary(self) -> dict:
         """Medians per round of the rounds that drafted, and the drafting cost per level."""
@@ -92,6 +95,8 @@ def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
                 times.levels.append(last["levels"])
             drafter.finish(state)
             times.new_tokens += len(state.tokens)
+            times.stats.merge(state.stats)
+            times.outputs.append(list(state.tokens))
     finally:
         del drafter.propose   # the class's own method again
     return times

@@ -1,93 +1,77 @@
-"""``vlmspec calibrate``: choose the drafting method, inputs and γ for this hardware.
+"""``vlmspec calibrate``: choose the method and its parameters for this hardware and task.
 
-1. Latency model: T_p(k) (target verifying k tokens) and T_q(B) (one draft step for B rows)
-   from the profile's ``hardware:`` section when it holds ``vlmspec profile`` tables (then
-   the choice is deterministic), else measured now.
-2. Acceptance: every chain or ensemble variant decodes the samples once at the largest γ;
-   the histogram of accepted counts k per round estimates τ(γ) = 1 + E[min(k, γ)] for
-   every smaller γ without decoding again. A draft tree's acceptance cannot be replayed
-   that way (which nodes a smaller tree keeps changes what is accepted), so every tree
-   shape in TREE_SHAPES decodes the samples itself: its τ is measured, not estimated.
-3. Model: speedup(γ) = τ(γ)·T_p(1) / (γ·T_q(B) + T_p(γ+1)) (Eq. 1 with the measured
-   verification cost); for a tree of depth d, top_k k and n nodes,
-   τ·T_p(1) / (d·T_q(k) + T_p(n+1)) (a level drafts from up to k frontier rows, and the
-   target verifies the pending token and n nodes). The best ``top`` candidates and the
-   profile's own configuration are then decoded for real, against target-only decoding
-   on the same samples.
-4. The winner is the best modelled candidate among those measured, unless another one was
-   measured more than ``margin`` faster (timing noise must not flip the choice).
+1. Latency model: T_p(k) (the target verifying k tokens) and T_q(B) (one draft-model step
+   for B rows) from the profile's ``hardware:`` section when it holds ``vlmspec profile``
+   tables, else measured now. A method without a separate draft-model step (hidden-state
+   head, twig, ADT-Tree and image trees, whose guided steps run two rows per node) costs
+   L ms per draft level: ``hardware.measurements.draft_level_ms[method]`` (or the
+   ``rounds`` that ``vlmspec profile`` timed for the profile's own method) when given,
+   else the probe's own rounds, timed (runtime/round_timing.py). With every cost from the
+   hardware profile, the choice is deterministic: at T = 0 acceptance is too.
+2. Acceptance: every probe (tasks/calibrate_space.py says which) decodes the samples once.
+   A chain-like probe at the largest γ stands for every γ: τ(γ) = 1 + E[min(k, γ)] over
+   its rounds' accepted counts k. A tree or ADT-Tree probe's τ is measured as decoded.
+3. Model (Eq. 1 with the measured verification cost): speedup = τ·T_p(1) / round, where
+   a round costs levels·T_q(rows) + T_p(nodes + 1) for a draft model (a chain: γ levels of
+   one row, γ nodes; an ensemble: rows = its inputs; a tree of depth d, top_k k and n
+   nodes: d levels of k rows, n nodes), and levels·L + T_p(nodes + 1) otherwise (levels
+   and nodes as the probe's rounds drafted them, a chain's capped at γ).
+4. The best ``top`` candidates and the profile's own configuration are decoded for real,
+   against target-only decoding on the same samples; the winner is the best modelled of
+   those, unless another was measured more than ``margin`` faster (timing noise must not
+   flip the choice). For a folder (caption, several samples) the winner is then decoded
+   with ``generation.batch_size`` 2 and 4 and the batch size kept only if faster by
+   ``margin``. Nothing the budget skipped is hidden: ``Calibration.skipped`` lists it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Callable
 
-from vlmspec_cli.drafters import create_drafter
-from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS, letters
-from vlmspec_cli.runtime.engine import SpeculativeEngine
+from vlmspec_cli.drafters import method_class
+from vlmspec_cli.profile import with_settings
 from vlmspec_cli.runtime.latency import measure_tables
-from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.stats import SpecStats
-from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_profile, same_file,
-                                            write_checked)
-
-
-# draft-tree shapes calibrate decodes: (depth, top_k, total_tokens)
-TREE_SHAPES = ((3, 2, 8), (4, 4, 12), (5, 4, 20), (6, 4, 30), (5, 8, 40))
+from vlmspec_cli.runtime.limits import prompt_tokens
+from vlmspec_cli.runtime.request import Request
+from vlmspec_cli.runtime.round_timing import time_rounds
+from vlmspec_cli.session import build_session
+from vlmspec_cli.tasks.calibrate_space import Probe, probes
 
 
 @dataclass
 class Candidate:
     method: str
-    inputs: list[str]
-    policy: str | None = None
+    label: str
+    settings: dict                  # dotted profile keys the written profile sets
     gamma: int = 5
-    tau_model: float = 0.0          # τ estimated from the acceptance probe
+    inputs: list[str] = field(default_factory=list)
+    tree: tuple[int, int, int] | None = None    # a fixed tree: (depth, top_k, total_tokens)
+    tau_model: float = 0.0          # τ estimated from the probe
     predicted: float = 0.0          # modelled speedup
+    cost: str = "table"             # where the drafting cost came from: table | timed
     tau: float | None = None        # measured
     speedup: float | None = None    # measured, vs target-only on the same samples
     tokens_per_s: float | None = None
-    mismatches: int = 0
-    tree: tuple[int, int, int] | None = None   # method tree: (depth, top_k, total_tokens)
-
-    @property
-    def label(self) -> str:
-        if self.tree is not None:
-            d, k, n = self.tree
-            return f"tree {letters(self.inputs)} d={d} k={k} n={n}"
-        star = "*" if self.policy in ("grid", "softmax") else ""
-        return f"{self.method} {letters(self.inputs)}{star} γ={self.gamma}"
-
-    def key(self) -> tuple:
-        return (self.method, tuple(self.inputs), self.policy, self.tree)
+    mismatches: int = 0             # samples whose tokens differ from target-only (T = 0)
 
 
-def variants(profile, session, captioner_ok: bool) -> list[tuple[str, list[str], str | None]]:
-    """(method, inputs, policy) worth probing with these models."""
-    images = session.draft is not None and session.draft.adapter.takes_images
-    singles = [i for i in DRAFTING_INPUTS
-               if (i not in ("multimodal", "pooled") or images) and (i != "caption" or captioner_ok)]
-    out = [("chain", [i], None) for i in singles]
-    if images:
-        out.append(("tabed", ["multimodal", "text"], "grid"))
-        if captioner_ok:
-            out.append(("tabed", list(DRAFTING_INPUTS), "softmax"))
-    own = (profile.method, list(profile.drafting.inputs),
-           profile.ensemble.policy if profile.method == "tabed" else None)
-    if profile.method in ("chain", "tabed") and own not in out:
-        out.append(own)
-    return out
+@dataclass
+class Calibration:
+    candidates: list[Candidate]
+    winner: Candidate
+    skipped: list[str]              # probes and finalists the --budget left out
+    latency: str                    # "hardware profile" or "measured"
 
 
 class LatencyModel:
-    def __init__(self, verify_ms: dict[int, float], draft_ms: dict[int, float]) -> None:
+    def __init__(self, verify_ms: dict[int, float], draft_ms: dict[int, float],
+                 level_ms: dict[str, float] | None = None) -> None:
         self.verify_ms = dict(sorted(verify_ms.items()))
         self.draft_ms = dict(sorted(draft_ms.items()))
+        self.level_ms = dict(level_ms or {})    # per method without a draft-model table
 
     @staticmethod
     def _at(table: dict[int, float], x: int) -> float:
@@ -100,23 +84,32 @@ class LatencyModel:
                 return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
         return table[keys[-1]]
 
-    def predicted_speedup(self, tau: float, gamma: int, rows: int) -> float:
+    def speedup(self, tau: float, levels: float, nodes: float, step_ms: float) -> float:
+        """τ·T_p(1) / (levels·step + T_p(nodes + 1)): a round drafts ``levels`` steps of
+        ``step_ms`` and the target verifies the pending token and ``nodes`` proposals."""
         t_p = self._at(self.verify_ms, 1)
-        return tau * t_p / (gamma * self._at(self.draft_ms, rows) + self._at(self.verify_ms, gamma + 1))
+        return tau * t_p / (levels * step_ms + self._at(self.verify_ms, round(nodes) + 1))
+
+    def predicted_speedup(self, tau: float, gamma: int, rows: int) -> float:
+        return self.speedup(tau, gamma, gamma, self._at(self.draft_ms, rows))
 
     def predicted_tree_speedup(self, tau: float, depth: int, top_k: int, nodes: int) -> float:
         """A round drafts ``depth`` levels of up to ``top_k`` rows and verifies nodes + 1."""
-        t_p = self._at(self.verify_ms, 1)
-        return tau * t_p / (depth * self._at(self.draft_ms, top_k) + self._at(self.verify_ms, nodes + 1))
+        return self.speedup(tau, depth, nodes, self._at(self.draft_ms, top_k))
 
     @classmethod
     def from_hardware(cls, hardware) -> "LatencyModel | None":
         m = hardware.measurements if hardware is not None else None
-        if not isinstance(m, dict) or not m.get("target_verify_ms") or not m.get("draft_step_ms"):
+        if not isinstance(m, dict) or not m.get("target_verify_ms"):
             return None
         verify = next(iter(m["target_verify_ms"].values()))       # the sample prompt's S
-        draft = {int(b): next(iter(row.values())) for b, row in m["draft_step_ms"].items()}
-        return cls({int(k): float(v) for k, v in verify.items()}, draft)
+        draft = {int(b): next(iter(row.values())) for b, row in (m.get("draft_step_ms") or {}).items()}
+        levels = dict(m.get("draft_level_ms") or {})
+        rounds = m.get("rounds") or {}
+        if rounds.get("method") and rounds.get("draft_ms_per_level") is not None:
+            levels.setdefault(rounds["method"], rounds["draft_ms_per_level"])
+        return cls({int(k): float(v) for k, v in verify.items()}, draft,
+                   {k: float(v) for k, v in levels.items()})
 
 
 def tau_for_gamma(hist: list[int], gamma: int) -> float:
@@ -125,226 +118,205 @@ def tau_for_gamma(hist: list[int], gamma: int) -> float:
     return 1.0 + sum(n * min(k, gamma) for k, n in enumerate(hist)) / rounds if rounds else 1.0
 
 
-def _drafter(session, captioner, method: str, inputs: list[str], policy: str | None,
-             tree: tuple[int, int, int] | None = None):
-    common = dict(draft=session.draft, sampling=session.sampling, captioner=captioner,
-                  image_token=session.target.adapter.image_token(session.target))
-    if method == "chain":
-        return create_drafter("chain", drafting_input=inputs[0], **common)
-    if method == "tree":
-        from vlmspec_cli.runtime.engine import eos_token_ids
+def _decode(engine, requests: list[Request]) -> tuple[float, list[list[int]], object]:
+    from vlmspec_cli.runtime.stats import SpecStats
 
-        depth, top_k, total = tree
-        return create_drafter("tree", drafting_input=inputs[0], depth=depth, top_k=top_k,
-                              total_tokens=total, eos_ids=eos_token_ids(session.target), **common)
-    return create_drafter(method, inputs=inputs, policy=policy or "grid", **common)
-
-
-def tree_input(profile, session) -> str:
-    """The drafting input trees use: the profile's own single input, else multimodal when the
-    draft reads images, else text."""
-    own = list(profile.drafting.inputs)
-    if len(own) == 1:
-        return own[0]
-    return "multimodal" if session.draft.adapter.takes_images else "text"
-
-
-def _decode(engine, requests: list[Request]) -> tuple[SpecStats, float, list[list[int]]]:
     stats, outputs = SpecStats(), []
     t0 = time.perf_counter()
     for req in requests:
         res = engine.generate(req)
         stats.merge(res.state.stats)
         outputs.append(res.tokens)
-    return stats, time.perf_counter() - t0, outputs
+    return time.perf_counter() - t0, outputs, stats
 
 
-def calibrate(session, requests: list[Request], *, gammas: list[int], captioner=None,
-              top: int = 3, budget_s: float = 120.0, margin: float = 0.10,
-              progress: Callable[[str], None] | None = None) -> tuple[list[Candidate], Candidate]:
-    profile = session.profile
+def measure_latency(session, draft, requests: list[Request], all_probes: list[Probe],
+                    gammas: list[int]) -> LatencyModel:
+    """The latency tables this search needs, timed now at the first sample's length."""
+    target = session.target
+    if session.profile.task == "image":
+        from vlmspec_cli.tasks.hwprofile_image import image_tables
+
+        tables = image_tables(session, warmup=2, repeats=5)
+        return LatencyModel(next(iter(tables.target_verify_ms.values())), {})
+    s0 = prompt_tokens(target, requests[0].messages)
+    ks = {1, *[g + 1 for g in gammas], *[p.tree[2] + 1 for p in all_probes if p.tree]}
+    rows = sorted({p.rows for p in all_probes if p.rows} | {1})
+    tables = measure_tables(target, draft, [s0], sorted(ks), rows if draft is not None else [],
+                            warmup=2, repeats=7)
+    return LatencyModel(tables.target_verify_ms[s0],
+                        {b: r[s0] for b, r in tables.draft_step_ms.items()})
+
+
+def _mismatches(outputs, reference, greedy: bool) -> int:
+    return sum(a != b for a, b in zip(outputs, reference)) if greedy else 0
+
+
+def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: LatencyModel,
+                     reference, greedy: bool) -> list[Candidate]:
+    """Decode the samples once with the probe's configuration; its candidates, modelled."""
+    gamma = max(gammas) if probe.replay else None
+    settings = dict(probe.settings, **({"drafting.gamma": gamma} if gamma else {}))
+    profile = with_settings(base, settings)
+    session = build_session(profile)
+    timed = time_rounds(session.engine, requests, warmup=0)
+    summary = timed.summary()
+    mismatches = _mismatches(timed.outputs, reference, greedy)
+    if not model.draft_ms:    # no draft-model table (a hardware profile of a head): timed
+        probe = dataclasses.replace(probe, rows=0)
+    level_ms = model.level_ms.get(probe.method)
+    cost = "table" if probe.rows or level_ms is not None else "timed"
+    if level_ms is None:
+        level_ms = summary.get("draft_ms_per_level", 0.0)
+    inputs = list(profile.drafting.inputs) if probe.method in ("chain", "tabed", "tree") else []
+    common = dict(inputs=inputs, cost=cost, mismatches=mismatches)
+    if not probe.replay:
+        tau = timed.stats.mean_accept_len
+        if probe.rows:       # a draft model's tree: d levels of top_k rows, n nodes
+            predicted = model.predicted_tree_speedup(tau, *probe.tree)
+        else:                # as the rounds drafted them
+            predicted = model.speedup(tau, summary.get("levels_per_round", 0.0),
+                                      summary.get("drafted_per_round", 0.0), level_ms)
+        return [Candidate(probe.method, probe.label, dict(probe.settings),
+                          method_class(profile.method).gamma(profile), tree=probe.tree,
+                          tau_model=round(tau, 4), predicted=round(predicted, 4), **common)]
+    out = []
+    for g in gammas:
+        tau = tau_for_gamma(timed.stats.accept_len_hist, g)
+        if probe.rows:
+            predicted = model.predicted_speedup(tau, g, probe.rows)
+        else:   # an early-stopping twig drafts fewer levels than γ
+            levels = min(g, summary.get("levels_per_round", g))
+            predicted = model.speedup(tau, levels, levels, level_ms)
+        out.append(Candidate(probe.method, f"{probe.label} γ={g}",
+                             dict(probe.settings, **{"drafting.gamma": g}), g,
+                             tau_model=round(tau, 4), predicted=round(predicted, 4), **common))
+    return out
+
+
+def _same_config(base, a: dict, b: dict) -> bool:
+    """Whether two probes' settings give the same profile (γ aside: a probe picks its own)."""
+    one = {"drafting.gamma": 1}
+    return with_settings(base, {**a, **one}) == with_settings(base, {**b, **one})
+
+
+def _measure(base, cand: Candidate, requests, base_wall: float, reference, greedy: bool) -> None:
+    """Decode the samples with the candidate's profile (after one warm-up request)."""
+    session = build_session(with_settings(base, cand.settings))
+    _decode(session.engine, requests[:1])
+    wall, outputs, stats = _decode(session.engine, requests)
+    cand.tau = round(stats.mean_accept_len, 4)
+    cand.speedup = round(base_wall / wall, 4) if wall > 0 else None
+    cand.tokens_per_s = round(stats.new_tokens / wall, 2) if wall > 0 else None
+    cand.mismatches = _mismatches(outputs, reference, greedy)
+
+
+def _batch_candidates(base, winner: Candidate, requests, base_wall: float, reference,
+                      greedy: bool, sizes=(2, 4)) -> list[Candidate]:
+    """The winner decoding the samples ``generation.batch_size`` at a time (a folder)."""
+    if base.task != "caption" or not method_class(winner.method).batches or winner.speedup is None:
+        return []
+    out = []
+    for b in [b for b in sizes if b <= len(requests)]:
+        settings = dict(winner.settings, **{"generation.batch_size": b})
+        session = build_session(with_settings(base, settings))
+        engine = session.batched_engine()
+        list(engine.run(requests[:b], lambda r: r))   # warm-up
+        t0 = time.perf_counter()
+        done = dict((id(req), res) for req, res in engine.run(requests, lambda r: r))
+        wall = time.perf_counter() - t0
+        outputs = [getattr(done[id(r)], "tokens", None) for r in requests]
+        cand = dataclasses.replace(winner, label=f"{winner.label} batch={b}", settings=settings,
+                                   tau=None, speedup=round(base_wall / wall, 4) if wall > 0 else None,
+                                   tokens_per_s=None, mismatches=_mismatches(outputs, reference, greedy))
+        out.append(cand)
+    return out
+
+
+def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok: bool = False,
+              hidden=(), twigs=(), top: int = 3, budget_s: float = 120.0, margin: float = 0.10,
+              progress: Callable[[str], None] | None = None, session=None) -> Calibration:
+    """Search the configurations of ``base`` (a profile whose method drafts) on ``requests``;
+    ``session``: ``base``'s, if already built."""
     say = progress or (lambda _msg: None)
     t_start = time.perf_counter()
-    model = LatencyModel.from_hardware(profile.hardware)
-    if model is None and session.draft is not None:
-        say("latency model")
-        prompt = session.target.adapter.prompt_text(session.target, requests[0].messages)
-        s0 = int(session.target.adapter.encode(session.target, prompt, requests[0].images)["input_ids"].shape[1])
-        tables = measure_tables(session.target, session.draft, [s0], sorted({1, *[g + 1 for g in gammas]}),
-                                [1, 2, 3, 4], warmup=2, repeats=7)
-        model = LatencyModel(tables.target_verify_ms[s0], {b: r[s0] for b, r in tables.draft_step_ms.items()})
-    baseline = SpeculativeEngine(session.target, create_drafter("none"), 1, session.sampling)
-    _decode(baseline, requests[:1])  # warm-up
-    base_stats, base_wall, reference = _decode(baseline, requests)
+    over = lambda: time.perf_counter() - t_start > budget_s   # noqa: E731
+    session = session or build_session(base)
+    greedy = session.sampling.greedy
+    draft = session.draft
+    if draft is None and base.draft.model:   # a hidden or twig profile names one it does not load
+        from vlmspec_cli.runtime.models import load_model
 
-    candidates: list[Candidate] = []
-    probe_gamma = max(gammas)
-    for n, (method, inputs, policy) in enumerate(variants(profile, session, captioner is not None)):
-        if n > 0 and time.perf_counter() - t_start > budget_s:
-            say("budget spent: the remaining drafting variants are left unprobed")
-            break
-        say(f"acceptance of {method} {inputs}")
-        engine = SpeculativeEngine(session.target, _drafter(session, captioner, method, inputs, policy),
-                                   probe_gamma, session.sampling)
-        stats, _, _ = _decode(engine, requests)
-        rows = len(inputs) if method == "tabed" else 1
-        for g in gammas:
-            tau = tau_for_gamma(stats.accept_len_hist, g)
-            candidates.append(Candidate(method, list(inputs), policy, g, round(tau, 4),
-                                        round(model.predicted_speedup(tau, g, rows), 4)))
-    tree_in = [tree_input(profile, session)]
-    for shape in TREE_SHAPES:
-        if time.perf_counter() - t_start > budget_s:
-            say("budget spent: the remaining tree shapes are left unprobed")
-            break
-        say(f"acceptance of tree {shape}")
-        # a tree's depth bounds a round as γ bounds a chain (TreeDrafter.gamma)
-        engine = SpeculativeEngine(session.target, _drafter(session, captioner, "tree", tree_in,
-                                                            None, shape), shape[0], session.sampling)
-        stats, _, _ = _decode(engine, requests)
-        tau = stats.mean_accept_len
-        candidates.append(Candidate("tree", tree_in, None, shape[0], round(tau, 4),
-                                    round(model.predicted_tree_speedup(tau, *shape), 4), tree=shape))
+        draft = load_model(base.draft, "draft")
+    all_probes = probes(base, draft, captioner_ok=captioner_ok, hidden=hidden, twigs=twigs)
+    own = all_probes.pop()
+    if not any(_same_config(base, own.settings, p.settings) for p in all_probes):
+        all_probes.append(own)
+    model = LatencyModel.from_hardware(base.hardware)
+    latency = "hardware profile"
+    if model is None:
+        say("latency model")
+        model, latency = measure_latency(session, draft, requests, all_probes, gammas), "measured"
+    baseline = session.baseline_engine()
+    _decode(baseline, requests[:1])  # warm-up
+    base_wall, reference, _ = _decode(baseline, requests)
+    candidates, skipped = [], []
+    for n, probe in enumerate(all_probes):
+        if n > 0 and over():
+            skipped.append(probe.label)
+            continue
+        say(f"acceptance of {probe.label}")
+        candidates += probe_candidates(base, probe, requests, gammas, model, reference, greedy)
     candidates.sort(key=lambda c: (-c.predicted, c.label))
-    own_tree = ((profile.tree.depth, profile.tree.top_k, profile.tree.total_tokens)
-                if profile.method == "tree" else None)
-    own_key = (profile.method, tuple(profile.drafting.inputs),
-               profile.ensemble.policy if profile.method == "tabed" else None, own_tree)
-    default = next((c for c in candidates if c.key() == own_key
-                    and (c.tree is not None or c.gamma == profile.drafting.gamma)), None)
+    default = next((c for c in candidates if with_settings(base, c.settings) == base), None)
     finalists = candidates[:top] + ([default] if default is not None and default not in candidates[:top] else [])
     for i, cand in enumerate(finalists):
-        if i > 0 and time.perf_counter() - t_start > budget_s:
-            say("budget spent: the remaining finalists are left unmeasured")
-            break
+        if i > 0 and over():
+            skipped.append(f"measuring {cand.label}")
+            continue
         say(f"measuring {cand.label}")
-        engine = SpeculativeEngine(session.target, _drafter(session, captioner, cand.method, cand.inputs,
-                                                            cand.policy, cand.tree),
-                                   cand.gamma, session.sampling)
-        _decode(engine, requests[:1])  # warm-up
-        stats, wall, outputs = _decode(engine, requests)
-        cand.tau = round(stats.mean_accept_len, 4)
-        cand.speedup = round(base_wall / wall, 4) if wall > 0 else None
-        cand.tokens_per_s = round(stats.new_tokens / wall, 2) if wall > 0 else None
-        if session.sampling.greedy:
-            cand.mismatches = sum(a != b for a, b in zip(outputs, reference))
+        _measure(base, cand, requests, base_wall, reference, greedy)
     measured = [c for c in candidates if c.speedup is not None and c.mismatches == 0]
     winner = measured[0] if measured else candidates[0]
     fastest = max(measured, key=lambda c: c.speedup, default=winner)
     if fastest.speedup and winner.speedup and fastest.speedup > winner.speedup * (1 + margin):
         winner = fastest
-    return candidates, winner
+    if len(requests) > 1 and not over():
+        say("batch sizes")
+        for cand in _batch_candidates(base, winner, requests, base_wall, reference, greedy):
+            candidates.append(cand)
+            if cand.mismatches == 0 and cand.speedup > winner.speedup * (1 + margin):
+                winner = cand
+    elif len(requests) > 1:
+        skipped.append("batch sizes")
+    return Calibration(candidates, winner, skipped, latency)
 
 
-def winner_yaml(winner: Candidate, base_source: str, name: str, include: str, table: list[Candidate]) -> str:
-    """A profile that includes the base one and sets the chosen method, inputs and γ."""
+def _nested(settings: dict) -> dict:
+    out: dict = {}
+    for key, value in settings.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def winner_yaml(winner: Candidate, base_source: str, name: str, include: str,
+                table: list[Candidate]) -> str:
+    """A profile that includes the base one and sets the winner's settings."""
     import yaml
 
     data: dict = {"include": include, "name": name,
                   "description": f"calibrated from {base_source}: {winner.label}",
-                  "method": winner.method,
-                  "drafting": {"gamma": winner.gamma, "inputs": list(winner.inputs)}}
-    if winner.method == "tabed":
-        data["ensemble"] = {"policy": winner.policy}
-    if winner.tree is not None:   # its depth is its γ: the profile's drafting.gamma stays
-        d, k, n = winner.tree
-        del data["drafting"]["gamma"]
-        data["tree"] = {"depth": d, "top_k": k, "total_tokens": n, "policy": "dynamic"}
+                  **_nested(winner.settings)}
     lines = ["# written by `vlmspec calibrate`; candidates (τ model, predicted, measured):"]
     for c in table[:12]:
         measured = f"{c.speedup:.2f}x" if c.speedup is not None else "-"
-        lines.append(f"#   {c.label:<28} τ≈{c.tau_model:.2f}  pred {c.predicted:.2f}x  meas {measured}")
+        lines.append(f"#   {c.label:<40} τ≈{c.tau_model:.2f}  pred {c.predicted:.2f}x  meas {measured}")
     return "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 def as_dicts(candidates: list[Candidate]) -> list[dict]:
-    return [dict(dataclasses.asdict(c), label=c.label) for c in candidates]
-
-
-# ------------------------------------------------------------------ samples and models
-def sample_requests(profile, items) -> tuple[list[Request], list[str]]:
-    """One request per usable sample image (expanded input items), and the one-line error
-    of each unusable one."""
-    from vlmspec_cli.tasks.inputs import InputError, load_image
-
-    requests, errors = [], []
-    for item in items:
-        try:
-            if item.error:
-                raise InputError(item.path, item.error)
-            image = load_image(item.path)
-        except InputError as exc:
-            errors.append(str(exc))
-            continue
-        requests.append(Request([Message("user", profile.generation.prompt, (image,))],
-                                max_new_tokens=profile.generation.max_new_tokens,
-                                seed=profile.sampling.seed, request_id=item.path))
-    return requests, errors
-
-
-def calibration_session(profile):
-    """(session, captioner or None, why caption drafting was left out or None): calibrating
-    needs the draft, so method none is measured as chain."""
-    from vlmspec_cli.runtime.captioner import Captioner
-    from vlmspec_cli.runtime.models import ModelLoadError, load_model
-    from vlmspec_cli.session import build_session
-
-    if profile.method == "none":
-        profile.method = "chain"
-    session = build_session(profile)
-    captioner, note = None, None
-    if profile.captioner.model:
-        try:
-            captioner = Captioner(load_model(profile.captioner, "captioner"), profile.captioner.prompt,
-                                  profile.captioner.max_new_tokens)
-        except ModelLoadError as exc:
-            note = f"caption drafting left out: {exc}"
-    return session, captioner, note
-
-
-# ------------------------------------------------------------------ the written profile
-def profile_write_path(name: str) -> Path:
-    """``--write NAME`` -> profiles/NAME.yaml; FILE.yaml or a path as given."""
-    if name.endswith((".yaml", ".yml")) or os.sep in name or "/" in name:
-        return Path(name)
-    return Path("profiles") / f"{name}.yaml"
-
-
-def include_for(profile_arg: str | None, base_source: str, path: Path) -> str:
-    """How the written profile names its base: by name if the base was given by name, else
-    by its path relative to the new file (absolute when that climbs out of its folder)."""
-    by_name = profile_arg is None or not (profile_arg.endswith((".yaml", ".yml"))
-                                          or os.sep in profile_arg)
-    if by_name:
-        return Path(base_source).stem
-    rel = os.path.relpath(base_source, path.parent.resolve())
-    return base_source if rel.startswith("..") else rel
-
-
-def _profile_rules(force: bool, inputs) -> dict:
-    return dict(force=force, ours=is_profile, what="vlmspec profile", inputs=list(inputs))
-
-
-def check_profile_write(path: Path, base_source: str, *, force: bool, inputs=()) -> None:
-    """Before anything is measured: OutputRefused (one line) unless the calibrated profile
-    may be written to ``path``. Never the base profile, nor a profile it includes, nor under
-    the name of one (``--write tinyworld-caption`` would shadow the include and loop), even
-    with ``force``; never over an input (``inputs``: the samples); an existing file only
-    with ``force``, and only if it is a vlmspec profile."""
-    from vlmspec_cli.profile import include_chain
-
-    label = f"--write {path}"
-    chain = include_chain(base_source)
-    if same_file(path, chain[0]):
-        raise OutputRefused(f"{label}: is the base profile, which the new profile includes: "
-                            "pick another name")
-    for included in chain:
-        if same_file(path, included) or path.stem == included.stem:
-            raise OutputRefused(f"{label}: would shadow profile '{included.stem}' ({included}), "
-                                "which the new profile includes: pick another name")
-    check_output(path, label, **_profile_rules(force, inputs))
-
-
-def write_profile(path: Path, text: str, *, force: bool, inputs=()) -> None:
-    """Write the calibrated profile (checked again, atomic, the folder created)."""
-    write_checked(path, text.encode("utf-8"), f"--write {path}", **_profile_rules(force, inputs))
+    return [dataclasses.asdict(c) for c in candidates]

@@ -1,0 +1,115 @@
+"""``vlmspec calibrate``'s inputs and output: the sample requests of each task, the base
+profile it searches from, and the profile it writes (checked before any work, written
+atomically, never over the base profile, one it includes, an input, or a file that is not
+a vlmspec profile)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_profile, same_file,
+                                            write_checked)
+
+
+# ------------------------------------------------------------------ samples
+def sample_requests(profile, items, target=None) -> tuple[list[Request], list[str]]:
+    """One request per usable sample, and the one-line error of each unusable one. SAMPLES
+    are images (caption: expanded input items), videos or frame folders (video: items of
+    tasks/video.expand_video_inputs) or prompts (image: strings; ``target`` sets the grid)."""
+    if profile.task == "image":
+        n = target.adapter.num_image_tokens(target)
+        return [Request([Message("user", prompt)], max_new_tokens=n, seed=profile.sampling.seed,
+                        request_id=prompt) for prompt in items], []
+    from vlmspec_cli.tasks.inputs import InputError, load_image
+
+    requests, errors = [], []
+    for item in items:
+        try:
+            if item.error:
+                raise InputError(item.path, item.error)
+            messages = (_video_messages(profile, item) if profile.task == "video" else
+                        [Message("user", profile.generation.prompt, (load_image(item.path),))])
+        except InputError as exc:
+            errors.append(str(exc))
+            continue
+        requests.append(Request(messages, max_new_tokens=profile.generation.max_new_tokens,
+                                seed=profile.sampling.seed, request_id=item.path))
+    return requests, errors
+
+
+def _video_messages(profile, item) -> list[Message]:
+    from vlmspec_cli.tasks.video import video_jobs
+
+    v = profile.video
+    job, = video_jobs([item], profile.generation.prompt, v.frames, v.fps, v.max_pixels,
+                      v.folder_fps, v.max_frames)
+    return job.load()
+
+
+def search_base(profile):
+    """(the profile calibrate searches from, why caption drafting is left out or None).
+    Calibrating needs a drafting method: method none is searched from its task's first."""
+    from vlmspec_cli.runtime.models import ModelLoadError, load_model
+
+    if profile.method == "none":
+        video = "chain" if profile.draft.model else "hidden"
+        profile.method = {"image": "adt", "video": video}.get(profile.task, "chain")
+    note = None
+    if profile.task == "caption" and profile.captioner.model:
+        try:
+            load_model(profile.captioner, "captioner")
+        except ModelLoadError as exc:
+            note = f"caption drafting left out: {exc}"
+    elif profile.task == "caption":
+        note = "caption drafting left out: the profile names no captioner"
+    return profile, note
+
+
+# ------------------------------------------------------------------ the written profile
+def profile_write_path(name: str) -> Path:
+    """``--write NAME`` -> profiles/NAME.yaml; FILE.yaml or a path as given."""
+    if name.endswith((".yaml", ".yml")) or os.sep in name or "/" in name:
+        return Path(name)
+    return Path("profiles") / f"{name}.yaml"
+
+
+def include_for(profile_arg: str | None, base_source: str, path: Path) -> str:
+    """How the written profile names its base: by name if the base was given by name, else
+    by its path relative to the new file (absolute when that climbs out of its folder)."""
+    by_name = profile_arg is None or not (profile_arg.endswith((".yaml", ".yml"))
+                                          or os.sep in profile_arg)
+    if by_name:
+        return Path(base_source).stem
+    rel = os.path.relpath(base_source, path.parent.resolve())
+    return base_source if rel.startswith("..") else rel
+
+
+def _profile_rules(force: bool, inputs) -> dict:
+    return dict(force=force, ours=is_profile, what="vlmspec profile", inputs=list(inputs))
+
+
+def check_profile_write(path: Path, base_source: str, *, force: bool, inputs=()) -> None:
+    """Before anything is measured: OutputRefused (one line) unless the calibrated profile
+    may be written to ``path``. Never the base profile, nor a profile it includes, nor under
+    the name of one (``--write tinyworld-caption`` would shadow the include and loop), even
+    with ``force``; never over an input (``inputs``: the samples); an existing file only
+    with ``force``, and only if it is a vlmspec profile."""
+    from vlmspec_cli.profile import include_chain
+
+    label = f"--write {path}"
+    chain = include_chain(base_source)
+    if same_file(path, chain[0]):
+        raise OutputRefused(f"{label}: is the base profile, which the new profile includes: "
+                            "pick another name")
+    for included in chain:
+        if same_file(path, included) or path.stem == included.stem:
+            raise OutputRefused(f"{label}: would shadow profile '{included.stem}' ({included}), "
+                                "which the new profile includes: pick another name")
+    check_output(path, label, **_profile_rules(force, inputs))
+
+
+def write_profile(path: Path, text: str, *, force: bool, inputs=()) -> None:
+    """Write the calibrated profile (checked again, atomic, the folder created)."""
+    write_checked(path, text.encode("utf-8"), f"--write {path}", **_profile_rules(force, inputs))
