@@ -218,5 +218,5 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
     if len(candidates) > len(shown):
         stderr.print(f"{len(candidates) - len(shown)} more candidates modelled (--json lists all)")
     if skipped:
-        stderr.print(f"skipped by --budget: {escape(', '.join(skipped))}")
+        stderr.print(f"not tried: {escape('; '.join(skipped))}")
     stderr.print(f"winner: [bold]{escape(winner.label)}[/]")

@@ -62,7 +62,7 @@ class Candidate:
 class Calibration:
     candidates: list[Candidate]
     winner: Candidate
-    skipped: list[str]              # probes and finalists the --budget left out
+    skipped: list[str]              # what was not tried, and why (the --budget, the method)
     latency: str                    # "hardware profile" or "measured"
 
 
@@ -263,7 +263,7 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     candidates, skipped = [], []
     for n, probe in enumerate(all_probes):
         if n > 0 and over():
-            skipped.append(probe.label)
+            skipped.append(f"{probe.label} (budget)")
             continue
         say(f"acceptance of {probe.label}")
         candidates += probe_candidates(base, probe, requests, gammas, model, reference, greedy)
@@ -272,7 +272,7 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     finalists = candidates[:top] + ([default] if default is not None and default not in candidates[:top] else [])
     for i, cand in enumerate(finalists):
         if i > 0 and over():
-            skipped.append(f"measuring {cand.label}")
+            skipped.append(f"measuring {cand.label} (budget)")
             continue
         say(f"measuring {cand.label}")
         _measure(base, cand, requests, base_wall, reference, greedy)
@@ -281,14 +281,16 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     fastest = max(measured, key=lambda c: c.speedup, default=winner)
     if fastest.speedup and winner.speedup and fastest.speedup > winner.speedup * (1 + margin):
         winner = fastest
-    if len(requests) > 1 and not over():
+    batching = base.task == "caption" and method_class(winner.method).batches
+    if len(requests) > 1 and batching and not over():
         say("batch sizes")
         for cand in _batch_candidates(base, winner, requests, base_wall, reference, greedy):
             candidates.append(cand)
             if cand.mismatches == 0 and cand.speedup > winner.speedup * (1 + margin):
                 winner = cand
-    elif len(requests) > 1:
-        skipped.append("batch sizes")
+    elif len(requests) > 1 and base.task == "caption":
+        skipped.append("batch sizes (budget)" if batching else
+                       f"batch sizes (method {winner.method} decodes one request at a time)")
     return Calibration(candidates, winner, skipped, latency)
 
 
