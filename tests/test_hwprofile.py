@@ -75,7 +75,8 @@ def test_profile_times_the_rounds_of_every_method(args, method):
     r = data["measurements"]["rounds"]
     assert r["method"] == method and 0 < r["rounds_drafting"] <= r["rounds"]
     assert r["draft_ms_per_round"] > 0 and r["verify_ms_per_round"] > 0
-    assert 1 <= r["levels_per_round"] <= 5          # γ = 5; the tree's depth is 5
+    assert 1 <= r["levels_per_round"] <= data["measurements"]["gamma"]   # ≤ γ, or the tree's depth
+    assert data["measurements"]["gamma"] == (8 if method == "hidden" else 5)
     # per round, drafting per level ≤ drafting (≥ 1 level), so their medians are ordered too;
     # equal only if no round drafted more than one level
     assert 0 < r["draft_ms_per_level"] < r["draft_ms_per_round"]
