@@ -53,6 +53,11 @@ class Captioner:
             out = out[:, _echoed_prompt(out, inputs["input_ids"]):]  # drop the prompt
         return [t.strip() for t in tok.batch_decode(out, skip_special_tokens=True)]
 
+    def forget(self) -> None:
+        """Drop every cached caption (benchmarks: each request then pays for its own images,
+        as a folder of distinct images does, whichever row captioned them first)."""
+        self._cache.clear()
+
     def caption_all(self, images: list) -> tuple[list[str], float]:
         """Captions of every image (cached by pixel content: a conversation's second turn
         or a repeated image costs nothing), and the seconds it took."""
