@@ -52,6 +52,9 @@ def scenes(n: int, seed: int, profile) -> list[Request]:
 def decode_all(session, requests) -> tuple[float, list[list[int]], int, int]:
     """(wall s, tokens per request, new tokens, target forwards) — batched when the profile
     says so."""
+    captioner = getattr(session.engine.drafter, "captioner", None)
+    if captioner is not None:    # repeats must not find the captions of the last one
+        captioner.forget()
     t0 = time.perf_counter()
     if session.profile.generation.batch_size > 1 and session.profile.method != "none":
         done = {id(r): res for r, res in session.batched_engine().run(requests, lambda r: r)}
