@@ -122,8 +122,11 @@ def _decode(engine, requests: list[Request]) -> tuple[float, list[list[int]], ob
     from vlmspec_cli.runtime.stats import SpecStats
 
     stats, outputs = SpecStats(), []
+    captioner = getattr(engine.drafter, "captioner", None)
     t0 = time.perf_counter()
     for req in requests:
+        if captioner is not None:   # each request pays for its captions, warm-up or not
+            captioner.forget()
         res = engine.generate(req)
         stats.merge(res.state.stats)
         outputs.append(res.tokens)
