@@ -241,6 +241,11 @@ def evaluate(model, processor, n: int, seed: int) -> dict:
 
 
 def main(argv=None) -> None:
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--all" in args or "--list" in args:
+        return build_all(args)
     ap = arg_parser(__doc__)
     ap.add_argument("--examples", type=int, default=30000)
     ap.add_argument("--target-steps", type=int, default=2200)
@@ -310,6 +315,29 @@ def main(argv=None) -> None:
         build_twig(args.out, processor, data, report, args.twig_steps, args.seed,
                    args.batch_tokens, args.twig_ablation, variants_dir=args.twig_variants)
         report_path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def build_all(argv: list[str]) -> None:
+    """``--all [--from N] [--to N]``: every shipped model in order (zoo/pipeline.py);
+    ``--list``: print the steps as the commands they run."""
+    import argparse
+
+    from vlmspec_cli.zoo import pipeline
+
+    ap = argparse.ArgumentParser(prog="python -m vlmspec_cli.zoo.build --all",
+                                 description=pipeline.__doc__.split("\n\n")[0])
+    ap.add_argument("--all", action="store_true", help="build every shipped model, in order")
+    ap.add_argument("--list", action="store_true", help="print the steps and exit")
+    ap.add_argument("--from", dest="first", type=int, help="first step to run (1-based)")
+    ap.add_argument("--to", dest="last", type=int, help="last step to run")
+    args = ap.parse_args(argv)
+    try:
+        steps = pipeline.select(args.first, args.last)
+    except ValueError as exc:
+        ap.error(str(exc))
+    print(pipeline.describe(steps), flush=True)
+    if not args.list:
+        pipeline.run(steps)
 
 
 if __name__ == "__main__":
