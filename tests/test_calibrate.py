@@ -37,7 +37,10 @@ def setup(tmp_path_factory):
                                    "--write", str(hw), "-q"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     base = root / "base.yaml"
-    base.write_text("include: [tinyworld-caption, hw.yaml]\nname: base\n")
+    # the hardware profile times the draft model; the head's and the twig's per-level costs
+    # are given too (as a user would add them), so no candidate's cost is timed per run
+    base.write_text("include: [tinyworld-caption, hw.yaml]\nname: base\nhardware:\n  measurements:\n"
+                    "    draft_level_ms: {hidden: 0.6, twig: 1.2}\n")
     return root, samples, base
 
 
@@ -76,11 +79,11 @@ def test_calibrate_measures_the_default_and_is_deterministic(setup):
     assert again.exit_code == 2 and "exists (use --force" in again.stderr   # no silent overwrite
     assert (root / "tuned.yaml").read_text() == tuned_text
     second = _calibrate(args + ["--write", str(root / "tuned.yaml"), "--force"])
-    # deterministic: τ at T=0 and the latency model from the included hardware profile
-    # (hidden and twig rounds are timed, so their predictions move: not the order of those)
+    # deterministic: τ at T=0 and every cost from the included hardware profile
+    assert all(c["cost"] == "table" for c in first["candidates"])
     assert second["winner"] == first["winner"]
-    assert ([c["label"] for c in second["candidates"] if c["cost"] == "table"]
-            == [c["label"] for c in first["candidates"] if c["cost"] == "table"])
+    assert [c["label"] for c in second["candidates"]] == [c["label"] for c in first["candidates"]]
+    assert [c["predicted"] for c in second["candidates"]] == [c["predicted"] for c in first["candidates"]]
     _written_is_winner(root / "tuned.yaml", str(base), winner)
     assert load_profile(str(root / "tuned.yaml")).hardware.latency_ratio   # the base included
 

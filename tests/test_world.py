@@ -252,3 +252,29 @@ def test_caption_is_exact_accepts_ground_truth_and_rejects_near_misses():
                   "on a gray background."):                                        # extra shape
         assert not w.caption_is_exact(scene, wrong), wrong
         assert w.caption_is_correct(scene, "a small red circle at the top, on a gray background.")
+
+
+def test_build_all_lists_every_shipped_model_as_runnable_steps(capsys):
+    """`zoo.build --all` names a build step for every shipped model folder, and each step's
+    script exists with main(argv) and accepts the step's choices (checked without training)."""
+    import importlib
+    from pathlib import Path
+
+    from vlmspec_cli.zoo import build, deepen, hidden, pipeline
+
+    build.main(["--list"])
+    listed = capsys.readouterr().out
+    assert listed.count("python -m vlmspec_cli.zoo.") == len(pipeline.STEPS) == 12
+    shipped = {p.name for p in (Path(build.__file__).parent / "weights" / "tinyworld").iterdir() if p.is_dir()}
+    named = " ".join(s.name for s in pipeline.STEPS)
+    assert not [m for m in shipped if m not in named.replace(",", " ").split()], shipped
+    for step in pipeline.STEPS:
+        assert callable(importlib.import_module(f"vlmspec_cli.zoo.{step.module}").main)
+        argv = list(step.argv)
+        if step.module == "hidden":
+            assert argv[argv.index("--target") + 1] in hidden.TARGETS
+        if step.module == "deepen":
+            assert argv[argv.index("--family") + 1] in deepen.FAMILIES
+    assert [i for i, _ in pipeline.select(9, 10)] == [9, 10]
+    with pytest.raises(ValueError, match="steps run from 1 to 12"):
+        pipeline.select(13)
