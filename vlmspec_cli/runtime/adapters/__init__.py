@@ -7,9 +7,10 @@ from vlmspec_cli.runtime.adapters.causal_lm import CausalLMAdapter
 from vlmspec_cli.runtime.adapters.image_to_text import ImageToTextAdapter
 from vlmspec_cli.runtime.adapters.janus import JanusAdapter
 from vlmspec_cli.runtime.adapters.llava import LlavaAdapter
+from vlmspec_cli.runtime.adapters.llava_next import LlavaNextAdapter
 from vlmspec_cli.runtime.adapters.qwen2_vl import Qwen25VLAdapter
 
-_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), JanusAdapter(), Qwen25VLAdapter(), CausalLMAdapter()]
+_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), LlavaNextAdapter(), JanusAdapter(), Qwen25VLAdapter(), CausalLMAdapter()]
 
 
 class UnsupportedModelError(ValueError):

@@ -1,0 +1,59 @@
+"""Tiny random-weight models of the families vlmspec adapts, saved to a folder the way a
+hub checkout is laid out, so tests load them through the same ``from_pretrained`` path a
+hub id or a local directory takes. Losslessness does not depend on trained weights: at
+T = 0 every method must give the model's own greedy tokens, whatever they are.
+
+They reuse the tinyworld tokenizer (512 tokens, ``<image>`` as the image placeholder) and
+its chat template; vision towers and decoders are a few layers wide."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from conftest import ROOT
+
+TOKENIZER_SOURCE = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld" / "llava-target"
+PINPOINTS = [[32, 64], [64, 32], [64, 64]]
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TOKENIZER_SOURCE)
+
+
+def _llama(tok, layers: int, width: int = 64):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=len(tok), hidden_size=width, intermediate_size=2 * width,
+                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
+                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
+def llava_next(folder: Path, seed: int, layers: int = 3) -> Path:
+    """LLaVA-NeXT: CLIP tower (32 px tiles of 16 px patches), anyres over PINPOINTS,
+    a Llama decoder of ``layers`` layers; processor and model configs agree."""
+    from transformers import (CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
+                              LlavaNextImageProcessorPil, LlavaNextProcessor)
+
+    tok = _tokenizer()
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, image_size=32, patch_size=16, projection_dim=32)
+    config = LlavaNextConfig(vision_config=vision, text_config=_llama(tok, layers),
+                             image_token_id=tok.convert_tokens_to_ids("<image>"),
+                             image_grid_pinpoints=PINPOINTS, vision_feature_select_strategy="default",
+                             vision_feature_layer=-1)
+    torch.manual_seed(seed)
+    model = LlavaNextForConditionalGeneration(config).eval()
+    images = LlavaNextImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                        image_grid_pinpoints=PINPOINTS)
+    processor = LlavaNextProcessor(image_processor=images, tokenizer=tok, patch_size=16,
+                                   vision_feature_select_strategy="default",
+                                   num_additional_image_tokens=1, chat_template=tok.chat_template)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder

@@ -1,0 +1,105 @@
+"""LLaVA-NeXT (anyres tiling, image_sizes, image_newline): tiny random-weight models saved
+to folders and loaded by path. Target-only decoding equals transformers' generate(); every
+method that runs on the family equals target-only at T = 0, on images of different sizes
+(different tile grids, so different token counts) and on a two-turn conversation with an
+image in each turn; the CLI gives the target's own output with acceptance stats."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from families import llava_next
+from test_lossless import reference
+from vlmspec_cli.cli import cli
+from vlmspec_cli.profile import load_profile
+from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.session import build_session
+
+IMAGES = [((50, 30), (200, 30, 30)), ((40, 70), (20, 160, 60)), ((64, 64), (30, 40, 220))]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llava_next")
+    return llava_next(root / "target", seed=1), llava_next(root / "draft", seed=2, layers=1)
+
+
+def _requests() -> list[Request]:
+    imgs = [Image.new("RGB", size, colour) for size, colour in IMAGES]
+    singles = [Request([Message("user", "describe the image.", (im,))], max_new_tokens=12) for im in imgs]
+    chat = Request([Message("user", "what is in this image?", (imgs[0],)),
+                    Message("assistant", "a red thing."),
+                    Message("user", "and in this one?", (imgs[1],))], max_new_tokens=12)
+    return singles + [chat]
+
+
+def _session(target, draft, method: str, *sets: str):
+    profile = load_profile("tinyworld-caption", [f"target.model={target}", f"draft.model={draft}",
+                                                 f"method={method}", *sets])
+    return build_session(profile)
+
+
+def test_target_only_equals_generate(models):
+    target, draft = models
+    session = _session(target, draft, "none")
+    assert type(session.target.adapter).__name__ == "LlavaNextAdapter"
+    for req in _requests():
+        assert session.engine.generate(req).tokens == reference(session.target, req)
+
+
+@pytest.mark.parametrize("method,sets", [
+    ("chain", ["drafting.inputs=[multimodal]"]),
+    ("chain", ["drafting.inputs=[text]", "drafting.gamma=3"]),
+    ("chain", ["drafting.inputs=[caption]"]),      # the tinyworld captioner writes the caption
+    ("tabed", ["drafting.inputs=[multimodal,text]"]),
+    ("tree", ["drafting.inputs=[multimodal]", "tree.depth=3", "tree.top_k=2", "tree.total_tokens=6"]),
+    ("twig", ["twig.model=none", "twig.layers=1"]),
+])
+@pytest.mark.parametrize("same_draft", [False, True])
+def test_methods_equal_target_only(models, method, sets, same_draft):
+    """With the target as its own draft every proposal is accepted (the accepting path);
+    with another random model nearly none is (the rejecting path). Both must decode the
+    target's tokens."""
+    target, draft = models
+    if method == "twig" and same_draft:
+        pytest.skip("the twig drafts from the target itself: no draft model")
+    session = _session(target, target if same_draft else draft, method, *sets)
+    accepted = 0
+    for req in _requests():
+        res = session.engine.generate(req)
+        assert res.tokens == session.baseline_engine().generate(req).tokens
+        accepted += res.state.stats.num_accepted_tokens
+    if same_draft:
+        assert accepted > 0
+
+
+def test_pooled_drafting_is_refused_with_a_reason(models):
+    target, _ = models
+    session = _session(target, target, "chain", "drafting.inputs=[pooled]")
+    with pytest.raises(ValueError, match="anyres"):
+        session.engine.generate(_requests()[0])
+
+
+def test_cli_caption_compare_by_path(models, tmp_path):
+    target, draft = models
+    image = tmp_path / "shot.png"
+    Image.new("RGB", (50, 30), (200, 30, 30)).save(image)
+    res = CliRunner().invoke(cli, ["caption", str(image), "--set", f"target.model={target}",
+                                   "--set", f"draft.model={draft}", "--compare", "--json",
+                                   "--max-new-tokens", "10"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    record = next(json.loads(l) for l in res.stdout.splitlines() if '"input"' in l)
+    assert record["compare"]["identical"] is True and record["stats"]["num_drafts"] > 0
+
+
+def test_real_model_profile_fails_with_one_clear_line_offline(tmp_path):
+    image = tmp_path / "shot.png"
+    Image.new("RGB", (50, 30)).save(image)
+    res = CliRunner(env={"HF_HUB_OFFLINE": "1"}).invoke(
+        cli, ["caption", str(image), "--profile", "llava-next-7b", "-q"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "llava-hf/llava-v1.6-vicuna-7b-hf" in res.stderr and "unreachable" in res.stderr
