@@ -57,3 +57,56 @@ def llava_next(folder: Path, seed: int, layers: int = 3) -> Path:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
+
+
+QWEN_SOURCE = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld" / "qwen-video-target"
+QWEN_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "preprocessor_config.json")
+
+
+def _qwen_files(folder: Path) -> None:
+    import shutil
+
+    for name in QWEN_FILES:
+        shutil.copy(QWEN_SOURCE / name, folder / name)
+
+
+def qwen2_5_vl(folder: Path, seed: int, layers: int = 2) -> Path:
+    """Qwen2.5-VL with the tinyworld video target's tokenizer (<|image_pad|>,
+    <|video_pad|>), processor settings and widths, ``layers`` decoder layers, random."""
+    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(QWEN_SOURCE)
+    config.text_config.num_hidden_layers = layers
+    config.text_config.layer_types = ["full_attention"] * layers
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    _qwen_files(folder)
+    return folder
+
+
+def qwen2_vl(folder: Path, seed: int, layers: int = 2) -> Path:
+    """Qwen2-VL (its own vision tower: no window attention, fixed temporal positions), same
+    tokenizer and widths as ``qwen2_5_vl``."""
+    from transformers import AutoConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    src = AutoConfig.from_pretrained(QWEN_SOURCE)
+    t = src.text_config
+    text = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                num_hidden_layers=layers, num_attention_heads=t.num_attention_heads,
+                num_key_value_heads=t.num_key_value_heads, max_position_embeddings=4096,
+                bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
+                rope_parameters=dict(t.rope_parameters))
+    vision = dict(depth=2, embed_dim=48, hidden_size=t.hidden_size, num_heads=4, mlp_ratio=2,
+                  patch_size=8, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=src.image_token_id,
+                           video_token_id=src.video_token_id,
+                           vision_start_token_id=src.vision_start_token_id,
+                           vision_end_token_id=src.vision_end_token_id)
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    _qwen_files(folder)
+    return folder

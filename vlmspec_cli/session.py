@@ -212,6 +212,9 @@ def build_session(profile, trace=None) -> Session:
         require_safetensors(name, role)  # pickle-only weights: refused before any model loads
     sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
     target = load_model(profile.target, "target")
+    if profile.generation.batch_size > 1 and not target.adapter.embeds_images:
+        raise SessionError(f"target '{target.name}' places tokens by 3-D positions per request; "
+                           "it decodes one request at a time (use --batch-size 1)")
     try:
         _prepare_target(profile, target)
         drafter = method.from_profile(profile, target, sampling, trace=trace)

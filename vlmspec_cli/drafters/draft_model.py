@@ -14,7 +14,7 @@ class DraftModels:
     draft: LoadedModel
     captioner: Captioner | None
     inputs: list[str]          # the drafting inputs it reads requests through
-    image_token: str | None    # the target's image placeholder in the prompt
+    image_token: str | tuple[str, ...] | None   # the target's placeholder(s) in the prompt
 
 
 def draft_model_names(profile) -> list[tuple[str, str | None]]:

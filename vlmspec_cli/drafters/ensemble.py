@@ -25,7 +25,8 @@ import torch
 
 from vlmspec_cli.drafters.base import DraftingMethod, draft_line, register
 from vlmspec_cli.drafters.draft_model import draft_model_names, load_draft
-from vlmspec_cli.drafters.inputs import check_inputs, input_embeds, prefill_video, visuals
+from vlmspec_cli.drafters.inputs import (check_inputs, input_embeds, prefill_encoded,
+                                         reads_by_encode, visuals)
 from vlmspec_cli.drafters.weights import EnsembleWeights
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
 from vlmspec_cli.runtime.draft import Draft
@@ -109,11 +110,12 @@ class EnsembleDrafter(DraftingMethod):
 
     def prefill(self, state: DecodeState) -> None:
         lm = self.draft
-        if state.request.videos and "multimodal" in self.inputs:
+        if "multimodal" in self.inputs and reads_by_encode(lm, state.request, "multimodal"):
             if len(self.inputs) > 1:
-                raise ValueError("a video is drafted from one input at a time: drafting.inputs "
-                                 "[multimodal] (the draft reads the video) or [text]")
-            cache, logits, mask = prefill_video(lm, state)
+                what = "a video" if state.request.videos else f"an image for '{lm.name}'"
+                raise ValueError(f"{what} is drafted from one input at a time (its positions are "
+                                 "3-D): drafting.inputs [multimodal] (the draft reads it) or [text]")
+            cache, logits, mask = prefill_encoded(lm, state)
             state.drafter_state = EnsembleState(
                 cache, mask, torch.tensor([mask.shape[1]], device=lm.device),
                 EnsembleWeights(1, **self.weight_args), next_logits=logits)

@@ -38,9 +38,14 @@ def check_inputs(inputs: list[str], draft, captioner) -> None:
         raise ValueError(f"drafting.inputs lists an input twice: {inputs}")
 
 
-def replace_images(prompt: str, image_token: str | None, replacements: list[str]) -> str:
-    """Replace the i-th image placeholder by ``replacements[i]``."""
-    if not image_token or image_token not in prompt:
+def replace_images(prompt: str, image_token: str | tuple[str, ...] | None,
+                   replacements: list[str]) -> str:
+    """Replace the i-th image placeholder by ``replacements[i]``. ``image_token``: the
+    target's placeholder, or its placeholders (a family with image and video ones, one kind
+    per request): the first the prompt holds is replaced."""
+    tokens = (image_token,) if image_token is None or isinstance(image_token, str) else image_token
+    image_token = next((t for t in tokens if t and t in prompt), None)
+    if image_token is None:
         return prompt
     parts = prompt.split(image_token)
     if len(parts) - 1 != len(replacements):
@@ -85,11 +90,20 @@ def visuals(request) -> list:
     return request.images or request.videos
 
 
-def prefill_video(draft, state, static: bool = True):
-    """A video draft reads the request's videos as the target does (its own adapter
-    builds the video tokens and 3-D positions). Returns (cache, logits (1, V), the prompt's
-    attention mask (1, L))."""
-    inputs = draft.adapter.encode(draft, state.prompt, None, videos=state.request.videos)
+def reads_by_encode(draft, request, drafting_input: str) -> bool:
+    """Whether the draft reads the request's visuals through its own inputs (``encode``)
+    rather than as embeddings: a video, or an image for a family whose positions are 3-D
+    (``embeds_images`` False, the Qwen2-VL family)."""
+    return drafting_input == "multimodal" and bool(
+        request.videos or (request.images and not draft.adapter.embeds_images))
+
+
+def prefill_encoded(draft, state, static: bool = True):
+    """The draft reads the request's images or videos as the target does (its own adapter
+    builds the visual tokens and 3-D positions). Returns (cache, logits (1, V), the
+    prompt's attention mask (1, L))."""
+    inputs = draft.adapter.encode(draft, state.prompt, state.request.images or None,
+                                  videos=state.request.videos)
     cache = draft.adapter.new_cache(draft, static)
     return cache, draft.adapter.prefill(draft, inputs, cache), inputs["attention_mask"]
 
@@ -98,8 +112,8 @@ def prefill_input(draft, state, drafting_input: str, image_token: str | None, ca
                   static: bool = True):
     """Prefill a fresh draft cache with one request read through ``drafting_input``
     (captioning the images first for C). Returns (cache, logits of the last position (V,))."""
-    if state.request.videos and drafting_input == "multimodal":
-        cache, logits, _ = prefill_video(draft, state, static)
+    if reads_by_encode(draft, state.request, drafting_input):
+        cache, logits, _ = prefill_encoded(draft, state, static)
         return cache, logits[0]
     captions: list[str] = []
     if drafting_input == "caption" and state.request.images:

@@ -115,6 +115,9 @@ class SplitTarget:
     draft), ``upper`` = layers[K:] (the rest of the target)."""
 
     def __init__(self, lm, k: int) -> None:
+        if not lm.adapter.splits_layers:
+            raise ValueError(f"model '{lm.name}' places tokens by 3-D rope positions (Qwen2-VL "
+                             "family); the twig does not run its layers in parts yet")
         self.lm = lm
         self.stack: TextStack = lm.adapter.text_stack(lm)
         self.num_layers = len(self.stack.layers)

@@ -28,6 +28,8 @@ class ModelAdapter:
     model_types: tuple[str, ...] = ()
     model_class: Any = None
     takes_images: bool = False
+    embeds_images: bool = True   # prompt_embeds can put image features in place (a draft's M input)
+    splits_layers: bool = True   # its layers may run in parts with 1-D positions (runtime/trunk.py)
     quant_skip_modules: tuple[str, ...] = ("lm_head",)   # kept unquantized (bitsandbytes)
     decode_rows: int = 1   # rows one request decodes (the image model: cond + uncond)
 

@@ -1,10 +1,14 @@
-"""Qwen2.5-VL family (Qwen2_5_VLForConditionalGeneration): videos in, text out.
+"""Qwen2-VL family (Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration):
+images and videos in, text out.
 
-Inputs are built here, not by HF's video processor (it needs torchvision, which has no CPU
-build): frames are resized by Qwen's ``smart_resize`` rule and patchified in the
-processor's layout (runtime/video_patches.py); each ``<|video_pad|>`` placeholder in the
-prompt becomes t·h·w / merge² video tokens; ``mm_token_type_ids`` marks them (2) and
-``second_per_grid_ts`` = temporal_patch_size / sampled fps spaces them in time.
+Inputs are built here, not by HF's processors (the video one needs torchvision, which has
+no CPU build): frames are resized by Qwen's ``smart_resize`` rule and patchified in the
+processor's layout (runtime/video_patches.py); a still image is a one-frame video
+repeated to ``temporal_patch_size``. Each ``<|image_pad|>`` / ``<|video_pad|>``
+placeholder in the prompt becomes t·h·w / merge² visual tokens; ``mm_token_type_ids``
+marks them (1 image, 2 video), and for videos ``second_per_grid_ts`` = temporal_patch_size
+/ sampled fps spaces them in time. A draft of this family reads images and videos through
+these inputs, not through embeddings (``embeds_images`` False): its positions are 3-D.
 
 Positions are 3-D (M-RoPE). HF keeps the offset between text positions and cache length
 (``rope_deltas``) on the model object between calls; here every forward gets explicit
@@ -19,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import Qwen2_5_VLForConditionalGeneration
+from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
 from vlmspec_cli.runtime.adapters.base import ModelAdapter, cache_length
 from vlmspec_cli.runtime.video_patches import patchify, resize_frames, smart_resize, video_token_count
@@ -33,15 +37,20 @@ _DEFAULTS = {"image_mean": [0.48145466, 0.4578275, 0.40821073],
 class Qwen25VLAdapter(ModelAdapter):
     model_types = ("qwen2_5_vl",)
     model_class = Qwen2_5_VLForConditionalGeneration
-    takes_images = False      # still images: not built yet (videos only)
+    takes_images = True
     takes_videos = True
+    embeds_images = False     # visual inputs go through encode (3-D positions), not embeddings
+    splits_layers = False     # the twig's trunk passes 1-D positions: not for 3-D rope
     quant_skip_modules = ("visual", ".*visual", "lm_head")
 
-    def image_token(self, lm) -> str | None:
-        return getattr(lm.tokenizer, "video_token", None) or "<|video_pad|>"
+    def image_token(self, lm) -> tuple[str, str]:
+        """Both placeholders, image and video: the text drafting inputs replace whichever
+        a request's prompt holds (drafters/inputs.py replace_images)."""
+        return (getattr(lm.tokenizer, "image_token", None) or "<|image_pad|>",
+                getattr(lm.tokenizer, "video_token", None) or "<|video_pad|>")
 
     def image_token_id(self, lm) -> int | None:
-        return None
+        return int(lm.model.config.image_token_id)
 
     def video_token_id(self, lm) -> int:
         return int(lm.model.config.video_token_id)
@@ -85,8 +94,8 @@ class Qwen25VLAdapter(ModelAdapter):
         return video_token_count((t, h // s["patch"], w // s["patch"]), s["merge"])
 
     def prompt_length(self, lm, prompt: str, images: list | None, videos: list | None = None) -> int:
-        if images:
-            return super().prompt_length(lm, prompt, images, videos)  # its error
+        if images:   # an image's patches are cheap to build: count them as encode does
+            return super().prompt_length(lm, prompt, images, videos)
         ids = lm.tokenizer(prompt)["input_ids"]
         placeholders = sum(1 for i in ids if i == self.video_token_id(lm))
         videos = list(videos or [])
@@ -108,34 +117,47 @@ class Qwen25VLAdapter(ModelAdapter):
         fps = len(clip.frames) / clip.duration if clip.duration else float(clip.sample_fps)
         return pixels, grid, s["temporal"] / fps
 
+    def image_patches(self, lm, image) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pixel_values, grid_thw (3,)) of one still image: a one-frame video."""
+        s = self._vision_settings(lm)
+        frame = np.asarray(image.convert("RGB"))[None]
+        h, w = smart_resize(frame.shape[1], frame.shape[2], s["patch"] * s["merge"],
+                            s["min_pixels"], s["max_pixels"])
+        return patchify(resize_frames(frame, h, w), s["patch"], s["temporal"], s["merge"],
+                        s["image_mean"], s["image_std"])
+
     def encode(self, lm, prompt: str, images: list | None, videos: list | None = None
                ) -> dict[str, torch.Tensor]:
-        if images:
-            raise ValueError(f"model '{lm.name}' takes videos; still images are not supported "
-                             "for Qwen2.5-VL targets yet (pass a one-frame video)")
         ids = lm.tokenizer(prompt, return_tensors="pt")["input_ids"][0]
-        token = self.video_token_id(lm)
-        slots = (ids == token).nonzero().flatten().tolist()
-        videos = list(videos or [])
-        if len(slots) != len(videos):
-            raise ValueError(f"prompt has {len(slots)} video placeholders for {len(videos)} videos")
+        merge = self._vision_settings(lm)["merge"]
+        reps = torch.ones_like(ids)
         out: dict[str, torch.Tensor] = {}
-        if videos:
-            parts = [self.video_patches(lm, v) for v in videos]
-            merge = self._vision_settings(lm)["merge"]
-            reps = torch.ones_like(ids)
+        kinds = (("image", self.image_token_id(lm), list(images or []), 1),
+                 ("video", self.video_token_id(lm), list(videos or []), 2))
+        for kind, token, items, _ in kinds:
+            slots = (ids == token).nonzero().flatten().tolist()
+            if len(slots) != len(items):
+                raise ValueError(f"prompt has {len(slots)} {kind} placeholders for {len(items)} {kind}s")
+            if not items:
+                continue
+            if kind == "image":
+                parts = [(*self.image_patches(lm, im), None) for im in items]
+                out["pixel_values"] = torch.cat([p for p, _, _ in parts]).to(lm.device, lm.dtype)
+                out["image_grid_thw"] = torch.stack([g for _, g, _ in parts]).to(lm.device)
+            else:
+                parts = [self.video_patches(lm, v) for v in items]
+                out["pixel_values_videos"] = torch.cat([p for p, _, _ in parts]).to(lm.device, lm.dtype)
+                out["video_grid_thw"] = torch.stack([g for _, g, _ in parts]).to(lm.device)
+                out["second_per_grid_ts"] = torch.tensor([t for _, _, t in parts], device=lm.device)
             reps[slots] = torch.tensor([video_token_count(g, merge) for _, g, _ in parts])
-            ids = ids.repeat_interleave(reps)
-            out["pixel_values_videos"] = torch.cat([p for p, _, _ in parts]).to(lm.device, lm.dtype)
-            out["video_grid_thw"] = torch.stack([g for _, g, _ in parts]).to(lm.device)
-            out["second_per_grid_ts"] = torch.tensor([t for _, _, t in parts], device=lm.device)
-        ids = ids[None].to(lm.device)
-        types = (ids == token).int() * 2
+        plain = ids[None].to(lm.device)
+        types = sum((plain == token).int() * code for _, token, _, code in kinds)
+        ids = ids.repeat_interleave(reps)[None].to(lm.device)
+        types = types[0].repeat_interleave(reps.to(lm.device))[None]
         out.update(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types)
-        if videos:
-            positions, delta = lm.model.model.get_rope_index(
-                ids, mm_token_type_ids=types, video_grid_thw=out["video_grid_thw"],
-                second_per_grid_ts=out["second_per_grid_ts"])
+        if images or videos:
+            grids = {k: out[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in out}
+            positions, delta = lm.model.model.get_rope_index(ids, mm_token_type_ids=types, **grids)
         else:
             positions = torch.arange(ids.shape[1], device=lm.device).view(1, 1, -1).expand(3, 1, -1)
             delta = torch.zeros((1, 1), dtype=torch.long, device=lm.device)
@@ -145,11 +167,12 @@ class Qwen25VLAdapter(ModelAdapter):
 
     def prompt_embeds(self, lm, prompt, images, pool: int = 1):
         """A prompt without visual tokens as embeddings: the text drafting input, whose
-        video placeholders are already replaced (a text prefill: 1-D positions, delta 0).
-        Visual inputs go through ``encode`` (the multimodal input reads the video there)."""
+        placeholders are already replaced (a text prefill: 1-D positions, delta 0). Visual
+        inputs go through ``encode`` (the multimodal input reads them there)."""
         if images:
-            raise ValueError(f"model '{lm.name}' (Qwen2.5-VL) reads videos through its own "
-                             "inputs, not embeddings: use drafting.inputs [multimodal] or [text]")
+            raise ValueError(f"model '{lm.name}' (Qwen2-VL family) reads images through its own "
+                             "inputs, not embeddings (3-D positions): use drafting.inputs "
+                             "[multimodal] or [text], not pooled or an ensemble of them")
         return super().prompt_embeds(lm, prompt, None, pool)
 
     # -- forwards: explicit 3-D positions ------------------------------------------------
@@ -185,3 +208,11 @@ class Qwen25VLAdapter(ModelAdapter):
     def extend_hidden(self, lm, input_ids, cache, layer: int, **extra):
         return super().extend_hidden(lm, input_ids, cache, layer,
                                      **self._extend_inputs(lm, input_ids, cache, extra))
+
+
+class Qwen2VLAdapter(Qwen25VLAdapter):
+    """Qwen2-VL: the same inputs and 3-D positions (its videos' temporal positions do not
+    scale with fps; ``get_rope_index`` ignores ``second_per_grid_ts``)."""
+
+    model_types = ("qwen2_vl",)
+    model_class = Qwen2VLForConditionalGeneration

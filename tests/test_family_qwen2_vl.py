@@ -1,0 +1,99 @@
+"""Qwen2-VL and Qwen2.5-VL on still images (3-D rope positions; a draft of the family reads
+images through its own inputs): tiny random-weight models saved to folders and loaded by
+path. Target-only decoding equals transformers' generate(); chain M and T and draft trees
+equal target-only at T = 0 on images of different sizes and a two-image chat; what cannot
+be exact yet (ensembles of image inputs, the twig, batches) is refused with its reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from families import qwen2_5_vl, qwen2_vl
+from test_lossless import reference
+from vlmspec_cli.cli import cli
+from vlmspec_cli.profile import load_profile
+from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.session import SessionError, build_session
+
+IMAGES = [((40, 24), (200, 30, 30)), ((32, 56), (20, 160, 60)), ((48, 48), (30, 40, 220))]
+FAMILIES = {"qwen2_5_vl": qwen2_5_vl, "qwen2_vl": qwen2_vl}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def models(request, tmp_path_factory):
+    build = FAMILIES[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    return request.param, build(root / "target", seed=1), build(root / "draft", seed=2, layers=1)
+
+
+def _requests() -> list[Request]:
+    imgs = [Image.new("RGB", size, colour) for size, colour in IMAGES]
+    singles = [Request([Message("user", "describe the image.", (im,))], max_new_tokens=10) for im in imgs]
+    chat = Request([Message("user", "what is in this image?", (imgs[0],)),
+                    Message("assistant", "a red thing."),
+                    Message("user", "and in this one?", (imgs[1],))], max_new_tokens=10)
+    text = Request([Message("user", "say something.")], max_new_tokens=6)
+    return singles + [chat, text]
+
+
+def _session(target, draft, method: str, *sets: str):
+    profile = load_profile("tinyworld-caption", [f"target.model={target}", f"draft.model={draft}",
+                                                 f"method={method}", *sets])
+    return build_session(profile)
+
+
+def test_target_only_equals_generate(models):
+    family, target, draft = models
+    session = _session(target, draft, "none")
+    assert session.target.model.config.model_type == family
+    for req in _requests():
+        assert session.engine.generate(req).tokens == reference(session.target, req)
+
+
+@pytest.mark.parametrize("method,sets", [
+    ("chain", ["drafting.inputs=[multimodal]"]),
+    ("chain", ["drafting.inputs=[text]", "drafting.gamma=3"]),
+    ("tabed", ["drafting.inputs=[multimodal]"]),
+    ("tree", ["drafting.inputs=[multimodal]", "tree.depth=3", "tree.top_k=2", "tree.total_tokens=6"]),
+])
+@pytest.mark.parametrize("same_draft", [False, True])
+def test_methods_equal_target_only(models, method, sets, same_draft):
+    """The target as its own draft accepts every proposal (the draft's images and 3-D
+    positions must match the target's for that); another random model accepts few."""
+    _, target, draft = models
+    session = _session(target, target if same_draft else draft, method, *sets)
+    accepted = drafted = 0
+    for req in _requests():
+        res = session.engine.generate(req)
+        assert res.tokens == session.baseline_engine().generate(req).tokens
+        accepted += res.state.stats.num_accepted_tokens
+        drafted += res.state.stats.num_draft_tokens
+    if same_draft and "multimodal" in sets[0] and method == "chain":
+        assert accepted == drafted > 0
+
+
+def test_what_cannot_be_exact_is_refused(models):
+    _, target, draft = models
+    session = _session(target, draft, "tabed", "drafting.inputs=[multimodal,text]")
+    with pytest.raises(ValueError, match="one input at a time"):
+        session.engine.generate(_requests()[0])
+    with pytest.raises(SessionError, match="3-D rope"):
+        _session(target, draft, "twig", "twig.model=none", "twig.layers=1")
+    with pytest.raises(SessionError, match="one request at a time"):
+        _session(target, draft, "chain", "generation.batch_size=2")
+
+
+def test_cli_caption_compare_by_path(models, tmp_path):
+    _, target, draft = models
+    image = tmp_path / "shot.png"
+    Image.new("RGB", (40, 24), (200, 30, 30)).save(image)
+    res = CliRunner().invoke(cli, ["caption", str(image), "--set", f"target.model={target}",
+                                   "--set", f"draft.model={draft}", "--compare", "--json",
+                                   "--max-new-tokens", "8"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    record = next(json.loads(l) for l in res.stdout.splitlines() if '"input"' in l)
+    assert record["compare"]["identical"] is True and record["stats"]["num_drafts"] > 0
