@@ -8,6 +8,7 @@ its chat template; vision towers and decoders are a few layers wide."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -53,8 +54,7 @@ def llava_next(folder: Path, seed: int, layers: int = 3) -> Path:
     processor = LlavaNextProcessor(image_processor=images, tokenizer=tok, patch_size=16,
                                    vision_feature_select_strategy="default",
                                    num_additional_image_tokens=1, chat_template=tok.chat_template)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    _save(model, folder)
     processor.save_pretrained(folder)
     return folder
 
@@ -63,11 +63,16 @@ QWEN_SOURCE = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld" / "qwen-vid
 QWEN_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "preprocessor_config.json")
 
 
-def _qwen_files(folder: Path) -> None:
+def _save(model, folder: Path, copy: tuple[str, ...] = ()) -> Path:
+    """save_pretrained into ``folder``, with ``copy``: the tinyworld Qwen tokenizer and
+    processor files."""
     import shutil
 
-    for name in QWEN_FILES:
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    for name in copy:
         shutil.copy(QWEN_SOURCE / name, folder / name)
+    return folder
 
 
 def qwen2_5_vl(folder: Path, seed: int, layers: int = 2) -> Path:
@@ -79,11 +84,7 @@ def qwen2_5_vl(folder: Path, seed: int, layers: int = 2) -> Path:
     config.text_config.num_hidden_layers = layers
     config.text_config.layer_types = ["full_attention"] * layers
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    _qwen_files(folder)
-    return folder
+    return _save(Qwen2_5_VLForConditionalGeneration(config).eval(), folder, QWEN_FILES)
 
 
 def qwen2_vl(folder: Path, seed: int, layers: int = 2) -> Path:
@@ -105,8 +106,59 @@ def qwen2_vl(folder: Path, seed: int, layers: int = 2) -> Path:
                            vision_start_token_id=src.vision_start_token_id,
                            vision_end_token_id=src.vision_end_token_id)
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).eval()
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    _qwen_files(folder)
-    return folder
+    return _save(Qwen2VLForConditionalGeneration(config).eval(), folder, QWEN_FILES)
+
+
+def hidden_head(folder: Path, target: Path, seed: int = 3, layer: int = -1) -> Path:
+    """A random hidden-state head for ``target`` (its widths, vocabulary and model type):
+    what `zoo/hidden.py` would train, untrained. Its drafts are poor; verification keeps
+    the output the target's."""
+    from transformers import AutoConfig
+
+    from vlmspec_cli.runtime.hidden_head import HiddenDraftHead, HiddenHeadConfig
+
+    config = AutoConfig.from_pretrained(target)
+    text = config.get_text_config()
+    torch.manual_seed(seed)
+    head = HiddenDraftHead(HiddenHeadConfig(
+        hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
+        num_attention_heads=text.num_attention_heads, num_key_value_heads=text.num_key_value_heads,
+        rms_norm_eps=text.rms_norm_eps, target_layer=layer, vocab_size=text.vocab_size,
+        target_model_type=config.model_type))
+    return _save(head.eval(), folder)
+
+
+# ------------------------------------------------------------------ the CLI on a family
+def _shot(folder: Path, size: tuple[int, int]) -> Path:
+    from PIL import Image
+
+    image = folder / "shot.png"
+    Image.new("RGB", size, (200, 30, 30)).save(image)
+    return image
+
+
+def check_cli_compare(target: Path, draft: Path, folder: Path, size: tuple[int, int]) -> None:
+    """`vlmspec caption IMG --set target.model=DIR --set draft.model=DIR2 --compare`: the
+    record holds the target's own output (identical) and acceptance stats."""
+    from click.testing import CliRunner
+
+    from vlmspec_cli.cli import cli
+
+    res = CliRunner().invoke(cli, ["caption", str(_shot(folder, size)), "--set", f"target.model={target}",
+                                   "--set", f"draft.model={draft}", "--compare", "--json",
+                                   "--max-new-tokens", "8"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    record = next(json.loads(line) for line in res.stdout.splitlines() if '"input"' in line)
+    assert record["compare"]["identical"] is True and record["stats"]["num_drafts"] > 0
+
+
+def check_offline_profile(profile: str, hub_id: str, folder: Path) -> None:
+    """A shipped real-model profile, offline: exit 2 and one line naming the model."""
+    from click.testing import CliRunner
+
+    from vlmspec_cli.cli import cli
+
+    res = CliRunner(env={"HF_HUB_OFFLINE": "1"}).invoke(
+        cli, ["caption", str(_shot(folder, (40, 24))), "--profile", profile, "-q"])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert hub_id in res.stderr and "unreachable" in res.stderr

@@ -6,15 +6,11 @@ image in each turn; the CLI gives the target's own output with acceptance stats.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from click.testing import CliRunner
 from PIL import Image
 
-from families import llava_next
+from families import check_cli_compare, check_offline_profile, hidden_head, llava_next
 from test_lossless import reference
-from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import build_session
@@ -84,22 +80,26 @@ def test_pooled_drafting_is_refused_with_a_reason(models):
         session.engine.generate(_requests()[0])
 
 
+@pytest.mark.parametrize("tree", [False, True])
+def test_hidden_head_equals_target_only(models, tmp_path_factory, tree):
+    """A hidden-state head for this family (random: what zoo/hidden.py would train) reads
+    the target's last-layer states at text positions; chains and trees equal target-only."""
+    target = models[-2]
+    head = hidden_head(tmp_path_factory.mktemp("head") / "head", target)
+    session = _session(target, models[-1], "hidden", f"hidden.model={head}", "hidden.layer=null",
+                       f"hidden.tree={str(tree).lower()}", "tree.depth=3", "tree.top_k=2",
+                       "tree.total_tokens=6")
+    drafted = 0
+    for req in _requests():
+        res = session.engine.generate(req)
+        assert res.tokens == session.baseline_engine().generate(req).tokens
+        drafted += res.state.stats.num_draft_tokens
+    assert drafted > 0
+
+
 def test_cli_caption_compare_by_path(models, tmp_path):
-    target, draft = models
-    image = tmp_path / "shot.png"
-    Image.new("RGB", (50, 30), (200, 30, 30)).save(image)
-    res = CliRunner().invoke(cli, ["caption", str(image), "--set", f"target.model={target}",
-                                   "--set", f"draft.model={draft}", "--compare", "--json",
-                                   "--max-new-tokens", "10"], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    record = next(json.loads(l) for l in res.stdout.splitlines() if '"input"' in l)
-    assert record["compare"]["identical"] is True and record["stats"]["num_drafts"] > 0
+    check_cli_compare(models[-2], models[-1], tmp_path, (50, 30))
 
 
 def test_real_model_profile_fails_with_one_clear_line_offline(tmp_path):
-    image = tmp_path / "shot.png"
-    Image.new("RGB", (50, 30)).save(image)
-    res = CliRunner(env={"HF_HUB_OFFLINE": "1"}).invoke(
-        cli, ["caption", str(image), "--profile", "llava-next-7b", "-q"])
-    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert "llava-hf/llava-v1.6-vicuna-7b-hf" in res.stderr and "unreachable" in res.stderr
+    check_offline_profile("llava-next-7b", "llava-hf/llava-v1.6-vicuna-7b-hf", tmp_path)

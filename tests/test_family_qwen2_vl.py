@@ -6,15 +6,11 @@ be exact yet (ensembles of image inputs, the twig, batches) is refused with its 
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from click.testing import CliRunner
 from PIL import Image
 
-from families import qwen2_5_vl, qwen2_vl
+from families import check_cli_compare, check_offline_profile, hidden_head, qwen2_5_vl, qwen2_vl
 from test_lossless import reference
-from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import SessionError, build_session
@@ -87,13 +83,26 @@ def test_what_cannot_be_exact_is_refused(models):
         _session(target, draft, "chain", "generation.batch_size=2")
 
 
+@pytest.mark.parametrize("tree", [False, True])
+def test_hidden_head_equals_target_only(models, tmp_path_factory, tree):
+    """A hidden-state head for this family (random: what zoo/hidden.py would train) reads
+    the target's last-layer states at text positions; chains and trees equal target-only."""
+    target = models[-2]
+    head = hidden_head(tmp_path_factory.mktemp("head") / "head", target)
+    session = _session(target, models[-1], "hidden", f"hidden.model={head}", "hidden.layer=null",
+                       f"hidden.tree={str(tree).lower()}", "tree.depth=3", "tree.top_k=2",
+                       "tree.total_tokens=6")
+    drafted = 0
+    for req in _requests():
+        res = session.engine.generate(req)
+        assert res.tokens == session.baseline_engine().generate(req).tokens
+        drafted += res.state.stats.num_draft_tokens
+    assert drafted > 0
+
+
 def test_cli_caption_compare_by_path(models, tmp_path):
-    _, target, draft = models
-    image = tmp_path / "shot.png"
-    Image.new("RGB", (40, 24), (200, 30, 30)).save(image)
-    res = CliRunner().invoke(cli, ["caption", str(image), "--set", f"target.model={target}",
-                                   "--set", f"draft.model={draft}", "--compare", "--json",
-                                   "--max-new-tokens", "8"], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    record = next(json.loads(l) for l in res.stdout.splitlines() if '"input"' in l)
-    assert record["compare"]["identical"] is True and record["stats"]["num_drafts"] > 0
+    check_cli_compare(models[-2], models[-1], tmp_path, (40, 24))
+
+
+def test_real_model_profile_fails_with_one_clear_line_offline(tmp_path):
+    check_offline_profile("qwen25-vl-7b", "Qwen/Qwen2.5-VL-7B-Instruct", tmp_path)

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import videofiles
 from vlmspec_cli.cli import cli
+from vlmspec_cli.drafters.inputs import replace_images
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import SessionError, build_session
@@ -104,7 +105,7 @@ def test_text_draft_reads_the_prompt_without_the_video(sessions):
     req, _ = _video_request(920_002, 8)
     state = engine.start(req)
     draft = sessions["chain-text"].draft
-    text = state.prompt.replace(draft.adapter.image_token(draft), "\n")
+    text = replace_images(state.prompt, draft.adapter.image_token(draft), ["\n"])
     expected = len(draft.tokenizer(text)["input_ids"])
     assert int(state.drafter_state.cache.get_seq_length()) == expected
     assert expected < int(state.target_cache.get_seq_length()) - 16
