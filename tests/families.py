@@ -128,6 +128,23 @@ def hidden_head(folder: Path, target: Path, seed: int = 3, layer: int = -1) -> P
     return _save(head.eval(), folder)
 
 
+def check_hidden_head(target: Path, draft: Path, folder: Path, tree: bool, make_session,
+                      requests) -> None:
+    """A hidden-state head for this family (random: what zoo/hidden.py would train) reads the
+    target's last-layer states at text positions; its chains (``tree`` False) or trees
+    decode target-only's tokens. ``make_session(target, draft, method, *sets)``."""
+    head = hidden_head(folder / "head", target)
+    session = make_session(target, draft, "hidden", f"hidden.model={head}", "hidden.layer=null",
+                           f"hidden.tree={str(tree).lower()}", "tree.depth=3", "tree.top_k=2",
+                           "tree.total_tokens=6")
+    drafted = 0
+    for req in requests:
+        res = session.engine.generate(req)
+        assert res.tokens == session.baseline_engine().generate(req).tokens
+        drafted += res.state.stats.num_draft_tokens
+    assert drafted > 0
+
+
 # ------------------------------------------------------------------ the CLI on a family
 def _shot(folder: Path, size: tuple[int, int]) -> Path:
     from PIL import Image

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from families import check_cli_compare, check_offline_profile, hidden_head, llava_next
+from families import check_cli_compare, check_hidden_head, check_offline_profile, llava_next
 from test_lossless import reference
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
@@ -81,20 +81,8 @@ def test_pooled_drafting_is_refused_with_a_reason(models):
 
 
 @pytest.mark.parametrize("tree", [False, True])
-def test_hidden_head_equals_target_only(models, tmp_path_factory, tree):
-    """A hidden-state head for this family (random: what zoo/hidden.py would train) reads
-    the target's last-layer states at text positions; chains and trees equal target-only."""
-    target = models[-2]
-    head = hidden_head(tmp_path_factory.mktemp("head") / "head", target)
-    session = _session(target, models[-1], "hidden", f"hidden.model={head}", "hidden.layer=null",
-                       f"hidden.tree={str(tree).lower()}", "tree.depth=3", "tree.top_k=2",
-                       "tree.total_tokens=6")
-    drafted = 0
-    for req in _requests():
-        res = session.engine.generate(req)
-        assert res.tokens == session.baseline_engine().generate(req).tokens
-        drafted += res.state.stats.num_draft_tokens
-    assert drafted > 0
+def test_hidden_head_equals_target_only(models, tmp_path, tree):
+    check_hidden_head(models[-2], models[-1], tmp_path, tree, _session, _requests())
 
 
 def test_cli_caption_compare_by_path(models, tmp_path):
