@@ -47,22 +47,24 @@ def test_target_only_equals_generate(models):
         assert session.engine.generate(req).tokens == reference(session.target, req)
 
 
-@pytest.mark.parametrize("method,sets", [
+DRAFTED = [
     ("chain", ["drafting.inputs=[multimodal]"]),
     ("chain", ["drafting.inputs=[text]", "drafting.gamma=3"]),
     ("chain", ["drafting.inputs=[caption]"]),      # the tinyworld captioner writes the caption
     ("tabed", ["drafting.inputs=[multimodal,text]"]),
     ("tree", ["drafting.inputs=[multimodal]", "tree.depth=3", "tree.top_k=2", "tree.total_tokens=6"]),
-    ("twig", ["twig.model=none", "twig.layers=1"]),
-])
-@pytest.mark.parametrize("same_draft", [False, True])
+]
+TWIG = ("twig", ["twig.model=none", "twig.layers=1"])   # drafts from the target: no draft model
+
+
+@pytest.mark.parametrize("method,sets,same_draft",
+                         [(*case, same) for case in DRAFTED for same in (False, True)]
+                         + [(*TWIG, False)])
 def test_methods_equal_target_only(models, method, sets, same_draft):
     """With the target as its own draft every proposal is accepted (the accepting path);
     with another random model nearly none is (the rejecting path). Both must decode the
     target's tokens."""
     target, draft = models
-    if method == "twig" and same_draft:
-        pytest.skip("the twig drafts from the target itself: no draft model")
     session = _session(target, target if same_draft else draft, method, *sets)
     accepted = 0
     for req in _requests():
