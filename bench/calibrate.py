@@ -33,7 +33,7 @@ from benchlib import machine_info, print_table  # noqa: E402  (bench/benchlib.py
 from vlmspec_cli.profile import load_profile, with_settings  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
 from vlmspec_cli.session import build_session  # noqa: E402
-from vlmspec_cli.tasks.calibrate import as_dicts, calibrate  # noqa: E402
+from vlmspec_cli.tasks.calibrate import as_dicts, calibrate, decode_batched  # noqa: E402
 from vlmspec_cli.tasks.calibrate_io import search_base  # noqa: E402
 from vlmspec_cli.zoo import world  # noqa: E402
 
@@ -57,8 +57,7 @@ def decode_all(session, requests) -> tuple[float, list[list[int]], int, int]:
         captioner.forget()
     t0 = time.perf_counter()
     if session.profile.generation.batch_size > 1 and session.profile.method != "none":
-        done = {id(r): res for r, res in session.batched_engine().run(requests, lambda r: r)}
-        results = [done[id(r)] for r in requests]
+        results = decode_batched(session, requests)
     else:
         results = [session.engine.generate(r) for r in requests]
     wall = time.perf_counter() - t0

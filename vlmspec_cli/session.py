@@ -204,14 +204,18 @@ def validate_method(profile) -> type[DraftingMethod]:
     return method
 
 
-def build_session(profile, trace=None) -> Session:
+def build_session(profile, trace=None, target: LoadedModel | None = None) -> Session:
     """Load the models the profile names and build its engine. ``trace``: a callable that
-    receives one dict per drafting block of an ensemble (for ``--trace``)."""
+    receives one dict per drafting block of an ensemble (for ``--trace``). ``target``: the
+    profile's target, already loaded by an earlier session of the same ``target:`` section
+    (calibrate builds one session per configuration around one target); its fast path and
+    guidance are set again for this profile."""
     method = validate_method(profile)
     for role, name in [("target", profile.target.model), *method.models(profile)]:
         require_safetensors(name, role)  # pickle-only weights: refused before any model loads
     sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
-    target = load_model(profile.target, "target")
+    if target is None:
+        target = load_model(profile.target, "target")
     if profile.generation.batch_size > 1 and not target.adapter.embeds_images:
         raise SessionError(f"target '{target.name}' places tokens by 3-D positions per request; "
                            "it decodes one request at a time (use --batch-size 1)")

@@ -156,12 +156,13 @@ def _mismatches(outputs, reference, greedy: bool) -> int:
 
 
 def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: LatencyModel,
-                     reference, greedy: bool) -> list[Candidate]:
-    """Decode the samples once with the probe's configuration; its candidates, modelled."""
+                     reference, greedy: bool, target=None) -> list[Candidate]:
+    """Decode the samples once with the probe's configuration; its candidates, modelled.
+    ``target``: the base session's target, reused (build_session)."""
     gamma = max(gammas) if probe.replay else None
     settings = dict(probe.settings, **({"drafting.gamma": gamma} if gamma else {}))
     profile = with_settings(base, settings)
-    session = build_session(profile)
+    session = build_session(profile, target=target)
     timed = time_rounds(session.engine, requests, warmup=0)
     summary = timed.summary()
     mismatches = _mismatches(timed.outputs, reference, greedy)
@@ -203,9 +204,10 @@ def _same_config(base, a: dict, b: dict) -> bool:
     return with_settings(base, {**a, **one}) == with_settings(base, {**b, **one})
 
 
-def _measure(base, cand: Candidate, requests, base_wall: float, reference, greedy: bool) -> None:
+def _measure(base, cand: Candidate, requests, base_wall: float, reference, greedy: bool,
+             target=None) -> None:
     """Decode the samples with the candidate's profile (after one warm-up request)."""
-    session = build_session(with_settings(base, cand.settings))
+    session = build_session(with_settings(base, cand.settings), target=target)
     _decode(session.engine, requests[:1])
     wall, outputs, stats = _decode(session.engine, requests)
     cand.tau = round(stats.mean_accept_len, 4)
@@ -214,21 +216,26 @@ def _measure(base, cand: Candidate, requests, base_wall: float, reference, greed
     cand.mismatches = _mismatches(outputs, reference, greedy)
 
 
+def decode_batched(session, requests: list[Request]) -> list:
+    """``requests`` decoded ``generation.batch_size`` at a time: each one's Result (or the
+    exception that failed it), in request order."""
+    done = {id(req): res for req, res in session.batched_engine().run(requests, lambda r: r)}
+    return [done[id(req)] for req in requests]
+
+
 def _batch_candidates(base, winner: Candidate, requests, base_wall: float, reference,
-                      greedy: bool, sizes=(2, 4)) -> list[Candidate]:
+                      greedy: bool, sizes=(2, 4), target=None) -> list[Candidate]:
     """The winner decoding the samples ``generation.batch_size`` at a time (a folder)."""
     if base.task != "caption" or not method_class(winner.method).batches or winner.speedup is None:
         return []
     out = []
     for b in [b for b in sizes if b <= len(requests)]:
         settings = dict(winner.settings, **{"generation.batch_size": b})
-        session = build_session(with_settings(base, settings))
-        engine = session.batched_engine()
-        list(engine.run(requests[:b], lambda r: r))   # warm-up
+        session = build_session(with_settings(base, settings), target=target)
+        decode_batched(session, requests[:b])   # warm-up
         t0 = time.perf_counter()
-        done = dict((id(req), res) for req, res in engine.run(requests, lambda r: r))
+        outputs = [getattr(res, "tokens", None) for res in decode_batched(session, requests)]
         wall = time.perf_counter() - t0
-        outputs = [getattr(done[id(r)], "tokens", None) for r in requests]
         cand = dataclasses.replace(winner, label=f"{winner.label} batch={b}", settings=settings,
                                    tau=None, speedup=round(base_wall / wall, 4) if wall > 0 else None,
                                    tokens_per_s=None, mismatches=_mismatches(outputs, reference, greedy))
@@ -269,7 +276,8 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
             skipped.append(f"{probe.label} (budget)")
             continue
         say(f"acceptance of {probe.label}")
-        candidates += probe_candidates(base, probe, requests, gammas, model, reference, greedy)
+        candidates += probe_candidates(base, probe, requests, gammas, model, reference, greedy,
+                                       session.target)
     candidates.sort(key=lambda c: (-c.predicted, c.label))
     default = next((c for c in candidates if with_settings(base, c.settings) == base), None)
     finalists = candidates[:top] + ([default] if default is not None and default not in candidates[:top] else [])
@@ -278,7 +286,7 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
             skipped.append(f"measuring {cand.label} (budget)")
             continue
         say(f"measuring {cand.label}")
-        _measure(base, cand, requests, base_wall, reference, greedy)
+        _measure(base, cand, requests, base_wall, reference, greedy, session.target)
     measured = [c for c in candidates if c.speedup is not None and c.mismatches == 0]
     winner = measured[0] if measured else candidates[0]
     fastest = max(measured, key=lambda c: c.speedup, default=winner)
@@ -287,7 +295,8 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     batching = base.task == "caption" and method_class(winner.method).batches
     if len(requests) > 1 and batching and not over():
         say("batch sizes")
-        for cand in _batch_candidates(base, winner, requests, base_wall, reference, greedy):
+        for cand in _batch_candidates(base, winner, requests, base_wall, reference, greedy,
+                                      target=session.target):
             candidates.append(cand)
             if cand.mismatches == 0 and cand.speedup > winner.speedup * (1 + margin):
                 winner = cand
