@@ -17,6 +17,7 @@ from vlmspec_cli.drafters.base import one_input, register
 from vlmspec_cli.drafters.draft_model import load_draft
 from vlmspec_cli.drafters.ensemble import EnsembleDrafter
 from vlmspec_cli.drafters.inputs import prefill_input
+from vlmspec_cli.drafters.retokenized import RetokenizedDrafter
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS, VIDEO_INPUTS
 from vlmspec_cli.runtime.adapters.base import cache_length
 from vlmspec_cli.runtime.draft import BatchDrafter, Draft
@@ -50,6 +51,9 @@ class ChainDrafter(EnsembleDrafter):
     @classmethod
     def from_profile(cls, profile, target, sampling, trace=None) -> "ChainDrafter":
         m = load_draft(profile, target)
+        if m.retokenized:     # a draft of another tokenizer proposes through text
+            return RetokenizedDrafter(m.draft, target, sampling, one_input(profile),
+                                      image_token=m.image_token, captioner=m.captioner)
         return cls(m.draft, sampling, one_input(profile), image_token=m.image_token,
                    captioner=m.captioner, trace=trace)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlmspec_cli.runtime.captioner import Captioner
-from vlmspec_cli.runtime.models import LoadedModel, check_compatible, load_model
+from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible, load_model,
+                                        load_tokenizer, tokenizer_mismatch)
 
 
 @dataclass
@@ -15,6 +16,7 @@ class DraftModels:
     captioner: Captioner | None
     inputs: list[str]          # the drafting inputs it reads requests through
     image_token: str | tuple[str, ...] | None   # the target's placeholder(s) in the prompt
+    retokenized: bool = False  # another tokenizer: proposals go through text (retokenized.py)
 
 
 def draft_model_names(profile) -> list[tuple[str, str | None]]:
@@ -31,19 +33,64 @@ def load_draft(profile, target: LoadedModel) -> DraftModels:
     image = profile.task == "image"
     video = profile.task == "video"
     inputs = ["text"] if image else list(profile.drafting.inputs)
+    # read before the draft's weights load where its tokenizer is on this machine
+    tokenizer = load_tokenizer(profile.draft, "draft")
+    retokenized = tokenizer is not None and _retokenized(profile, target, inputs, tokenizer)
     draft = load_model(profile.draft, "draft")
+    if tokenizer is None:
+        retokenized = _retokenized(profile, target, inputs, draft.tokenizer)
     if image:
         check_image_model(draft, "draft")
         draft.adapter = draft.adapter.with_guidance(profile.image.cfg)
-    check_compatible(target, draft,
+    check_compatible(target, draft, retokenized=retokenized,
                      needs_images=not video and bool({"multimodal", "pooled"} & set(inputs)))
+    if not retokenized:
+        fit_vocab(draft, target.vocab_size)
     if video and "multimodal" in inputs:
         _check_video_draft(target, draft)
     captioner = None
     if "caption" in inputs:
         captioner = Captioner(load_model(profile.captioner, "captioner"), profile.captioner.prompt,
                               profile.captioner.max_new_tokens)
-    return DraftModels(draft, captioner, inputs, target.adapter.image_token(target))
+    return DraftModels(draft, captioner, inputs, target.adapter.image_token(target), retokenized)
+
+
+def _retokenized(profile, target: LoadedModel, inputs: list[str], tokenizer) -> bool:
+    """Whether the draft's ``tokenizer`` differs from the target's: then only a chain
+    reading text can draft (through text, exactly); any other method or input is refused."""
+    reason = tokenizer_mismatch(target.tokenizer, tokenizer)
+    if reason is None:
+        return False
+    if profile.method == "chain" and profile.task != "image" and set(inputs) <= {"text", "caption"}:
+        return True
+    raise ModelLoadError(
+        f"draft '{profile.draft.model}' has another tokenizer than target '{target.name}' "
+        f"({reason}): its proposals can reach the target only as text, one chain at a time "
+        f"(method chain, drafting.inputs [text] or [caption]), not method '{profile.method}' "
+        f"with inputs {inputs}. Pick a draft with the target's tokenizer for that.")
+
+
+def fit_vocab(draft: LoadedModel, vocab_size: int) -> None:
+    """Give a draft of the target's tokenizer the target's vocabulary size. A larger head
+    (padding rows, extra tokens) is cut to the target's ids: q is then renormalised over
+    them, and that q is what the draft samples from and verification reads. A smaller
+    embedding table gains rows (the mean embedding) for the target's ids it lacks, so the
+    draft can read every committed token; its head still gives those ids q = 0
+    (verify.align_vocab)."""
+    import torch
+
+    head = draft.model.get_output_embeddings()
+    embed = draft.model.get_input_embeddings()
+    if head is not None and head.weight.shape[0] > vocab_size:
+        head.weight = torch.nn.Parameter(head.weight.detach()[:vocab_size].clone(),
+                                         requires_grad=False)
+        head.out_features = vocab_size
+    if embed.weight.shape[0] < vocab_size:
+        old = embed.weight.detach()
+        rows = old.mean(0, keepdim=True).expand(vocab_size - old.shape[0], -1)
+        grown = torch.nn.Embedding(vocab_size, old.shape[1], device=old.device, dtype=old.dtype)
+        grown.weight = torch.nn.Parameter(torch.cat([old, rows]), requires_grad=False)
+        draft.model.set_input_embeddings(grown)
 
 
 def check_image_model(lm: LoadedModel, role: str) -> None:

@@ -274,24 +274,50 @@ def load_hidden_head(name: str, target: LoadedModel):
     return head.to(target.device).eval()
 
 
-def check_compatible(target: LoadedModel, draft: LoadedModel, needs_images: bool) -> None:
-    """Fail before decoding when draft and target cannot speculate together."""
-    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+def tokenizer_mismatch(target_tokenizer, draft_tokenizer) -> str | None:
+    """Why a draft's token ids are not the target's (None when they are: the same
+    tokenizer, perhaps with fewer or more ids than the target's table)."""
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
     shared = set(t_vocab) & set(d_vocab)
     mismatched = [t for t in shared if t_vocab[t] != d_vocab[t]]
     missing = [t for t in d_vocab if t not in t_vocab]
     if mismatched or missing or len(shared) < 0.95 * len(t_vocab) - 512:
+        return (f"{len(mismatched)} tokens with different ids, {len(missing)} draft tokens "
+                "unknown to the target")
+    if target_tokenizer.eos_token_id != draft_tokenizer.eos_token_id:
+        return (f"end-of-sequence tokens differ ({draft_tokenizer.eos_token_id} vs "
+                f"{target_tokenizer.eos_token_id})")
+    return None
+
+
+def load_tokenizer(spec, role: str):
+    """The tokenizer of a model spec alone (no weights), from a local directory or the
+    local hub cache; None where only ``load_model`` can tell what is wrong."""
+    from transformers import AutoTokenizer
+
+    if not spec.model:
+        return None
+    try:
+        source = resolve_model_source(spec.model)
+        return AutoTokenizer.from_pretrained(source, local_files_only=True,
+                                             trust_remote_code=bool(spec.trust_remote_code),
+                                             **({"revision": spec.revision} if spec.revision else {}))
+    except (OSError, ValueError, TypeError, ModelLoadError):
+        return None
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel, needs_images: bool,
+                     retokenized: bool = False) -> None:
+    """Fail before decoding when draft and target cannot speculate together.
+    ``retokenized``: the draft's proposals reach the target as text (drafters/retokenized.py),
+    so its tokenizer may differ."""
+    reason = None if retokenized else tokenizer_mismatch(target.tokenizer, draft.tokenizer)
+    if reason is not None:
         raise ModelLoadError(
             f"draft '{draft.name}' and target '{target.name}' do not share a tokenizer "
-            f"({len(mismatched)} tokens with different ids, {len(missing)} draft tokens unknown "
-            "to the target). Speculative decoding needs the same vocabulary: pick a draft "
-            "trained with the target's tokenizer."
-        )
-    if target.tokenizer.eos_token_id != draft.tokenizer.eos_token_id:
-        raise ModelLoadError(
-            f"draft and target disagree on the end-of-sequence token "
-            f"({draft.tokenizer.eos_token_id} vs {target.tokenizer.eos_token_id}); pick a draft "
-            "with the target's tokenizer."
+            f"({reason}). Draft with the target's tokenizer, or use method chain with "
+            "drafting.inputs [text] or [caption]: its proposals are then re-tokenised "
+            "through text."
         )
     if needs_images:
         t_img = target.adapter.image_token_id(target)

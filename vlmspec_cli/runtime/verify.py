@@ -13,6 +13,10 @@ x_i and p_{n+1} the one after the whole chain.
   residual norm(max(0, p_i − q_i)); if every x_i is accepted, sample a bonus token from
   p_{n+1}. Each emitted token is then distributed exactly as p — the target's own
   sampling distribution — whatever q is.
+* A draft of another vocabulary: a head smaller than the target's has q = 0 on the ids it
+  lacks (``align_vocab``); a larger one is cut to the target's ids when it loads, so q is
+  renormalised over them and is what the draft samples from; a draft of another tokenizer
+  proposes re-tokenised text, verified as draws from a point mass (``point_mass``).
 
 Both branches return (number of accepted draft tokens, the token the target adds).
 """
@@ -81,6 +85,22 @@ def align_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
         return q[..., :vocab_size]
     pad = q.new_zeros(*q.shape[:-1], vocab_size - q.shape[-1])
     return torch.cat([q, pad], dim=-1)
+
+
+def point_mass(tokens: list[int], vocab_size: int) -> torch.Tensor:
+    """q_i = δ(x_i), (n, V): the draft distributions of proposals that are a function of
+    the draft's own randomness but have no q over the target's vocabulary (a draft with
+    another tokenizer, whose sampled text is re-tokenised for the target).
+
+    Speculative sampling is exact for *any* proposal law Q that does not depend on the
+    target's randomness, when the q handed to verification is a point mass on x:
+        P(accept x)  = min(1, p(x) / δ_x(x)) = p(x),
+        on rejection y ~ norm(max(0, p − δ_x)), i.e. p(y) / (1 − p(x)) for y ≠ x,
+    so  P(y) = Q(y) p(y) + Σ_{x≠y} Q(x) (1 − p(x)) · p(y) / (1 − p(x)) = p(y).
+    Each later position is the same argument conditioned on the accepted prefix."""
+    q = torch.zeros(len(tokens), vocab_size)
+    q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+    return q
 
 
 def verify_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
