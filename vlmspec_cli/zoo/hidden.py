@@ -18,7 +18,9 @@ agreement where the target itself is confident, HiViS' top-K filtering).
 
 ``python -m vlmspec_cli.zoo.hidden --target llava`` (or ``llava-deep``, ``video``, ``video-deep``) writes
 ``weights/tinyworld/<target>-hidden`` and a BUILD_REPORT.json with the acceptance the
-head reaches on fresh requests.
+head reaches on fresh requests. ``--target DIR_OR_HUB_ID SAMPLES... --out HEAD_DIR``
+trains one for any target vlmspec adapts, on the user's own images or videos
+(zoo/hidden_user.py).
 """
 
 from __future__ import annotations
@@ -61,8 +63,7 @@ def collect(lm, requests, answers, layer: int, bridge: bool = False) -> list[Exa
         prompt = lm.adapter.prompt_text(lm, req.messages)
         videos = {"videos": req.videos} if req.videos else {}
         inputs = lm.adapter.encode(lm, prompt, req.images or None, **videos)
-        tail = lm.tokenizer(" " + answer, add_special_tokens=False, return_tensors="pt")["input_ids"]
-        tail = torch.cat([tail, torch.tensor([[lm.tokenizer.eos_token_id]])], 1).to(lm.device)
+        tail = answer_ids(lm, answer)
         ids = torch.cat([inputs["input_ids"], tail], 1)
         inputs = dict(inputs, input_ids=ids)
         # 3-D positions (Qwen2.5-VL) for the longer sequence: let the model recompute them
@@ -93,6 +94,14 @@ def collect(lm, requests, answers, layer: int, bridge: bool = False) -> list[Exa
             ex = with_bridge(ex, ids[visual].cpu(), middle)
         out.append(ex)
     return out
+
+
+def answer_ids(lm, answer: str | list[int]) -> torch.Tensor:
+    """(1, n) ids of an answer: reference text (then EOS), or the target's own tokens."""
+    if not isinstance(answer, str):
+        return torch.tensor([answer], dtype=torch.long, device=lm.device)
+    tail = lm.tokenizer(" " + answer, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    return torch.cat([tail, torch.tensor([[lm.tokenizer.eos_token_id]])], 1).to(lm.device)
 
 
 def with_bridge(ex: Example, visual_ids: torch.Tensor, states: torch.Tensor) -> Example:
@@ -292,7 +301,16 @@ def build(name: str, examples: int, stage1: int, stage2: int, feedback: int, lay
 
 def main(argv=None) -> None:
     ap = arg_parser(__doc__.split("\n")[0], out=None)
-    ap.add_argument("--target", choices=sorted(TARGETS), default="llava")
+    ap.add_argument("--target", default="llava",
+                    help=f"a tinyworld target ({', '.join(sorted(TARGETS))}), or any model: a "
+                         "directory or hub id, trained on SAMPLES into --out")
+    ap.add_argument("samples", nargs="*", help="your target: images, folders, globs, - (stdin)")
+    ap.add_argument("--out", default=None, help="your target: the head's folder (new or empty)")
+    ap.add_argument("--force", action="store_true", help="replace a head already in --out")
+    ap.add_argument("--task", choices=("caption", "video"), default="caption")
+    ap.add_argument("--prompt", default=None, help="your target: the question asked of each sample")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--device", default="auto")
     ap.add_argument("--examples", type=int, default=1500)
     ap.add_argument("--stage1", type=int, default=600)
     ap.add_argument("--stage2", type=int, default=300)
@@ -304,6 +322,10 @@ def main(argv=None) -> None:
     ap.add_argument("--step-embeddings", type=int, default=None,
                     help="number of step embeddings (0: none; default feedback + 1)")
     args = parse_args(ap, argv, deterministic=False)
+    if args.target not in TARGETS:
+        from vlmspec_cli.zoo.hidden_user import train_user_head
+
+        raise SystemExit(train_user_head(args))
     build(args.target, args.examples, args.stage1, args.stage2, args.feedback, args.layer,
           seed=args.seed, save=not args.no_save, bridge=args.ivsb, max_steps=args.step_embeddings)
 
