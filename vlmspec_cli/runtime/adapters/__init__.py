@@ -9,8 +9,9 @@ from vlmspec_cli.runtime.adapters.janus import JanusAdapter
 from vlmspec_cli.runtime.adapters.llava import LlavaAdapter
 from vlmspec_cli.runtime.adapters.llava_next import LlavaNextAdapter
 from vlmspec_cli.runtime.adapters.qwen2_vl import Qwen2VLAdapter, Qwen25VLAdapter
+from vlmspec_cli.runtime.adapters.qwen3_vl import Qwen3VLAdapter
 
-_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), LlavaNextAdapter(), JanusAdapter(), Qwen25VLAdapter(), Qwen2VLAdapter(), CausalLMAdapter()]
+_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), LlavaNextAdapter(), JanusAdapter(), Qwen25VLAdapter(), Qwen2VLAdapter(), Qwen3VLAdapter(), CausalLMAdapter()]
 
 
 class UnsupportedModelError(ValueError):

@@ -42,6 +42,8 @@ class Qwen25VLAdapter(ModelAdapter):
     embeds_images = False     # visual inputs go through encode (3-D positions), not embeddings
     splits_layers = False     # the twig's trunk passes 1-D positions: not for 3-D rope
     quant_skip_modules = ("visual", ".*visual", "lm_head")
+    family = "Qwen2-VL family"            # how refusals name it
+    vision_defaults = _DEFAULTS           # when a model ships no preprocessor_config.json
 
     def image_token(self, lm) -> tuple[str, str]:
         """Both placeholders, image and video: the text drafting inputs replace whichever
@@ -65,7 +67,7 @@ class Qwen25VLAdapter(ModelAdapter):
         cached = getattr(lm, "_qwen_vision", None)
         if cached is not None:
             return cached
-        settings = dict(_DEFAULTS)
+        settings = dict(self.vision_defaults)
         path = Path(str(getattr(lm.model, "name_or_path", "")))
         try:
             from transformers import AutoImageProcessor
@@ -170,7 +172,7 @@ class Qwen25VLAdapter(ModelAdapter):
         placeholders are already replaced (a text prefill: 1-D positions, delta 0). Visual
         inputs go through ``encode`` (the multimodal input reads them there)."""
         if images:
-            raise ValueError(f"model '{lm.name}' (Qwen2-VL family) reads images through its own "
+            raise ValueError(f"model '{lm.name}' ({self.family}) reads images through its own "
                              "inputs, not embeddings (3-D positions): use drafting.inputs "
                              "[multimodal] or [text], not pooled or an ensemble of them")
         return super().prompt_embeds(lm, prompt, None, pool)

@@ -1,0 +1,246 @@
+"""Qwen3-VL (16 px patches, deepstack visual features in the first decoder layers,
+interleaved 3-D rope, videos written frame group by frame group with their timestamps):
+tiny random-weight models saved to folders and loaded by path.
+
+The adapter's inputs are HF's (image patches as Qwen2VLImageProcessor makes them, a video's
+prompt text as Qwen3VLProcessor writes it); target-only decoding equals generate() on
+images, a two-image message, a two-turn chat, a video and plain text; every method the
+family runs equals target-only at T = 0, with the target as its own draft (every proposal
+accepted) and with another random model; at T = 1 a chain's first tokens follow the
+target's distribution; what cannot be exact is refused with its reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from scipy.stats import chisquare
+
+from families import QWEN_FILES, QWEN_SOURCE, _save, check_cli_compare, check_hidden_head, check_offline_profile
+from test_lossless import reference
+from vlmspec_cli.profile import load_profile
+from vlmspec_cli.runtime.models import ModelLoadError
+from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+from vlmspec_cli.session import SessionError, build_session
+from vlmspec_cli.tasks.video_io import clip_from_arrays
+
+IMAGES = [((100, 60), (200, 30, 30)), ((64, 120), (20, 160, 60)), ((96, 96), (30, 40, 220))]
+_PIXELS = {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "patch_size": 16,
+           "temporal_patch_size": 2, "merge_size": 2, "resample": 3}
+
+
+def qwen3_vl(folder: Path, seed: int, layers: int = 2) -> Path:
+    """Qwen3-VL with the tinyworld Qwen tokenizer (<|image_pad|>, <|video_pad|>), a 2-layer
+    vision tower of 16 px patches feeding deepstack features to decoder layers 0 and 1, a
+    64-wide decoder of ``layers`` layers; its LM head scaled up so that T = 1 samples from a
+    peaked distribution. Image and video processor settings saved alongside."""
+    from transformers import AutoConfig, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    src = AutoConfig.from_pretrained(QWEN_SOURCE)
+    t = src.text_config
+    text = dict(vocab_size=t.vocab_size, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                max_position_embeddings=4096, bos_token_id=t.bos_token_id,
+                eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+                  num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=src.image_token_id,
+                           video_token_id=src.video_token_id,
+                           vision_start_token_id=src.vision_start_token_id,
+                           vision_end_token_id=src.vision_end_token_id)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(25)
+    _save(model, folder, tuple(f for f in QWEN_FILES if f != "preprocessor_config.json"))
+    (folder / "preprocessor_config.json").write_text(json.dumps(
+        {**_PIXELS, "image_processor_type": "Qwen2VLImageProcessor",
+         "size": {"shortest_edge": 1024, "longest_edge": 16384}}))
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(
+        {**_PIXELS, "video_processor_type": "Qwen3VLVideoProcessor",
+         "size": {"shortest_edge": 1024, "longest_edge": 4 * 64 * 64}}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3_vl")
+    return qwen3_vl(root / "target", seed=1), qwen3_vl(root / "draft", seed=2, layers=1)
+
+
+def _clip(frames: int = 5):
+    rng = np.random.default_rng(frames)
+    return clip_from_arrays(rng.integers(0, 255, (frames, 50, 70, 3), dtype=np.uint8), fps=2.0)
+
+
+def _requests() -> list[Request]:
+    """Two single images of different sizes, two images in one message, a two-turn chat
+    with an image in each turn, a video, plain text."""
+    imgs = [Image.new("RGB", size, colour) for size, colour in IMAGES]
+    singles = [Request([Message("user", "describe the image.", (im,))], max_new_tokens=8) for im in imgs[:2]]
+    pair = Request([Message("user", "compare them.", (imgs[0], imgs[2]))], max_new_tokens=8)
+    chat = Request([Message("user", "what is in this image?", (imgs[0],)),
+                    Message("assistant", "a red thing."),
+                    Message("user", "and in this one?", (imgs[1],))], max_new_tokens=8)
+    video = Request([Message("user", "what happens?", videos=(_clip(),))], max_new_tokens=8)
+    text = Request([Message("user", "say something.")], max_new_tokens=6)
+    return singles + [pair, chat, video, text]
+
+
+def _session(target, draft, method: str, *sets: str):
+    profile = load_profile("tinyworld-caption", [f"target.model={target}", f"draft.model={draft}",
+                                                 f"method={method}", *sets])
+    return build_session(profile)
+
+
+def test_inputs_are_the_processors(models):
+    """Image patches equal Qwen2VLImageProcessor's; a video's prompt is what
+    Qwen3VLProcessor writes for it (timestamps, one group per 2 frames) and its frames take
+    the video processor's size."""
+    from transformers import AutoImageProcessor, Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
+    from transformers.video_utils import VideoMetadata
+
+    target, _ = models
+    lm = _session(target, target, "none").target
+    imgs = [Image.new("RGB", size, colour) for size, colour in IMAGES]
+    hf = AutoImageProcessor.from_pretrained(target)(images=imgs, return_tensors="pt")
+    prompt = "USER: " + "<|vision_start|><|image_pad|><|vision_end|>" * 3 + "hi ASSISTANT:"
+    ours = lm.adapter.encode(lm, prompt, imgs)
+    assert torch.equal(ours["image_grid_thw"], hf["image_grid_thw"])
+    torch.testing.assert_close(ours["pixel_values"], hf["pixel_values"], rtol=0, atol=1e-6)
+
+    clip = _clip()
+    grid = lm.adapter.video_patches(lm, clip)[1]
+    h, w = smart_resize(5, 50, 70, temporal_factor=2, factor=32, min_pixels=1024, max_pixels=4 * 64 * 64)
+    assert grid.tolist() == [3, h // 16, w // 16]
+    fake = SimpleNamespace(video_processor=SimpleNamespace(merge_size=2, temporal_patch_size=2),
+                           vision_start_token="<|vision_start|>", vision_end_token="<|vision_end|>",
+                           video_token="<|video_pad|>",
+                           _calculate_timestamps=lambda *a: Qwen3VLProcessor._calculate_timestamps(None, *a))
+    meta = VideoMetadata(total_num_frames=5, fps=2.0, frames_indices=list(range(5)))
+    text = Qwen3VLProcessor.replace_video_token(fake, {"video_grid_thw": grid[None], "video_metadata": [meta]}, 0)
+    prompt = "USER: <|vision_start|><|video_pad|><|vision_end|>what? ASSISTANT:"
+    expected = lm.tokenizer(prompt.replace("<|video_pad|>", text))["input_ids"]
+    assert "<0.2 seconds>" in text and "<2.0 seconds>" in text
+    assert lm.adapter.encode(lm, prompt, None, videos=[clip])["input_ids"][0].tolist() == expected
+    assert lm.adapter.prompt_length(lm, prompt, None, [clip]) == len(expected)
+
+
+@pytest.fixture(scope="module")
+def target_only(models) -> list[list[int]]:
+    """Target-only tokens of each of ``_requests()``."""
+    session = _session(*models, "none")
+    return [session.engine.generate(req).tokens for req in _requests()]
+
+
+def test_target_only_equals_generate(models, target_only):
+    session = _session(*models, "none")
+    assert type(session.target.adapter).__name__ == "Qwen3VLAdapter"
+    for req, tokens in zip(_requests(), target_only):
+        assert tokens == reference(session.target, req)
+
+
+DRAFTED = [
+    ("chain", ["drafting.inputs=[multimodal]"]),
+    ("chain", ["drafting.inputs=[text]", "drafting.gamma=3"]),
+    ("chain", ["drafting.inputs=[caption]"]),      # images only: the captioner writes the caption
+    ("tabed", ["drafting.inputs=[multimodal]"]),
+    ("tree", ["drafting.inputs=[multimodal]", "tree.depth=3", "tree.top_k=2", "tree.total_tokens=6"]),
+]
+
+
+@pytest.mark.parametrize("method,sets", DRAFTED)
+@pytest.mark.parametrize("same_draft", [False, True])
+def test_methods_equal_target_only(models, target_only, method, sets, same_draft):
+    """The target as its own draft accepts every proposal (its visual inputs, deepstack
+    features and 3-D positions must match the target's for that); another random model
+    accepts few. Both decode target-only's tokens."""
+    target, draft = models
+    session = _session(target, target if same_draft else draft, method, *sets)
+    accepted = drafted = 0
+    for req, tokens in zip(_requests(), target_only):
+        if "caption" in sets[0] and req.videos:
+            continue
+        res = session.engine.generate(req)
+        assert res.tokens == tokens
+        accepted += res.state.stats.num_accepted_tokens
+        drafted += res.state.stats.num_draft_tokens
+    if same_draft and "multimodal" in sets[0] and method == "chain":
+        assert accepted == drafted > 0
+    if not same_draft:
+        assert accepted < drafted / 2
+
+
+def test_first_token_follows_target_distribution_at_t1(models):
+    """T = 1, chain with the random draft reading the image: the first generated token over
+    300 seeds matches softmax of the target's prefill logits (chi-square), and the same
+    counts reject the draft's own first-token distribution (so the check can fail)."""
+    target, draft = models
+    session = _session(target, draft, "chain", "drafting.inputs=[multimodal]", "drafting.gamma=2",
+                       "sampling.temperature=1")
+    image = Image.new("RGB", IMAGES[0][0], IMAGES[0][1])
+    msgs = [Message("user", "describe the image.", (image,))]
+
+    def first_token(lm):
+        prompt = lm.adapter.prompt_text(lm, msgs)
+        logits = lm.adapter.prefill(lm, lm.adapter.encode(lm, prompt, [image]), lm.adapter.new_cache(lm))
+        return probabilities(logits[0], SamplingParams(1.0))
+
+    exact, draft_p = first_token(session.target), first_token(session.draft)
+    n = 300
+    counts = torch.zeros_like(exact)
+    for seed in range(n):
+        counts[session.engine.generate(Request(msgs, max_new_tokens=2, seed=seed)).tokens[0]] += 1
+
+    def pvalue(p):
+        big = p * n >= 5
+        obs = torch.cat([counts[big], counts[~big].sum()[None]])
+        exp = torch.cat([p[big], p[~big].sum()[None]]) * n
+        return chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue
+
+    assert int((exact * n >= 5).sum()) >= 5
+    assert pvalue(exact) > 1e-3
+    assert pvalue(draft_p) < 1e-3
+
+
+def test_what_cannot_be_exact_is_refused(models):
+    target, draft = models
+    session = _session(target, draft, "tabed", "drafting.inputs=[multimodal,text]")
+    with pytest.raises(ValueError, match="one input at a time"):
+        session.engine.generate(_requests()[0])
+    session = _session(target, target, "chain", "drafting.inputs=[pooled]")
+    with pytest.raises(ValueError, match="Qwen3-VL.*not embeddings"):
+        session.engine.generate(_requests()[0])
+    one_frame = Request([Message("user", "what?", videos=(_clip(1),))], max_new_tokens=2)
+    with pytest.raises(ValueError, match="at least 2 frames"):
+        session.engine.generate(one_frame)
+    with pytest.raises(SessionError, match="3-D rope"):
+        _session(target, draft, "twig", "twig.model=none", "twig.layers=1")
+    with pytest.raises(SessionError, match="one request at a time"):
+        _session(target, draft, "chain", "generation.batch_size=2")
+    with pytest.raises((ModelLoadError, SessionError), match="q_norm, k_norm"):
+        _session(target, draft, "chain", "runtime.fast_path=on")
+    assert "q_norm" in _session(target, draft, "chain").fast_path_summary()
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_hidden_head_equals_target_only(models, tmp_path, tree):
+    check_hidden_head(models[0], models[1], tmp_path, tree, _session, _requests())
+
+
+def test_cli_caption_compare_by_path(models, tmp_path):
+    check_cli_compare(models[0], models[1], tmp_path, (100, 60))
+
+
+def test_real_model_profile_fails_with_one_clear_line_offline(tmp_path):
+    check_offline_profile("qwen3-vl-8b", "Qwen/Qwen3-VL-8B-Instruct", tmp_path)
