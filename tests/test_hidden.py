@@ -113,7 +113,7 @@ def _check_text_only_cache(engine, corpus, fast: bool) -> None:
 
 def test_untrained_head_is_still_lossless(zoo_target, corpus):
     """Losslessness never depends on the head's quality: a random head, same outputs."""
-    from vlmspec_cli.zoo.hidden import new_head
+    from vlmspec_cli.zoo.hidden_train import new_head
 
     head = new_head(zoo_target, -1, max_steps=2, seed=3).eval()
     engine = _engine(zoo_target, head, gamma=3)

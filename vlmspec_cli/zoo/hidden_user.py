@@ -85,7 +85,7 @@ def train_user_head(args) -> int:
     """The ``--target DIR`` mode of zoo/hidden.py; returns the exit code."""
     from vlmspec_cli.profile import ModelSpec
     from vlmspec_cli.runtime.models import ModelLoadError, load_model
-    from vlmspec_cli.zoo.hidden import collect, frozen_io, measure, new_head, train_head
+    from vlmspec_cli.zoo.hidden_train import collect, frozen_io, measure, new_head, train_head
 
     out = Path(args.out) if args.out else None
     try:
