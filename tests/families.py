@@ -179,3 +179,40 @@ def check_offline_profile(profile: str, hub_id: str, folder: Path) -> None:
         cli, ["caption", str(_shot(folder, (40, 24))), "--profile", profile, "-q"])
     assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert hub_id in res.stderr and "unreachable" in res.stderr
+
+
+# ------------------------------------------------------------------ T > 0 on a family
+def first_token_law(lm, messages, images, sampling) -> torch.Tensor:
+    """The model's exact distribution of the first generated token (its prefill logits,
+    warped by ``sampling``)."""
+    from vlmspec_cli.runtime.verify import probabilities
+
+    prompt = lm.adapter.prompt_text(lm, messages)
+    logits = lm.adapter.prefill(lm, lm.adapter.encode(lm, prompt, list(images) or None),
+                                lm.adapter.new_cache(lm))
+    return probabilities(logits[0].float(), sampling).cpu()
+
+
+def check_first_token_law(session, messages, images, runs: int = 300) -> None:
+    """T > 0: the first token of ``runs`` seeded speculative decodes follows the target's
+    exact law (chi-square over the tokens with at least 5 expected draws, the rest pooled);
+    the same counts reject the draft's own law, so the check can fail."""
+    from scipy.stats import chisquare
+
+    from vlmspec_cli.runtime.request import Request
+
+    exact = first_token_law(session.target, messages, images, session.sampling)
+    draft = first_token_law(session.draft, messages, images, session.sampling)
+    assert int((exact * runs >= 5).sum()) >= 5, "too flat or too peaked a law to test: set the temperature"
+    counts = torch.zeros_like(exact)
+    for seed in range(runs):
+        counts[session.engine.generate(Request(messages, max_new_tokens=2, seed=seed)).tokens[0]] += 1
+
+    def pvalue(p):
+        big = p * runs >= 5
+        obs = torch.cat([counts[big], counts[~big].sum()[None]])
+        exp = torch.cat([p[big], p[~big].sum()[None]]) * runs
+        return chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue
+
+    assert pvalue(exact) > 1e-3
+    assert pvalue(draft) < 1e-3

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from families import check_cli_compare, check_hidden_head, check_offline_profile, llava_next
+from families import (check_cli_compare, check_first_token_law, check_hidden_head, check_offline_profile,
+                      llava_next)
 from test_lossless import reference
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
@@ -80,6 +81,16 @@ def test_pooled_drafting_is_refused_with_a_reason(models):
     session = _session(target, target, "chain", "drafting.inputs=[pooled]")
     with pytest.raises(ValueError, match="anyres"):
         session.engine.generate(_requests()[0])
+
+
+def test_first_token_follows_the_target_law_at_t_above_0(models):
+    """Speculative sampling on the family: at T = 0.03 the random model's law has about 10
+    tokens of 5+ expected draws in 300."""
+    target, draft = models
+    session = _session(target, draft, "chain", "drafting.inputs=[multimodal]", "drafting.gamma=2",
+                       "sampling.temperature=0.03")
+    image = Image.new("RGB", *IMAGES[0])
+    check_first_token_law(session, [Message("user", "describe the image.", (image,))], [image])
 
 
 @pytest.mark.parametrize("tree", [False, True])

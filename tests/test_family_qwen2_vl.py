@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from families import check_cli_compare, check_hidden_head, check_offline_profile, qwen2_5_vl, qwen2_vl
+from families import (check_cli_compare, check_first_token_law, check_hidden_head, check_offline_profile,
+                      qwen2_5_vl, qwen2_vl)
 from test_lossless import reference
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
@@ -81,6 +82,16 @@ def test_what_cannot_be_exact_is_refused(models):
         _session(target, draft, "twig", "twig.model=none", "twig.layers=1")
     with pytest.raises(SessionError, match="one request at a time"):
         _session(target, draft, "chain", "generation.batch_size=2")
+
+
+def test_first_token_follows_the_target_law_at_t_above_0(models):
+    """Speculative sampling on the family (the draft reads the image with its own 3-D
+    positions); at T = 0.1 the random model's law has 7-8 tokens of 5+ expected draws."""
+    _, target, draft = models
+    session = _session(target, draft, "chain", "drafting.inputs=[multimodal]", "drafting.gamma=2",
+                       "sampling.temperature=0.1")
+    image = Image.new("RGB", *IMAGES[0])
+    check_first_token_law(session, [Message("user", "describe the image.", (image,))], [image])
 
 
 @pytest.mark.parametrize("tree", [False, True])
