@@ -8,11 +8,12 @@ from vlmspec_cli.runtime.adapters.image_to_text import ImageToTextAdapter
 from vlmspec_cli.runtime.adapters.janus import JanusAdapter
 from vlmspec_cli.runtime.adapters.llava import LlavaAdapter
 from vlmspec_cli.runtime.adapters.llava_next import LlavaNextAdapter
+from vlmspec_cli.runtime.adapters.llava_onevision import LlavaOnevisionAdapter
 from vlmspec_cli.runtime.adapters.mistral3 import Mistral3Adapter
 from vlmspec_cli.runtime.adapters.qwen2_vl import Qwen2VLAdapter, Qwen25VLAdapter
 from vlmspec_cli.runtime.adapters.qwen3_vl import Qwen3VLAdapter
 
-_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), LlavaNextAdapter(), JanusAdapter(), Qwen25VLAdapter(), Qwen2VLAdapter(), Qwen3VLAdapter(), Mistral3Adapter(), CausalLMAdapter()]
+_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), LlavaNextAdapter(), JanusAdapter(), Qwen25VLAdapter(), Qwen2VLAdapter(), Qwen3VLAdapter(), Mistral3Adapter(), LlavaOnevisionAdapter(), CausalLMAdapter()]
 
 
 class UnsupportedModelError(ValueError):
