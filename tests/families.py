@@ -193,10 +193,11 @@ def first_token_law(lm, messages, images, sampling) -> torch.Tensor:
     return probabilities(logits[0].float(), sampling).cpu()
 
 
-def check_first_token_law(session, messages, images, runs: int = 300) -> None:
+def check_first_token_law(session, messages, images, runs: int = 300) -> int:
     """T > 0: the first token of ``runs`` seeded speculative decodes follows the target's
     exact law (chi-square over the tokens with at least 5 expected draws, the rest pooled);
-    the same counts reject the draft's own law, so the check can fail."""
+    the same counts reject the draft's own law, so the check can fail. Returns how many
+    proposals were rejected (the residual path ran that often)."""
     from scipy.stats import chisquare
 
     from vlmspec_cli.runtime.request import Request
@@ -205,8 +206,11 @@ def check_first_token_law(session, messages, images, runs: int = 300) -> None:
     draft = first_token_law(session.draft, messages, images, session.sampling)
     assert int((exact * runs >= 5).sum()) >= 5, "too flat or too peaked a law to test: set the temperature"
     counts = torch.zeros_like(exact)
+    rejected = 0
     for seed in range(runs):
-        counts[session.engine.generate(Request(messages, max_new_tokens=2, seed=seed)).tokens[0]] += 1
+        res = session.engine.generate(Request(messages, max_new_tokens=2, seed=seed))
+        counts[res.tokens[0]] += 1
+        rejected += res.state.stats.num_draft_tokens - res.state.stats.num_accepted_tokens
 
     def pvalue(p):
         big = p * runs >= 5
@@ -216,3 +220,4 @@ def check_first_token_law(session, messages, images, runs: int = 300) -> None:
 
     assert pvalue(exact) > 1e-3
     assert pvalue(draft) < 1e-3
+    return rejected
