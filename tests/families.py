@@ -221,3 +221,41 @@ def check_first_token_law(session, messages, images, runs: int = 300) -> int:
     assert pvalue(exact) > 1e-3
     assert pvalue(draft) < 1e-3
     return rejected
+
+
+# ------------------------------------------------------------------ shared by the family tests
+def image_requests(specs, max_new_tokens: int, chat_images: tuple[int, int] = (0, 1)) -> list:
+    """One request per ``(size, colour)`` image of ``specs``, then a two-turn chat with the
+    images ``chat_images`` (one per turn)."""
+    from PIL import Image
+
+    from vlmspec_cli.runtime.request import Message, Request
+
+    imgs = [Image.new("RGB", size, colour) for size, colour in specs]
+    singles = [Request([Message("user", "describe the image.", (im,))], max_new_tokens=max_new_tokens)
+               for im in imgs]
+    first, second = chat_images
+    chat = Request([Message("user", "what is in this image?", (imgs[first],)),
+                    Message("assistant", "a red thing."),
+                    Message("user", "and in this one?", (imgs[second],))], max_new_tokens=max_new_tokens)
+    return singles + [chat]
+
+
+def family_session(target, draft, method: str, *sets: str):
+    """A caption session of the default profile with this target, draft and method."""
+    from vlmspec_cli.profile import load_profile
+    from vlmspec_cli.session import build_session
+
+    return build_session(load_profile("tinyworld-caption", [
+        f"target.model={target}", f"draft.model={draft}", f"method={method}", *sets]))
+
+
+# the methods with a draft model that families with embedded images run (LLaVA-like)
+DRAFTED = [
+    ("chain", ["drafting.inputs=[multimodal]"]),
+    ("chain", ["drafting.inputs=[text]", "drafting.gamma=3"]),
+    ("chain", ["drafting.inputs=[caption]"]),      # the tinyworld captioner writes the caption
+    ("tabed", ["drafting.inputs=[multimodal,text]"]),
+    ("tree", ["drafting.inputs=[multimodal]", "tree.depth=3", "tree.top_k=2", "tree.total_tokens=6"]),
+]
+TWIG = ("twig", ["twig.model=none", "twig.layers=1"])   # drafts from the target: no draft model

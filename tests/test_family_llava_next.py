@@ -9,12 +9,10 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from families import (check_cli_compare, check_first_token_law, check_hidden_head, check_offline_profile,
-                      llava_next)
+from families import (DRAFTED, TWIG, check_cli_compare, check_first_token_law, check_hidden_head,
+                      check_offline_profile, family_session, image_requests, llava_next)
 from test_lossless import reference
-from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.session import build_session
 
 IMAGES = [((50, 30), (200, 30, 30)), ((40, 70), (20, 160, 60)), ((64, 64), (30, 40, 220))]
 
@@ -26,18 +24,10 @@ def models(tmp_path_factory):
 
 
 def _requests() -> list[Request]:
-    imgs = [Image.new("RGB", size, colour) for size, colour in IMAGES]
-    singles = [Request([Message("user", "describe the image.", (im,))], max_new_tokens=12) for im in imgs]
-    chat = Request([Message("user", "what is in this image?", (imgs[0],)),
-                    Message("assistant", "a red thing."),
-                    Message("user", "and in this one?", (imgs[1],))], max_new_tokens=12)
-    return singles + [chat]
+    return image_requests(IMAGES, 12)
 
 
-def _session(target, draft, method: str, *sets: str):
-    profile = load_profile("tinyworld-caption", [f"target.model={target}", f"draft.model={draft}",
-                                                 f"method={method}", *sets])
-    return build_session(profile)
+_session = family_session
 
 
 def test_target_only_equals_generate(models):
@@ -48,14 +38,6 @@ def test_target_only_equals_generate(models):
         assert session.engine.generate(req).tokens == reference(session.target, req)
 
 
-DRAFTED = [
-    ("chain", ["drafting.inputs=[multimodal]"]),
-    ("chain", ["drafting.inputs=[text]", "drafting.gamma=3"]),
-    ("chain", ["drafting.inputs=[caption]"]),      # the tinyworld captioner writes the caption
-    ("tabed", ["drafting.inputs=[multimodal,text]"]),
-    ("tree", ["drafting.inputs=[multimodal]", "tree.depth=3", "tree.top_k=2", "tree.total_tokens=6"]),
-]
-TWIG = ("twig", ["twig.model=none", "twig.layers=1"])   # drafts from the target: no draft model
 
 
 @pytest.mark.parametrize("method,sets,same_draft",

@@ -16,8 +16,8 @@ import torch
 from PIL import Image
 
 import videofiles
-from families import (_save, _tokenizer, check_cli_compare, check_first_token_law, check_hidden_head,
-                      check_offline_profile)
+from families import (DRAFTED, TWIG, _save, _tokenizer, check_cli_compare, check_first_token_law,
+                      check_hidden_head, check_offline_profile, image_requests)
 from test_lossless import reference
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
@@ -82,12 +82,7 @@ def _clip(n: int, size=(40, 24), colour=(255, 0, 0)):
 
 
 def _requests() -> list[Request]:
-    imgs = [Image.new("RGB", size, colour) for size, colour in IMAGES]
-    singles = [Request([Message("user", "describe the image.", (im,))], max_new_tokens=8) for im in imgs]
-    chat = Request([Message("user", "what is in this image?", (imgs[0],)),
-                    Message("assistant", "a red thing."),
-                    Message("user", "and in this one?", (imgs[2],))], max_new_tokens=8)
-    return singles + [chat]
+    return image_requests(IMAGES, 8, chat_images=(0, 2))
 
 
 def _video_requests() -> list[Request]:
@@ -167,14 +162,6 @@ def test_chat_template_read_from_the_checkout(models, tmp_path):
     assert prompt == "USER: <video>\ndescribe the video. ASSISTANT:"
 
 
-DRAFTED = [
-    ("chain", ["drafting.inputs=[multimodal]"]),
-    ("chain", ["drafting.inputs=[text]", "drafting.gamma=3"]),
-    ("chain", ["drafting.inputs=[caption]"]),      # the tinyworld captioner writes the caption
-    ("tabed", ["drafting.inputs=[multimodal,text]"]),
-    ("tree", ["drafting.inputs=[multimodal]", "tree.depth=3", "tree.top_k=2", "tree.total_tokens=6"]),
-]
-TWIG = ("twig", ["twig.model=none", "twig.layers=1"])   # drafts from the target: no draft model
 
 
 def _equal_to_target_only(session, requests, expected, same_draft: bool) -> None:
