@@ -65,7 +65,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg, temperature,
                    seed, device, fast_path, compile_steps, heatmap, force, skip_existing, as_json, compare, dry_run, quiet):
     """Generate images from text prompts with an autoregressive image-token model
-    (Janus family), drafted speculatively: lossless unless acceptance is relaxed.
+    (Janus or Emu3 family), drafted speculatively: lossless unless acceptance is relaxed.
 
     Each image's tokens are decoded in raster order and turned into pixels by the
     model's VQ decoder. Paths (or --json records) go to stdout; progress per image

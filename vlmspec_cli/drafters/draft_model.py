@@ -96,7 +96,7 @@ def fit_vocab(draft: LoadedModel, vocab_size: int) -> None:
 def check_image_model(lm: LoadedModel, role: str) -> None:
     if not getattr(lm.adapter, "generates_images", False):
         raise ValueError(f"{role} model '{lm.name}' does not generate images (generate-image "
-                         "needs a Janus-family model, e.g. zoo:tinyworld/janus-target)")
+                         "needs a Janus or Emu3 model, e.g. zoo:tinyworld/janus-target)")
 
 
 def _check_video_draft(target: LoadedModel, draft: LoadedModel) -> None:

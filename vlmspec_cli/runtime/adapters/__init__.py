@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vlmspec_cli.runtime.adapters.base import ModelAdapter
 from vlmspec_cli.runtime.adapters.causal_lm import CausalLMAdapter
+from vlmspec_cli.runtime.adapters.emu3 import Emu3Adapter
 from vlmspec_cli.runtime.adapters.image_to_text import ImageToTextAdapter
 from vlmspec_cli.runtime.adapters.janus import JanusAdapter
 from vlmspec_cli.runtime.adapters.llava import LlavaAdapter
@@ -13,7 +14,7 @@ from vlmspec_cli.runtime.adapters.mistral3 import Mistral3Adapter
 from vlmspec_cli.runtime.adapters.qwen2_vl import Qwen2VLAdapter, Qwen25VLAdapter
 from vlmspec_cli.runtime.adapters.qwen3_vl import Qwen3VLAdapter
 
-_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), LlavaNextAdapter(), JanusAdapter(), Qwen25VLAdapter(), Qwen2VLAdapter(), Qwen3VLAdapter(), Mistral3Adapter(), LlavaOnevisionAdapter(), CausalLMAdapter()]
+_ADAPTERS: list[ModelAdapter] = [LlavaAdapter(), LlavaNextAdapter(), JanusAdapter(), Qwen25VLAdapter(), Qwen2VLAdapter(), Qwen3VLAdapter(), Mistral3Adapter(), LlavaOnevisionAdapter(), Emu3Adapter(), CausalLMAdapter()]
 
 
 class UnsupportedModelError(ValueError):
