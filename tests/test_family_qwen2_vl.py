@@ -103,5 +103,7 @@ def test_cli_caption_compare_by_path(models, tmp_path):
     check_cli_compare(models[-2], models[-1], tmp_path, (40, 24))
 
 
-def test_real_model_profile_fails_with_one_clear_line_offline(tmp_path):
-    check_offline_profile("qwen25-vl-7b", "Qwen/Qwen2.5-VL-7B-Instruct", tmp_path)
+@pytest.mark.parametrize("profile,hub_id", [("qwen25-vl-7b", "Qwen/Qwen2.5-VL-7B-Instruct"),
+                                            ("qwen2-vl-7b", "Qwen/Qwen2-VL-7B-Instruct")])
+def test_real_model_profile_fails_with_one_clear_line_offline(tmp_path, profile, hub_id):
+    check_offline_profile(profile, hub_id, tmp_path)
