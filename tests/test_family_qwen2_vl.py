@@ -1,12 +1,15 @@
 """Qwen2-VL and Qwen2.5-VL on still images (3-D rope positions; a draft of the family reads
 images through its own inputs): tiny random-weight models saved to folders and loaded by
 path. Target-only decoding equals transformers' generate(); chain M and T and draft trees
-equal target-only at T = 0 on images of different sizes and a two-image chat; what cannot
-be exact yet (ensembles of image inputs, the twig, batches) is refused with its reason."""
+equal target-only at T = 0 on images of different sizes and a two-image chat, and so does
+the twig (layer-skip) on those and a video; what cannot be exact yet (ensembles of image
+inputs, batches) is refused with its reason."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from families import (check_cli_compare, check_first_token_law, check_hidden_head, check_offline_profile,
@@ -15,6 +18,7 @@ from test_lossless import reference
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import SessionError, build_session
+from vlmspec_cli.tasks.video_io import clip_from_arrays
 
 IMAGES = [((40, 24), (200, 30, 30)), ((32, 56), (20, 160, 60)), ((48, 48), (30, 40, 220))]
 FAMILIES = {"qwen2_5_vl": qwen2_5_vl, "qwen2_vl": qwen2_vl}
@@ -78,10 +82,35 @@ def test_what_cannot_be_exact_is_refused(models):
     session = _session(target, draft, "tabed", "drafting.inputs=[multimodal,text]")
     with pytest.raises(ValueError, match="one input at a time"):
         session.engine.generate(_requests()[0])
-    with pytest.raises(SessionError, match="3-D rope"):
-        _session(target, draft, "twig", "twig.model=none", "twig.layers=1")
     with pytest.raises(SessionError, match="one request at a time"):
         _session(target, draft, "chain", "generation.batch_size=2")
+
+
+def test_twig_layer_skip_equals_target_only(models):
+    """The twig without trained weights (twig.model=none: layers[:1] + the target's own head
+    draft) runs the target's layers in two parts at the prompt's 3-D positions, later
+    tokens at their 1-D position + the prompt's rope delta: its prefill logits are the
+    target's, and its tokens equal target-only on two images of different sizes, a
+    two-image chat and a video. Qwen2.5-VL decodes on the fast path's static segments,
+    Qwen2-VL over transformers' cache (runtime.fast_path=off)."""
+    family, target, draft = models
+    fast = "auto" if family == "qwen2_5_vl" else "off"
+    session = _session(target, draft, "twig", "twig.model=none", "twig.layers=1",
+                       f"runtime.fast_path={fast}")
+    baseline = session.baseline_engine()
+    frames = np.random.default_rng(4).integers(0, 255, (4, 28, 42, 3), dtype=np.uint8)
+    video = Request([Message("user", "what happens?", videos=(clip_from_arrays(frames, 2.0),))],
+                    max_new_tokens=10)
+    drafted = 0
+    singles, chat = _requests()[:2], _requests()[3]
+    for req in singles + [chat, video]:
+        torch.testing.assert_close(session.engine.start(req).target_next_logits,
+                                   baseline.start(req).target_next_logits, rtol=0, atol=1e-4)
+        res = session.engine.generate(req)
+        assert res.tokens == baseline.generate(req).tokens
+        drafted += res.state.stats.num_draft_tokens
+    assert type(res.state.target_cache).__name__ == ("SegmentedCache" if fast == "auto" else "DynamicCache")
+    assert drafted > 0
 
 
 def test_first_token_follows_the_target_law_at_t_above_0(models):

@@ -65,6 +65,7 @@ class TwigState:
     verified_start: int = 0                      # position of its first row
     unread: torch.Tensor | None = None           # committed X^(K) the twig has not read yet
     pruning: dict | None = None                  # what pruning kept (for the record)
+    rope_delta: int | None = None                # 3-D rope: the prompt's delta (trunk.PromptRun)
 
 
 def select_visual_rows(attention: torch.Tensor, visual: torch.Tensor, keep: int) -> torch.Tensor:
@@ -173,13 +174,13 @@ class TwigDrafter(DraftingMethod):
         """Prompt → layers[:K] → (twig, for the first draft) and → layers[K:] (pruned as
         planned) for the target's first-token logits."""
         lm, split = self.target, self.split
-        embeds, visual = lm.adapter.prompt_embeds(lm, state.prompt, state.request.images or None)
-        positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
+        run = split.prompt(state.prompt, state.request.images, state.request.videos)
+        positions, visual = run.positions, run.visual
         # the prompt goes through the layers in parts (pruning between them), over a
         # transformers cache; static_cache below moves it to the fast path's buffers
         state.target_cache = lm.adapter.new_cache(lm, static=False)
-        hidden_k = split.lower(embeds, positions, state.target_cache)
-        st = TwigState(twig_cache=None)
+        hidden_k = split.lower(run.embeds, positions, state.target_cache, run.add_after)
+        st = TwigState(twig_cache=None, rope_delta=run.rope_delta)
         attention = None
         if self.twig is not None:
             st.twig_cache = DynamicCache(config=self.twig.config)
@@ -190,7 +191,7 @@ class TwigDrafter(DraftingMethod):
             st.next_logits = split.head(hidden_k[:, -1:])[0, -1]
         keep_from, st.pruning = self._prune_rows(attention, visual)
         state.target_next_logits = split.upper(hidden_k, positions, state.target_cache,
-                                               keep_from)[0, -1]
+                                               keep_from, run.add_after)[0, -1]
         # on the fast path every later forward writes into static buffers (trunk.py)
         state.target_cache = split.static_cache(state.target_cache, keep_from)
         fast = None
@@ -222,7 +223,7 @@ class TwigDrafter(DraftingMethod):
             self._lower(st, state, feed[len(have):])
         states = st.lowered_states
         start = int(cache.get_seq_length(0)) - len(feed)
-        positions = torch.arange(start, start + len(feed), device=self.target.device)[None]
+        positions = split.positions(start, len(feed), st.rope_delta)
         st.verified_states, st.verified_start = states, start
         st.lowered, st.lowered_states = None, None
         return split.upper(states, positions, cache)
@@ -265,7 +266,8 @@ class TwigDrafter(DraftingMethod):
             h = torch.cat([st.unread, h], 1)
             st.unread = None
         # the twig's cache holds every token it read, so its length is the next position
-        positions = split.next_positions(st.twig_cache, h.shape[1], self.target.device)
+        positions = split.positions(int(st.twig_cache.get_seq_length(0)), h.shape[1],
+                                    st.rope_delta)
         logits, _ = self._twig_forward(st, h, positions)
         return logits[0, -1]
 
@@ -273,7 +275,8 @@ class TwigDrafter(DraftingMethod):
         """X^(K) of new tokens: the shared layers[:K] (writing the target's cache), kept
         until verification runs layers[K:] on them."""
         split, cache = self.split, state.target_cache
-        positions = split.next_positions(cache, len(tokens), self.target.device)
+        # layer 0 is never pruned: its cache length is the number of tokens before them
+        positions = split.positions(int(cache.get_seq_length(0)), len(tokens), st.rope_delta)
         h = split.lower(split.embed_tokens(tokens), positions, cache)
         st.lowered = (st.lowered or []) + tokens
         st.lowered_states = h if st.lowered_states is None else torch.cat([st.lowered_states, h], 1)

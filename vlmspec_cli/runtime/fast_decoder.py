@@ -33,7 +33,7 @@ from vlmspec_cli.runtime.static_cache import StaticKVCache
 
 # the text decoders it runs; Qwen2-VL / Qwen2.5-VL's rotary module folds their 3-D
 # (time, height, width) positions into ordinary cos/sin, so their decoders qualify too
-FAST_FAMILIES = ("llama", "mistral", "qwen2", "qwen2_vl_text", "qwen2_5_vl_text")
+FAST_FAMILIES = ("llama", "mistral", "qwen2", "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text")
 
 
 def reason_unsupported(lm) -> str | None:
@@ -209,12 +209,16 @@ class FastDecoder:
 
 def project_qkv(layer, h: torch.Tensor, head_dim: int, cos, sin):
     """A layer's input norm and q/k/v projections of h (B, n, H), as (B, heads, n, head_dim),
-    rotary applied to q and k (cos/sin broadcast over heads)."""
+    rotary applied to q and k (cos/sin broadcast over heads). Qwen3-family attention
+    normalises each head's queries and keys (``q_norm``, ``k_norm``) before the rotary."""
     batch, n, _ = h.shape
     attn = layer.self_attn
     x = layer.input_layernorm(h)
-    q = attn.q_proj(x).view(batch, n, -1, head_dim).transpose(1, 2)
-    k = attn.k_proj(x).view(batch, n, -1, head_dim).transpose(1, 2)
+    q = attn.q_proj(x).view(batch, n, -1, head_dim)
+    k = attn.k_proj(x).view(batch, n, -1, head_dim)
+    if getattr(attn, "q_norm", None) is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
     v = attn.v_proj(x).view(batch, n, -1, head_dim).transpose(1, 2)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 

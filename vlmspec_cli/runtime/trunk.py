@@ -14,6 +14,14 @@ forward masks causally against that layer's own cache length. A DynamicCache cro
 negative count removes that many entries from every layer, which stays right because
 every layer receives the same new (text) tokens after the prompt.
 
+Models with 3-D rotary positions (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) run the same
+way at the positions their own forward uses: the prompt's come from the adapter's
+``encode`` (``get_rope_index``), each later token sits at its 1-D position + the prompt's
+rope delta, expanded to (3, 1, n); the model's rotary module turns either into cos/sin.
+The prompt's embeddings are the ones the model's own forward hands its text decoder
+(visual features in place), and Qwen3-VL's "deepstack" visual features are added to the
+hidden states after the first layers at the visual rows, as its decoder does.
+
 On the fast path (``lm.fast``) the prompt is still prefilled this way, over a
 ``DynamicCache``; its layers are then moved into a ``SegmentedCache``: one
 ``StaticKVCache`` per run of layers that hold the same rows (the trunk, and the rest
@@ -22,6 +30,8 @@ with ``FastDecoder.run_segment``, writing in place.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,29 +53,76 @@ def layer_cache_length(cache, layer) -> int:
 
 
 def run_layers(layers, rotary, hidden: torch.Tensor, positions: torch.Tensor, cache,
-               keep_from: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+               keep_from: dict[int, torch.Tensor] | None = None,
+               add_after: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
     """Run decoder ``layers`` (a sequence; each writes to ``cache`` at its own layer_idx) on
-    ``hidden`` (1, q, H) at true ``positions`` (1, q).
+    ``hidden`` (1, q, H) at true ``positions``: (1, q), or (3, 1, q) for 3-D rope.
 
     ``keep_from``: {i: bool mask over the q input rows}: before the i-th of these layers,
-    keep only the rows the mask marks (masks are nested: later ones keep fewer). Returns
-    the hidden states of the rows that reach the end."""
+    keep only the rows the mask marks (masks are nested: later ones keep fewer).
+    ``add_after``: {i: (1, q, H)}: added to the hidden states of the rows still there after
+    the i-th layer (Qwen3-VL's deepstack features, zero off the visual rows). Returns the
+    hidden states of the rows that reach the end."""
     rows = torch.arange(hidden.shape[1], device=hidden.device)
     pe = None
     masks: dict[int, torch.Tensor | None] = {}
     for i, layer in enumerate(layers):
         if keep_from and i in keep_from:
             sel = keep_from[i].to(hidden.device)[rows]
-            hidden, positions, rows, pe = hidden[:, sel], positions[:, sel], rows[sel], None
+            hidden, positions, rows, pe = hidden[:, sel], positions[..., sel], rows[sel], None
             masks = {}
         if pe is None:
             pe = rotary(hidden, positions)
         past = layer_cache_length(cache, layer)
         if past not in masks:
             masks[past] = chunk_mask(hidden.shape[1], past, hidden.dtype, hidden.device)
-        hidden = layer(hidden, attention_mask=masks[past], position_ids=positions,
+        # 3-D positions go in through cos/sin only (as the model's own decoder passes them)
+        hidden = layer(hidden, attention_mask=masks[past],
+                       position_ids=positions if positions.dim() == 2 else None,
                        past_key_values=cache, use_cache=True, position_embeddings=pe)
+        if add_after and i in add_after:
+            hidden = hidden + add_after[i].to(hidden.device, hidden.dtype)[:, rows]
     return hidden
+
+
+@dataclass
+class PromptRun:
+    """The prompt as the split trunk runs it."""
+
+    embeds: torch.Tensor                  # (1, L, H), visual features in place
+    visual: torch.Tensor                  # bool (L,): rows that hold visual features
+    positions: torch.Tensor               # (1, L), or (3, 1, L) for 3-D rope
+    rope_delta: int | None = None         # 3-D rope: later token at 1-D position p sits at p + delta
+    add_after: dict[int, torch.Tensor] = field(default_factory=dict)   # run_layers' add_after
+
+
+class _DecoderInputs(Exception):
+    """Stops a model's forward once its text decoder's inputs are known."""
+
+
+def decoder_inputs(lm, inputs: dict) -> dict:
+    """The keyword arguments the multimodal model's own forward hands its text decoder
+    (``language_model``) for ``inputs``: embeddings with the visual features in place,
+    positions, Qwen3-VL's deepstack features. The decoder layers do not run."""
+    seen: dict = {}
+
+    def grab(_module, _args, kwargs):
+        seen.update(kwargs)
+        raise _DecoderInputs
+
+    hook = lm.model.model.language_model.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        lm.model.model(**inputs, use_cache=False)
+    except _DecoderInputs:
+        pass
+    finally:
+        hook.remove()
+    return seen
+
+
+def rope_3d(stack: TextStack) -> bool:
+    """Whether the decoder places tokens by 3-D (time, height, width) rotary positions."""
+    return hasattr(stack.rotary, "mrope_section")
 
 
 class SegmentedCache:
@@ -116,8 +173,8 @@ class SplitTarget:
 
     def __init__(self, lm, k: int) -> None:
         if not lm.adapter.splits_layers:
-            raise ValueError(f"model '{lm.name}' places tokens by 3-D rope positions (Qwen2-VL "
-                             "family); the twig does not run its layers in parts yet")
+            raise ValueError(f"model '{lm.name}' ({type(lm.adapter).__name__}) does not run its "
+                             "decoder layers in parts: the twig's split trunk cannot serve it")
         self.lm = lm
         self.stack: TextStack = lm.adapter.text_stack(lm)
         self.num_layers = len(self.stack.layers)
@@ -125,6 +182,7 @@ class SplitTarget:
             raise ValueError(f"twig.layers (K) must be between 1 and {self.num_layers - 1} for "
                              f"'{lm.name}' ({self.num_layers} decoder layers), got {k}")
         self.k = k
+        self.rope_3d = rope_3d(self.stack)
 
     @property
     def lower_layers(self):
@@ -137,12 +195,40 @@ class SplitTarget:
     def embed_tokens(self, ids: list[int]) -> torch.Tensor:
         return self.stack.embed(torch.tensor([ids], device=self.lm.device))
 
-    @staticmethod
-    def next_positions(cache, n: int, device) -> torch.Tensor:
-        """True positions of n new tokens: layer 0 is never pruned, so its cache length is
-        the number of tokens before them."""
-        start = int(cache.get_seq_length(0))
-        return torch.arange(start, start + n, device=device)[None]
+    @torch.inference_mode()
+    def prompt(self, prompt: str, images: list | None, videos: list | None = None) -> PromptRun:
+        """The prompt's embeddings, visual rows and positions (and, for 3-D rope, its rope
+        delta and Qwen3-VL's deepstack features), as the model's own prefill has them."""
+        lm = self.lm
+        if not self.rope_3d:
+            embeds, visual = lm.adapter.prompt_embeds(lm, prompt, images or None)
+            positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
+            return PromptRun(embeds, visual, positions)
+        inputs = dict(lm.adapter.encode(lm, prompt, images or None,
+                                        **({"videos": videos} if videos else {})))
+        delta = inputs.pop("rope_deltas", None)
+        if delta is None or inputs.get("position_ids") is None:
+            raise ValueError(f"model '{lm.name}' places tokens by 3-D rope positions, but its "
+                             "adapter gives no prompt positions (position_ids, rope_deltas) for "
+                             "the twig's split trunk")
+        seen = decoder_inputs(lm, inputs)
+        embeds = seen["inputs_embeds"]
+        add_after: dict[int, torch.Tensor] = {}
+        for i, feature in enumerate(seen.get("deepstack_visual_embeds") or []):
+            dense = torch.zeros_like(embeds)
+            dense[seen["visual_pos_masks"].to(embeds.device)] = feature.to(embeds.device, embeds.dtype)
+            add_after[i] = dense
+        ids = inputs["input_ids"][0]
+        return PromptRun(embeds, lm.adapter.visual_mask(lm, ids), seen["position_ids"],
+                         int(delta.flatten()[0]), add_after)
+
+    def positions(self, start: int, n: int, rope_delta: int | None = None) -> torch.Tensor:
+        """True positions of n new tokens from 1-D position ``start``: (1, n); for 3-D rope
+        (``rope_delta`` of the request's prompt) start + delta, … expanded to (3, 1, n)."""
+        pos = torch.arange(start, start + n, device=self.lm.device)[None]
+        if rope_delta is None:
+            return pos
+        return (pos + rope_delta)[None].expand(3, 1, n)
 
     def static_cache(self, cache, keep_from: dict[int, torch.Tensor] | None):
         """On the fast path: the prefill's ``cache`` moved into a ``SegmentedCache`` split
@@ -161,23 +247,30 @@ class SplitTarget:
         return hidden
 
     @torch.inference_mode()
-    def lower(self, hidden: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        """X^(K): the shared first K layers (their KV goes into the target cache)."""
+    def lower(self, hidden: torch.Tensor, positions: torch.Tensor, cache,
+              add_after: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """X^(K): the shared first K layers (their KV goes into the target cache).
+        ``add_after``: the prompt's deepstack features, keyed by absolute layer index."""
         if isinstance(cache, SegmentedCache):
             return self._segments(cache, 0, self.k, hidden, positions)
-        return run_layers(self.lower_layers, self.stack.rotary, hidden, positions, cache)
+        local = {i: a for i, a in (add_after or {}).items() if i < self.k}
+        return run_layers(self.lower_layers, self.stack.rotary, hidden, positions, cache,
+                          add_after=local)
 
     @torch.inference_mode()
     def upper(self, hidden_k: torch.Tensor, positions: torch.Tensor, cache,
-              keep_from: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
-        """Target logits from X^(K): layers[K:], final norm, head. ``keep_from`` is keyed
-        by absolute layer index (>= K); it only occurs at prefill (a DynamicCache)."""
+              keep_from: dict[int, torch.Tensor] | None = None,
+              add_after: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """Target logits from X^(K): layers[K:], final norm, head. ``keep_from`` and
+        ``add_after`` are keyed by absolute layer index; they only occur at prefill (a
+        DynamicCache)."""
         if isinstance(cache, SegmentedCache):
             hidden = self._segments(cache, self.k, self.num_layers, hidden_k, positions)
         else:
             local = {i - self.k: m for i, m in (keep_from or {}).items()}
+            added = {i - self.k: a for i, a in (add_after or {}).items() if i >= self.k}
             hidden = run_layers(self.upper_layers, self.stack.rotary, hidden_k, positions,
-                                cache, local)
+                                cache, local, added)
         return self.stack.head(self.stack.norm(hidden))
 
     @torch.inference_mode()

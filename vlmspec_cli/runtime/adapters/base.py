@@ -29,7 +29,7 @@ class ModelAdapter:
     model_class: Any = None
     takes_images: bool = False
     embeds_images: bool = True   # prompt_embeds can put image features in place (a draft's M input)
-    splits_layers: bool = True   # its layers may run in parts with 1-D positions (runtime/trunk.py)
+    splits_layers: bool = True   # its layers may run in parts (the twig's trunk, runtime/trunk.py)
     quant_skip_modules: tuple[str, ...] = ("lm_head",)   # kept unquantized (bitsandbytes)
     decode_rows: int = 1   # rows one request decodes (the image model: cond + uncond)
 

@@ -40,7 +40,7 @@ class Qwen25VLAdapter(ModelAdapter):
     takes_images = True
     takes_videos = True
     embeds_images = False     # visual inputs go through encode (3-D positions), not embeddings
-    splits_layers = False     # the twig's trunk passes 1-D positions: not for 3-D rope
+    splits_layers = True      # the twig's trunk runs at encode's 3-D positions (trunk.py)
     quant_skip_modules = ("visual", ".*visual", "lm_head")
     family = "Qwen2-VL family"            # how refusals name it
     vision_defaults = _DEFAULTS           # when a model ships no preprocessor_config.json

@@ -16,14 +16,14 @@ The Qwen2-VL family's scheme (qwen2_vl.py) with Qwen3-VL's differences:
 * "Deepstack": features of some vision layers are added to the first decoder layers'
   hidden states at visual positions. Only the prompt forward holds visual positions, and it
   runs through the model's own forward (``prefill``); later tokens are text, whose
-  forwards carry no deepstack features.
+  forwards carry no deepstack features. The twig's split trunk, which runs the layers
+  itself, adds them after the same layers (runtime/trunk.py).
 * Rotary positions are interleaved across (t, h, w); the model's own rotary module does
   that from the same (3, B, n) position ids, so every later forward gets explicit
   positions exactly as for Qwen2.5-VL (the offset on ``cache.rope_delta``).
 
-The fast path (runtime/fast_decoder.py) is declined: Qwen3's attention normalises each
-head's queries and keys (``q_norm``, ``k_norm``) before the rotary embedding, which the fast
-path's layer does not do; forwards go through transformers.
+Decoding steps take the fast path (runtime/fast_decoder.py) as for Qwen2.5-VL; its layers
+run Qwen3's per-head query and key norms (``q_norm``, ``k_norm``) before the rotary.
 """
 
 from __future__ import annotations
@@ -85,10 +85,6 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
     model_class = Qwen3VLForConditionalGeneration
     family = "Qwen3-VL"
     vision_defaults = _IMAGE_DEFAULTS
-
-    def text_stack(self, lm):
-        raise ValueError("Qwen3-VL's attention normalises each head's queries and keys "
-                         "(q_norm, k_norm), which the fast path's layers do not run")
 
     # -- videos ---------------------------------------------------------------------------
     def _video_settings(self, lm) -> dict:
