@@ -157,8 +157,17 @@ class Qwen25VLAdapter(ModelAdapter):
         ids = ids.repeat_interleave(reps)[None].to(lm.device)
         types = types[0].repeat_interleave(reps.to(lm.device))[None]
         out.update(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types)
-        if images or videos:
-            grids = {k: out[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in out}
+        return self._with_positions(lm, out)
+
+    rope_grid_keys = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+
+    def _with_positions(self, lm, out: dict) -> dict:
+        """``out`` (input_ids, mm_token_type_ids, the grids) plus the prompt's 3-D
+        ``position_ids`` from ``get_rope_index`` and its ``rope_deltas`` (text-only: 1-D
+        positions on all three axes, offset 0)."""
+        ids, types = out["input_ids"], out["mm_token_type_ids"]
+        if (types != 0).any():
+            grids = {k: out[k] for k in self.rope_grid_keys if k in out}
             positions, delta = lm.model.model.get_rope_index(ids, mm_token_type_ids=types, **grids)
         else:
             positions = torch.arange(ids.shape[1], device=lm.device).view(1, 1, -1).expand(3, 1, -1)

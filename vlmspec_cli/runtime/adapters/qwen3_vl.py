@@ -84,6 +84,7 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
     model_types = ("qwen3_vl",)
     model_class = Qwen3VLForConditionalGeneration
     family = "Qwen3-VL"
+    rope_grid_keys = ("image_grid_thw", "video_grid_thw")   # no second_per_grid_ts
     vision_defaults = _IMAGE_DEFAULTS
 
     # -- videos ---------------------------------------------------------------------------
@@ -194,12 +195,4 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
         ids = ids.repeat_interleave(reps)[None].to(lm.device)
         types = types.repeat_interleave(reps)[None].to(lm.device)
         out.update(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types)
-        if images or videos:
-            grids = {k: out[k] for k in ("image_grid_thw", "video_grid_thw") if k in out}
-            positions, delta = lm.model.model.get_rope_index(ids, mm_token_type_ids=types, **grids)
-        else:
-            positions = torch.arange(ids.shape[1], device=lm.device).view(1, 1, -1).expand(3, 1, -1)
-            delta = torch.zeros((1, 1), dtype=torch.long, device=lm.device)
-        out["position_ids"] = positions
-        out["rope_deltas"] = delta
-        return out
+        return self._with_positions(lm, out)
