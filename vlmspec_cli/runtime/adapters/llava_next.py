@@ -31,19 +31,25 @@ class LlavaNextAdapter(LlavaAdapter):
                 "pixel_values": enc["pixel_values"].to(lm.device, dtype=lm.dtype),
                 "image_sizes": enc["image_sizes"].to(lm.device)}
 
+    # why pooled drafting (input P) cannot serve the family
+    pool_refusal = "LLaVA-NeXT, whose anyres tiles and row-end tokens it cannot pool"
+
+    def image_inputs(self, lm, images: list) -> dict[str, torch.Tensor]:
+        """pixel_values and image_sizes of one request's images (the image processor's)."""
+        enc = self._processor(lm).image_processor(list(images), return_tensors="pt")
+        return {"pixel_values": enc["pixel_values"].to(lm.device, dtype=lm.dtype),
+                "image_sizes": enc["image_sizes"].to(lm.device)}
+
     @torch.inference_mode()
     def image_features(self, lm, images: list, pool: int = 1) -> list[torch.Tensor]:
         """Each image's packed features (tokens_i, H), newline tokens included: what the
         model's own forward puts at that image's placeholders."""
         if pool != 1:
             raise ValueError(f"pooled drafting (input P) averages a square patch grid; '{lm.name}' "
-                             "is LLaVA-NeXT, whose anyres tiles and row-end tokens it cannot pool "
-                             "(use inputs multimodal, text or caption)")
-        enc = self._processor(lm).image_processor(list(images), return_tensors="pt")
+                             f"is {self.pool_refusal} (use inputs multimodal, text or caption)")
         config = lm.model.config
         out = lm.model.model.get_image_features(
-            pixel_values=enc["pixel_values"].to(lm.device, dtype=lm.dtype),
-            image_sizes=enc["image_sizes"].to(lm.device),
+            **self.image_inputs(lm, images),
             vision_feature_layer=config.vision_feature_layer,
             vision_feature_select_strategy=config.vision_feature_select_strategy)
         return list(out.pooler_output)

@@ -39,6 +39,8 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
     model_types = ("llava_onevision",)
     model_class = LlavaOnevisionForConditionalGeneration
     takes_videos = True
+    pool_refusal = ("LLaVA-OneVision, whose anyres tiles, anyres_max shrinking and row-end "
+                    "tokens it cannot pool")
 
     # -- tokens ----------------------------------------------------------------------
     def image_token(self, lm) -> tuple[str, str]:
@@ -194,18 +196,3 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
             out["attention_mask"] = torch.ones_like(ids)   # the draft's encoded prefill reads it
         return out
 
-    # -- features as embeddings ------------------------------------------------------
-    @torch.inference_mode()
-    def image_features(self, lm, images: list, pool: int = 1) -> list[torch.Tensor]:
-        """Each image's packed features (tokens_i, H), newline tokens included: what the
-        model's own forward puts at that image's placeholders."""
-        if pool != 1:
-            raise ValueError(f"pooled drafting (input P) averages a square patch grid; '{lm.name}' "
-                             "is LLaVA-OneVision, whose anyres tiles, anyres_max shrinking and "
-                             "row-end tokens it cannot pool (use inputs multimodal, text or caption)")
-        config = lm.model.config
-        out = lm.model.model.get_image_features(
-            **self.image_inputs(lm, images),
-            vision_feature_layer=config.vision_feature_layer,
-            vision_feature_select_strategy=config.vision_feature_select_strategy)
-        return list(out.pooler_output)
