@@ -155,18 +155,27 @@ def _shot(folder: Path, size: tuple[int, int]) -> Path:
 
 
 def check_cli_compare(target: Path, draft: Path, folder: Path, size: tuple[int, int]) -> None:
-    """`vlmspec caption IMG --set target.model=DIR --set draft.model=DIR2 --compare`: the
-    record holds the target's own output (identical) and acceptance stats."""
+    """`vlmspec caption IMG --set target.model=DIR --set draft.model=DIR2 --compare`, and the
+    same with `--chat` on a conversation with two images in its first turn and one in its
+    third: each record holds the target's own output (identical) and acceptance stats."""
     from click.testing import CliRunner
+    from PIL import Image
 
     from vlmspec_cli.cli import cli
 
-    res = CliRunner().invoke(cli, ["caption", str(_shot(folder, size)), "--set", f"target.model={target}",
-                                   "--set", f"draft.model={draft}", "--compare", "--json",
-                                   "--max-new-tokens", "8"], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    record = next(json.loads(line) for line in res.stdout.splitlines() if '"input"' in line)
-    assert record["compare"]["identical"] is True and record["stats"]["num_drafts"] > 0
+    Image.new("RGB", (size[1], size[0]), (20, 160, 60)).save(folder / "other.png")
+    chat = folder / "chat.jsonl"
+    chat.write_text(json.dumps({"id": "two-images", "messages": [
+        {"role": "user", "text": "spot the difference.", "images": ["shot.png", "other.png"]},
+        {"role": "assistant", "text": "the colour."},
+        {"role": "user", "text": "and here?", "images": ["other.png"]}]}) + "\n")
+    for given in ([str(_shot(folder, size))], ["--chat", str(chat)]):
+        res = CliRunner().invoke(cli, ["caption", *given, "--set", f"target.model={target}",
+                                       "--set", f"draft.model={draft}", "--compare", "--json",
+                                       "--max-new-tokens", "8"], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        record = next(json.loads(line) for line in res.stdout.splitlines() if '"input"' in line)
+        assert record["compare"]["identical"] is True and record["stats"]["num_drafts"] > 0
 
 
 def check_offline_profile(profile: str, hub_id: str, folder: Path) -> None:
