@@ -29,11 +29,11 @@ SOURCE = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld" / "llava-draft"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def _text_lm(rows: int | None = None):
-    """llava-draft's language model and head as a LlamaForCausalLM (text only)."""
+def _text_lm(source=SOURCE):
+    """A tinyworld LLaVA draft's language model and head as a LlamaForCausalLM (text only)."""
     from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
 
-    llava = LlavaForConditionalGeneration.from_pretrained(SOURCE)
+    llava = LlavaForConditionalGeneration.from_pretrained(source)
     text = llava.config.text_config
     lm = LlamaForCausalLM(text).eval()
     lm.model.load_state_dict(llava.model.language_model.state_dict())
@@ -41,10 +41,10 @@ def _text_lm(rows: int | None = None):
     return lm
 
 
-def reversed_draft(folder):
+def reversed_draft(folder, source=SOURCE):
     """The same text model with token id i stored as id V-1-i: tokenizer, embeddings,
     head and special ids all permuted, so no id means what it means to the target."""
-    lm = _text_lm()
+    lm = _text_lm(source)
     vocab = lm.config.vocab_size
     flip = torch.arange(vocab - 1, -1, -1)
     with torch.no_grad():
@@ -58,8 +58,8 @@ def reversed_draft(folder):
     folder.mkdir(parents=True)
     lm.save_pretrained(folder)
     for name in TOKENIZER_FILES:
-        shutil.copy(SOURCE / name, folder / name)
-    tok = json.loads((SOURCE / "tokenizer.json").read_text())
+        shutil.copy(source / name, folder / name)
+    tok = json.loads((source / "tokenizer.json").read_text())
     tok["model"]["vocab"] = {t: vocab - 1 - i for t, i in tok["model"]["vocab"].items()}
     for added in tok["added_tokens"]:
         added["id"] = vocab - 1 - added["id"]
