@@ -204,3 +204,18 @@ def test_first_tokens_follow_the_target_distribution(drafts):
     assert chisquare(observed, expected).pvalue > 1e-3
     uniform = [runs / len(observed)] * len(observed)      # a law that differs is rejected
     assert chisquare(observed, uniform).pvalue < 1e-3
+
+
+def test_calibrate_lists_what_a_draft_of_another_tokenizer_cannot_run(drafts):
+    """`vlmspec calibrate` with such a draft tries what it can (chains on text, heads,
+    twigs) and names the probes it cannot run, with the reason, instead of failing."""
+    from vlmspec_cli.tasks.calibrate import calibrate
+
+    base = load_profile("tinyworld-small", [f"draft.model={drafts['reversed']}",
+                                            "drafting.inputs=[text]", "generation.max_new_tokens=8"])
+    request = Request([Message("user", "describe the image.", (fresh_scenes(1, seed=5)[0][1],))],
+                      max_new_tokens=8)
+    result = calibrate(base, [request], gammas=[2], budget_s=600)
+    refused = [s for s in result.skipped if "another tokenizer" in s]
+    assert len(refused) == 1 and "tree T" in refused[0]
+    assert {"chain", "hidden"} <= {c.method for c in result.candidates}

@@ -35,9 +35,10 @@ from vlmspec_cli.drafters import method_class
 from vlmspec_cli.profile import with_settings
 from vlmspec_cli.runtime.latency import measure_tables
 from vlmspec_cli.runtime.limits import prompt_tokens
+from vlmspec_cli.runtime.models import ModelLoadError
 from vlmspec_cli.runtime.request import Request
 from vlmspec_cli.runtime.round_timing import time_rounds
-from vlmspec_cli.session import build_session
+from vlmspec_cli.session import SessionError, build_session
 from vlmspec_cli.tasks.calibrate_space import Probe, probes
 
 
@@ -271,13 +272,18 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     _decode(baseline, requests[:1])  # warm-up
     base_wall, reference, _ = _decode(baseline, requests)
     candidates, skipped = [], []
+    cannot: dict[str, list[str]] = {}      # why a probe cannot run -> the probes
     for n, probe in enumerate(all_probes):
         if n > 0 and over():
             skipped.append(f"{probe.label} (budget)")
             continue
         say(f"acceptance of {probe.label}")
-        candidates += probe_candidates(base, probe, requests, gammas, model, reference, greedy,
-                                       session.target)
+        try:
+            candidates += probe_candidates(base, probe, requests, gammas, model, reference,
+                                           greedy, session.target)
+        except (ModelLoadError, SessionError) as exc:   # e.g. a draft of another tokenizer
+            cannot.setdefault(str(exc).split(": ")[0].split(" (")[0], []).append(probe.label)
+    skipped += [f"{', '.join(labels)} ({reason})" for reason, labels in cannot.items()]
     candidates.sort(key=lambda c: (-c.predicted, c.label))
     default = next((c for c in candidates if with_settings(base, c.settings) == base), None)
     finalists = candidates[:top] + ([default] if default is not None and default not in candidates[:top] else [])
