@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from transformers import DynamicCache, Emu3ForConditionalGeneration
 
-from vlmspec_cli.runtime.adapters.base import ModelAdapter, cache_length
+from vlmspec_cli.runtime.adapters.base import cache_length
+from vlmspec_cli.runtime.adapters.guided import GuidedImageAdapter
 
-DEFAULT_GUIDANCE = 3.0   # Emu3's published image-generation guidance scale
 # Emu3's published negative prompt (the model card's and transformers' example)
 DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, "
                     "fewer digits, cropped, worst quality, low quality, normal quality, jpeg "
@@ -56,26 +56,12 @@ class GuidedCache(DynamicCache):
     layout: RowLayout | None = None
 
 
-class Emu3Adapter(ModelAdapter):
+class Emu3Adapter(GuidedImageAdapter):
     model_types = ("emu3",)
     model_class = Emu3ForConditionalGeneration
-    takes_images = False          # image *understanding* inputs are not wired up
-    generates_images = True
     splits_layers = False         # two rows with their own positions: no split trunk
     quant_skip_modules = ("vqmodel", ".*vqmodel", "lm_head")
-    decode_rows = 2               # every step decodes the conditional and the negative row
-
-    def __init__(self, guidance: float | None = None) -> None:
-        self.guidance = guidance
-
-    def with_guidance(self, guidance: float | None) -> "Emu3Adapter":
-        return Emu3Adapter(guidance)
-
-    def guidance_scale(self, lm) -> float:
-        if self.guidance is not None:
-            return float(self.guidance)
-        value = getattr(lm.model.generation_config, "guidance_scale", None)
-        return float(value) if value else DEFAULT_GUIDANCE
+    default_guidance = 3.0   # Emu3's published image-generation guidance scale
 
     # -- the image side --------------------------------------------------------------
     def size_kwargs(self, lm) -> dict:

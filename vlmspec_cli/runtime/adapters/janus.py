@@ -22,32 +22,16 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, JanusForConditionalGeneration
 
-from vlmspec_cli.runtime.adapters.base import ModelAdapter
+from vlmspec_cli.runtime.adapters.guided import GuidedImageAdapter
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 
-DEFAULT_GUIDANCE = 5.0   # Janus generate's own default when guidance_scale is unset
 
-
-class JanusAdapter(ModelAdapter):
+class JanusAdapter(GuidedImageAdapter):
     model_types = ("janus",)
     model_class = JanusForConditionalGeneration
-    takes_images = False          # image *understanding* inputs are not wired up
-    generates_images = True
     quant_skip_modules = ("vision_model", ".*vision_model", "vqmodel", ".*vqmodel",
                           "generation_head", ".*generation_head", "lm_head")
-    decode_rows = 2               # every step decodes the conditional and unconditional row
-
-    def __init__(self, guidance: float | None = None) -> None:
-        self.guidance = guidance
-
-    def with_guidance(self, guidance: float | None) -> "JanusAdapter":
-        return JanusAdapter(guidance)
-
-    def guidance_scale(self, lm) -> float:
-        if self.guidance is not None:
-            return float(self.guidance)
-        value = getattr(lm.model.generation_config, "guidance_scale", None)
-        return float(value) if value else DEFAULT_GUIDANCE
+    default_guidance = 5.0   # Janus generate's own default when guidance_scale is unset
 
     # -- the image side --------------------------------------------------------------
     def image_grid(self, lm) -> tuple[int, int]:
