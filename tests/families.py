@@ -202,14 +202,23 @@ def first_token_law(lm, messages, images, sampling) -> torch.Tensor:
     return probabilities(logits[0].float(), sampling).cpu()
 
 
-def check_first_token_law(session, messages, images, runs: int = 300) -> int:
-    """T > 0: the first token of ``runs`` seeded speculative decodes follows the target's
-    exact law (chi-square over the tokens with at least 5 expected draws, the rest pooled);
-    the same counts reject the draft's own law, so the check can fail. Returns how many
-    proposals were rejected (the residual path ran that often)."""
+def check_first_token_law(target: Path, draft: Path, image: tuple, temperature: float,
+                          gamma: int = 2, runs: int = 300) -> int:
+    """T > 0, a chain whose draft reads the ``(size, colour)`` image: the first token of
+    ``runs`` seeded speculative decodes follows the target's exact law (chi-square over
+    the tokens with at least 5 expected draws, the rest pooled); the same counts reject the
+    draft's own law, so the check can fail. Returns how many proposals were rejected (the
+    residual path ran that often). ``temperature`` makes a random model's law neither too
+    flat nor too peaked to test with ``runs`` draws."""
+    from PIL import Image
     from scipy.stats import chisquare
 
-    from vlmspec_cli.runtime.request import Request
+    from vlmspec_cli.runtime.request import Message, Request
+
+    session = family_session(target, draft, "chain", "drafting.inputs=[multimodal]",
+                             f"drafting.gamma={gamma}", f"sampling.temperature={temperature}")
+    images = [Image.new("RGB", *image)]
+    messages = [Message("user", "describe the image.", tuple(images))]
 
     exact = first_token_law(session.target, messages, images, session.sampling)
     draft = first_token_law(session.draft, messages, images, session.sampling)

@@ -7,12 +7,11 @@ image in each turn; the CLI gives the target's own output with acceptance stats.
 from __future__ import annotations
 
 import pytest
-from PIL import Image
 
 from families import (DRAFTED, TWIG, check_cli_compare, check_first_token_law, check_hidden_head,
                       check_offline_profile, family_session, image_requests, llava_next)
 from test_lossless import reference
-from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.request import Request
 
 IMAGES = [((50, 30), (200, 30, 30)), ((40, 70), (20, 160, 60)), ((64, 64), (30, 40, 220))]
 
@@ -68,11 +67,7 @@ def test_pooled_drafting_is_refused_with_a_reason(models):
 def test_first_token_follows_the_target_law_at_t_above_0(models):
     """Speculative sampling on the family: at T = 0.03 the random model's law has about 10
     tokens of 5+ expected draws in 300."""
-    target, draft = models
-    session = _session(target, draft, "chain", "drafting.inputs=[multimodal]", "drafting.gamma=2",
-                       "sampling.temperature=0.03")
-    image = Image.new("RGB", *IMAGES[0])
-    check_first_token_law(session, [Message("user", "describe the image.", (image,))], [image])
+    check_first_token_law(*models, IMAGES[0], temperature=0.03)
 
 
 @pytest.mark.parametrize("tree", [False, True])

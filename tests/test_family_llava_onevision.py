@@ -230,11 +230,7 @@ def test_first_token_at_temperature_one_follows_the_target(models):
     """300 seeded runs of a chain (another random draft reading the image, so proposals are
     drawn and mostly rejected): the first token follows the target's exact law
     (tests/families.py check_first_token_law)."""
-    target, draft = models
-    session = _session(target, draft, "chain", "drafting.inputs=[multimodal]", "drafting.gamma=1",
-                       "sampling.temperature=1")
-    base = _requests()[0]
-    assert check_first_token_law(session, base.messages, base.images) > 30, \
+    assert check_first_token_law(*models, IMAGES[0], temperature=1, gamma=1) > 30, \
         "the residual path was barely exercised"
 
 

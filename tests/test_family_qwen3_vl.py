@@ -183,11 +183,7 @@ def test_methods_equal_target_only(models, target_only, method, sets, same_draft
 def test_first_token_follows_target_distribution_at_t1(models):
     """T = 1, chain with the random draft reading the image: the first generated token over
     300 seeds follows the target's exact law (tests/families.py check_first_token_law)."""
-    target, draft = models
-    session = _session(target, draft, "chain", "drafting.inputs=[multimodal]", "drafting.gamma=2",
-                       "sampling.temperature=1")
-    image = Image.new("RGB", IMAGES[0][0], IMAGES[0][1])
-    check_first_token_law(session, [Message("user", "describe the image.", (image,))], [image])
+    check_first_token_law(*models, IMAGES[0], temperature=1)
 
 
 def test_what_cannot_be_exact_is_refused(models):
