@@ -103,6 +103,41 @@ def test_padded_rows_match_transformers(both_paths):
         torch.testing.assert_close(fast, eager, atol=2e-5, rtol=1e-5)
 
 
+def test_prompts_run_on_the_fast_path_and_equal_the_models_forward(both_paths):
+    """A prompt with an image, a text prompt and one drafting row of embeddings (mask of
+    ones, plain positions) run straight into the static cache on the fast path: same
+    last logits, same hidden layer and same cached keys/values as the model's own forward.
+    Left-padded rows keep the forward (their padding rows would attend to nothing)."""
+    _, image = fresh_scenes(1, seed=516)[0]
+
+    def prompts(lm):
+        prompt = lm.adapter.prompt_text(lm, [Message("user", "describe the image.", (image,))])
+        with_image = lm.adapter.encode(lm, prompt, [image])
+        embeds = lm.model.get_input_embeddings()(_prompt_ids(lm))
+        one_row = {"inputs_embeds": embeds, "attention_mask": torch.ones(1, 12, dtype=torch.long),
+                   "position_ids": torch.arange(12)[None]}
+        padded = dict(one_row, attention_mask=torch.tensor([[0] + [1] * 11]),
+                      position_ids=torch.tensor([[0] + list(range(11))]))
+        outs = []
+        for inputs in (with_image, {"input_ids": _prompt_ids(lm)}, one_row):
+            cache = lm.adapter.new_cache(lm)
+            if lm.fast is not None:
+                assert lm.adapter._fast_prefill(lm, inputs, lm.adapter.new_cache(lm)) is not None
+            outs.append(lm.adapter.prefill(lm, inputs, cache))
+            n = cache.get_seq_length()
+            keys, values = (cache.keys[:, 0, :, :n], cache.values[:, 0, :, :n]) if lm.fast else (
+                torch.stack([layer.keys[0] for layer in cache.layers]),
+                torch.stack([layer.values[0] for layer in cache.layers]))
+            outs += [keys, values]
+            outs += list(lm.adapter.prefill_hidden(lm, inputs, lm.adapter.new_cache(lm), -3))
+        if lm.fast is not None:
+            assert lm.adapter._fast_prefill(lm, padded, lm.adapter.new_cache(lm)) is None
+        return outs
+    got = both_paths(prompts)
+    for eager, fast in zip(got["off"], got["on"]):
+        torch.testing.assert_close(fast, eager, atol=2e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("method", ["chain", "tree"])
 def test_tokens_equal_target_greedy_with_the_path_off_and_on(zoo_target, zoo_draft, method):
     """The losslessness check of test_lossless/test_tree, run with both paths on both

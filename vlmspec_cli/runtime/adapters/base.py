@@ -131,6 +131,42 @@ class ModelAdapter:
             return lm.fast.new_cache()
         return DynamicCache(config=lm.model.config)
 
+    def fast_prompt_embeds(self, lm, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The prompt's input embeddings (1, L, H) where the prompt can run on the fast path
+        as it stands: one row, no padding, positions 0..L-1 (token ids alone, or
+        embeddings alone). None sends it through the model's own forward. Families add
+        what their forward builds from pixels (llava.py)."""
+        if set(inputs) == {"input_ids"} and inputs["input_ids"].shape[0] == 1:
+            return lm.fast.embed(inputs["input_ids"])
+        embeds = inputs.get("inputs_embeds")
+        if embeds is None or embeds.shape[0] != 1 or "input_ids" in inputs:
+            return None
+        rest = set(inputs) - {"inputs_embeds"}
+        if rest and rest != {"attention_mask", "position_ids"}:
+            return None
+        if rest:  # one drafting row: no padding and the plain positions, or the forward
+            length = embeds.shape[1]
+            plain = torch.arange(length, device=embeds.device)
+            if not (bool(inputs["attention_mask"].all())
+                    and torch.equal(inputs["position_ids"].reshape(-1), plain)):
+                return None
+        return embeds
+
+    @torch.inference_mode()
+    def _fast_prefill(self, lm, inputs: dict, cache, layer: int | None = None):
+        """The prompt through the fast path straight into a static cache: (last logits
+        (1, V), the chosen layer's states or None), or None where it must take the model's
+        own forward. The same layers, kernels and causal mask as the decoding steps, and
+        no copy of a transformers cache: the logits equal the forward's (tests/
+        test_fast_prefill.py). Not with compiled steps, whose buckets are for steps."""
+        if not isinstance(cache, StaticKVCache) or lm.fast.compiled is not None:
+            return None
+        embeds = self.fast_prompt_embeds(lm, inputs)
+        if embeds is None:
+            return None
+        hidden, chosen = lm.fast.run(embeds, cache, hidden_layer=layer)
+        return lm.fast.logits(hidden[:, -1:])[:, -1], chosen
+
     def _model_forward(self, lm, inputs: dict, cache, **kwargs):
         """The model's own forward; a static cache gets the result copied in."""
         if not isinstance(cache, StaticKVCache):
@@ -143,6 +179,9 @@ class ModelAdapter:
     @torch.inference_mode()
     def prefill(self, lm, inputs: dict[str, torch.Tensor], cache) -> torch.Tensor:
         """Run the prompt; returns logits of the last position, shape (B, V)."""
+        fast = self._fast_prefill(lm, inputs, cache)
+        if fast is not None:
+            return fast[0]
         return self._model_forward(lm, inputs, cache, logits_to_keep=1).logits[:, -1, :]
 
     @torch.inference_mode()
@@ -172,6 +211,9 @@ class ModelAdapter:
                        layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``prefill`` plus the chosen layer's hidden states of every prompt position,
         (B, V) and (B, L, H)."""
+        fast = self._fast_prefill(lm, inputs, cache, layer)
+        if fast is not None:
+            return fast
         out = self._model_forward(lm, inputs, cache, logits_to_keep=1, output_hidden_states=True)
         return out.logits[:, -1, :], out.hidden_states[layer]
 

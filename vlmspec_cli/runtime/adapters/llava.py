@@ -37,6 +37,21 @@ class LlavaAdapter(ModelAdapter):
         out["pixel_values"] = enc["pixel_values"].to(lm.device, dtype=lm.dtype)
         return out
 
+    def fast_prompt_embeds(self, lm, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Token embeddings with each image's projected features in its placeholder rows,
+        as LlavaModel.forward builds them (inputs from this class's own ``encode``;
+        families that encode more, such as image sizes, keep the model's forward)."""
+        if set(inputs) != {"input_ids", "pixel_values"} or type(self).encode is not LlavaAdapter.encode:
+            return super().fast_prompt_embeds(lm, inputs)
+        ids = inputs["input_ids"]
+        embeds = lm.model.get_input_embeddings()(ids)
+        features = lm.model.model.get_image_features(pixel_values=inputs["pixel_values"]).pooler_output
+        features = torch.cat(list(features), dim=0).to(embeds.dtype)
+        slots = (ids == self.image_token_id(lm))[..., None].expand_as(embeds)
+        if int(slots[..., 0].sum()) != features.shape[0]:
+            return None   # let the model's forward report the mismatch
+        return embeds.masked_scatter(slots, features)
+
     @torch.inference_mode()
     def image_features(self, lm, images: list, pool: int = 1) -> torch.Tensor:
         """Projected image features (n_images, tokens, H). ``pool`` > 1 average-pools the
