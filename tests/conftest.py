@@ -21,6 +21,15 @@ TEST_PROFILES = Path(__file__).resolve().parent / "profiles"
 os.environ["VLMSPEC_PROFILES"] = str(TEST_PROFILES)
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """A profile with runtime.threads sets the process's thread count (session.py); the
+    next test starts from the suite's 2 again."""
+    yield
+    if torch.get_num_threads() != 2:
+        torch.set_num_threads(2)
+
+
 @pytest.fixture(scope="session")
 def zoo_target():
     from vlmspec_cli.profile import ModelSpec

@@ -184,3 +184,33 @@ def test_subprocess_write_refuses_foreign_yaml(tmp_path):
                            "--force", "-q"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert str(target) in proc.stderr and target.read_bytes() == before
+
+
+def test_profile_picks_the_fastest_thread_count_and_auto_uses_it(tmp_path):
+    """`--threads 1,2` decodes the sample requests at each count and writes the fastest as
+    hardware.threads; a profile including that file with runtime.threads: auto runs on it,
+    an explicit count wins over it, and auto with no measurement leaves torch's count."""
+    import torch
+
+    from vlmspec_cli.session import apply_threads
+
+    hw = tmp_path / "hw.yaml"
+    res = CliRunner().invoke(cli, ["profile", "--threads", "1,2", "--repeats", "3", "--warmup", "0",
+                                   "--contexts", "32", "--write", str(hw), "-q"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    user = tmp_path / "mine.yaml"
+    user.write_text(f"include: {hw.name}\nname: mine\nruntime:\n  threads: auto\n")
+    h = load_profile(str(user)).hardware
+    job = {int(n): ms for n, ms in h.measurements["threads_job_ms"].items()}
+    assert set(job) == {1, 2} and all(ms > 0 for ms in job.values())
+    assert h.threads == min(job, key=job.get)
+    assert h.device.endswith(f", {h.threads} thread{'s' if h.threads > 1 else ''})")
+    other = 3 - h.threads
+    torch.set_num_threads(other)
+    assert apply_threads(load_profile(str(user))).startswith(f"{h.threads} CPU thread")
+    assert torch.get_num_threads() == h.threads
+    explicit = load_profile(str(user), [f"runtime.threads={other}"])
+    assert apply_threads(explicit).endswith("(runtime.threads)") and torch.get_num_threads() == other
+    plain = load_profile(str(user), ["runtime.threads=auto", "hardware.threads=null"])
+    assert apply_threads(plain) == "" and torch.get_num_threads() == other

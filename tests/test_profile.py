@@ -39,9 +39,12 @@ def test_default_profile_values(monkeypatch):
     assert p.generation.prompt == "describe the image."
     assert p.lossless is True
     assert p.source.endswith("tinyworld-caption.yaml")
-    # Shipped default profile equals the dataclass defaults apart from name/description.
-    assert profile_to_dict(p) | {"name": "x", "description": ""} == \
-        profile_to_dict(Profile()) | {"name": "x"}
+    # Shipped default profile equals the dataclass defaults apart from name/description
+    # and its thread count (tiny models: 1 thread; the key's default is auto)
+    assert p.runtime.threads == 1 and Profile().runtime.threads == "auto"
+    shipped = profile_to_dict(p) | {"name": "x", "description": ""}
+    shipped["runtime"]["threads"] = "auto"
+    assert shipped == profile_to_dict(Profile()) | {"name": "x"}
 
 
 def test_llava_profile_loads():
@@ -177,6 +180,14 @@ def test_bad_choice_and_range(tmp_path):
         load_profile(None, ["sampling.top_p=0"])
     with pytest.raises(ProfileError, match=r"drafting\.gamma.*>= 1"):
         load_profile(None, cli={"drafting.gamma": 0})
+    for bad in ("0", "-1", "many", "1.5"):
+        with pytest.raises(ProfileError, match=r"runtime\.threads.*auto or a positive count"):
+            load_profile(None, [f"runtime.threads={bad}"])
+    f = write(tmp_path / "t.yaml", "runtime: {threads: 3}\n")
+    assert load_profile(str(f)).runtime.threads == 3
+    assert load_profile(None, ["runtime.threads=auto"]).runtime.threads == "auto"
+    with pytest.raises(ProfileError, match=r"hardware\.threads.*>= 1"):
+        load_profile(None, ["hardware.threads=0"])
 
 
 def test_malformed_yaml_line(tmp_path):

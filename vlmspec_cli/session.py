@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime.batch import BatchedEngine
@@ -33,6 +35,7 @@ class Session:
     sampling: SamplingParams
     _baseline: SpeculativeEngine | None = field(default=None, init=False, repr=False)
     compile_reason: str = field(default="", init=False)   # runtime.compile, as decided
+    threads_reason: str = ""                               # runtime.threads, as applied
 
     @property
     def lossless(self) -> bool:
@@ -50,6 +53,8 @@ class Session:
             parts.append(f"fast path (static cache): {', '.join(fast)}")
         if slow:
             parts.append(f"transformers' forward: {', '.join(slow)}")
+        if self.threads_reason:
+            parts.append(self.threads_reason)
         if self.compile_reason:
             roles = [role for role, lm in models if lm is not None and lm.fast is not None
                      and lm.fast.compiled is not None]
@@ -232,7 +237,21 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     for role, lm in (("target", target), ("draft", drafter.draft)):
         if lm is not None:
             _fast_path(profile, lm, role)
-    return Session(profile, target, drafter.draft, captioner, engine, sampling)
+    return Session(profile, target, drafter.draft, captioner, engine, sampling,
+                   threads_reason=apply_threads(profile))
+
+
+def apply_threads(profile) -> str:
+    """Set ``runtime.threads`` (torch.set_num_threads) for this process; what was set and
+    why, or "" where it is left as it is (auto with no measurement: torch's default, or
+    OMP_NUM_THREADS, or what the caller set)."""
+    wanted, hardware = profile.runtime.threads, profile.hardware.threads
+    if wanted == "auto" and hardware is None:
+        return ""
+    count = int(hardware if wanted == "auto" else wanted)
+    torch.set_num_threads(count)
+    why = "measured fastest here by vlmspec profile" if wanted == "auto" else "runtime.threads"
+    return f"{count} CPU thread{'s' if count > 1 else ''} ({why})"
 
 
 def _fast_path(profile, lm: LoadedModel, role: str) -> None:

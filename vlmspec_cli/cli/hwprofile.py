@@ -17,6 +17,7 @@ Examples:
   vlmspec profile --contexts 128,1024 --repeats 30 --tau 3.2 --json
   vlmspec profile --compile --write hw.yaml        # also time compiled steps (runtime.compile)
   vlmspec profile -p tinyworld-hidden              # the hidden-state head's own rounds
+  vlmspec profile --threads 1,2 --write hw.yaml    # which CPU thread count decodes fastest
   vlmspec profile -p tinyworld-video --frames 4,16,64   # prefill, steps, drafting vs frames
   vlmspec profile -p tinyworld-image --plot img.png     # guided steps, tree sizes, ADT rounds
 
@@ -43,12 +44,15 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
                    "compile warm-up; runtime.compile: auto decides from these numbers.")
 @click.option("--frames", type=IntList(min=1), metavar="N,N,...",
               help="Video profiles: the video lengths (frames) to time [4,8,16,32].")
+@click.option("--threads", type=IntList(min=1), metavar="N,N,...",
+              help="CPU thread counts to try (default 1, 2, 4, … up to the cores); the fastest "
+                   "is recorded as hardware.threads, which runtime.threads: auto then uses.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --write / --plot file (only "
                                             "a hardware profile / a PNG; never the --profile).")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
 def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats, warmup, tau,
-                compile_steps, frames, force, as_json, quiet):
+                compile_steps, frames, threads, force, as_json, quiet):
     """Measure this hardware: target and draft step times, the latency ratio T_q/T_p,
     TABED's Remarks 1-3 and Eq. 1's expected speedup, written as a YAML hardware profile.
 
@@ -84,7 +88,8 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
         try:
             hardware = run_profile(session, contexts=extra, warmup=warmup, repeats=repeats,
                                    tau=tau, progress=status.update, compile_steps=compile_steps,
-                                   frames=list(frames) if frames else None)
+                                   frames=list(frames) if frames else None,
+                                   threads=list(threads) if threads else None)
         except ValueError as exc:
             fail(str(exc))
     if not quiet:

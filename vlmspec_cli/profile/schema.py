@@ -201,6 +201,12 @@ class RuntimeSpec:
     # faster on this hardware (the hardware section) and the job is long enough to repay
     # the warm-up; on: always (the fast path must be on); off: never
     compile: str = field(default="auto", metadata=_rule(choices=("auto", "on", "off")))
+    # CPU threads of torch's operators (torch.set_num_threads). auto: the count `vlmspec
+    # profile` measured fastest for this profile (hardware.threads), else torch's default
+    # (one per core). Small models' steps are a few microseconds per operator, which
+    # threads slow down; large ones gain from them
+    threads: int | str = field(default="auto", metadata=_rule(
+        pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count"))
 
 
 @dataclass
@@ -225,6 +231,9 @@ class HardwareSpec:
     compiled_target_ms: float | None = field(default=None, metadata=_rule(ge=0))
     compiled_draft_ms: float | None = field(default=None, metadata=_rule(ge=0))
     compile_warmup_s: float | None = field(default=None, metadata=_rule(ge=0))
+    # the CPU thread count that decoded the sample requests fastest (runtime.threads: auto
+    # uses it)
+    threads: int | None = field(default=None, metadata=_rule(ge=1))
     # the full tables: target_verify_ms[S][k], draft_step_ms[B][S], remarks
     measurements: Any = None
 

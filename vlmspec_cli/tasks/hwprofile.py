@@ -4,6 +4,7 @@ a hardware profile (the ``hardware:`` section) that other profiles can ``include
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import random
 from typing import Callable
@@ -47,7 +48,8 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
     cpu = platform.processor() or platform.machine()
-    return f"{device.type} ({cpu}, {torch.get_num_threads()} threads)"
+    n = torch.get_num_threads()
+    return f"{device.type} ({cpu}, {n} thread{'s' if n > 1 else ''})"
 
 
 def draft_rows(profile) -> int:
@@ -84,10 +86,13 @@ def context_lengths(target, prompt_len: int, extra: list[int] | None) -> list[in
 def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: list[int] | None = None,
                 batches: list[int] | None = None, warmup: int = 3, repeats: int = 15,
                 tau: float | None = None, progress: Callable[[str], None] | None = None,
-                compile_steps: bool = False, frames: list[int] | None = None) -> dict:
-    """Measure everything; returns the ``hardware`` section as a plain dict. With
-    ``compile_steps`` also the compiled steps (runtime.compile) and their warm-up; for a
-    video profile also prefill, target step and drafting as the video grows (``frames``)."""
+                compile_steps: bool = False, frames: list[int] | None = None,
+                threads: list[int] | None = None) -> dict:
+    """Measure everything; returns the ``hardware`` section as a plain dict. First the CPU
+    thread count (``threads``: the counts to try), which then stays set for every other
+    measurement. With ``compile_steps`` also the compiled steps (runtime.compile) and their
+    warm-up; for a video profile also prefill, target step and drafting as the video grows
+    (``frames``)."""
     profile = session.profile
     target, draft = session.target, session.draft
     gamma = profile.drafting.gamma
@@ -95,17 +100,18 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
     if profile.task == "image":   # guided two-row forwards of image tokens
         from vlmspec_cli.tasks.hwprofile_image import image_request, image_tables
 
-        tables = image_tables(session, warmup, repeats, progress)
-        prompt_len = s0 = next(iter(tables.target_verify_ms))
-
         def make_request(seed: int) -> Request:
             return image_request(target, seed)
     else:
-        tables, prompt_len, s0 = text_tables(session, contexts, verify_tokens, batches, warmup,
-                                             repeats, progress)
-
         def make_request(seed: int) -> Request:
             return sample_request(profile, seed)
+    by_threads = measure_threads(session, make_request, thread_counts(threads), progress)
+    if profile.task == "image":
+        tables = image_tables(session, warmup, repeats, progress)
+        prompt_len = s0 = next(iter(tables.target_verify_ms))
+    else:
+        tables, prompt_len, s0 = text_tables(session, contexts, verify_tokens, batches, warmup,
+                                             repeats, progress)
     prefill = tables.prefill_ms
     t_p = tables.target_ms(s0, 1)
     t_verify = tables.target_ms(s0, gamma + 1)  # pending token + γ proposals, as the engine feeds
@@ -136,6 +142,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
         "draft_ms": round(t_q, 4) if t_q is not None else None,
         "prefill_ms": round(prefill, 4),
         **compiled,
+        "threads": by_threads["best"] if by_threads else None,
         "measurements": {
             "profile": profile.name, "method": profile.method, "gamma": gamma, "draft_rows": rows,
             "prompt_tokens": prompt_len, "warmup": warmup, "repeats": repeats,
@@ -151,8 +158,45 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
             "verify_over_step": round(t_verify / t_p, 4),
             "rounds": rounds,
             **({"frames": by_frames} if by_frames is not None else {}),
+            **({"threads_job_ms": by_threads["ms"]} if by_threads else {}),
         },
     }
+
+
+def thread_counts(given: list[int] | None) -> list[int]:
+    """The CPU thread counts to try: ``given``, or 1, 2, 4, … and this machine's cores."""
+    if given:
+        return sorted(set(given))
+    cores, n, out = os.cpu_count() or 1, 1, []
+    while n < cores:
+        out.append(n)
+        n *= 2
+    return out + [cores]
+
+
+def measure_threads(session, make_request: Callable[[int], Request], counts: list[int],
+                    progress: Callable[[str], None] | None = None, requests: int = 3) -> dict | None:
+    """Per CPU thread count, the median wall time (ms) of the profile's own method decoding
+    ``requests`` sample requests end to end (prefill included): small models' operators
+    take microseconds, and threads can cost more than they save. Leaves the fastest count
+    set; {"ms": {count: ms}, "best": count}. None on an accelerator (threads only run the
+    host's side there)."""
+    if session.target.device.type != "cpu":
+        return None
+    sample = [make_request(seed) for seed in range(requests)]
+
+    def job():
+        for request in sample:
+            session.engine.generate(request)
+    ms = {}
+    for n in counts:
+        torch.set_num_threads(n)
+        if progress:
+            progress(f"decoding {requests} sample requests on {n} CPU thread{'s' if n > 1 else ''}")
+        ms[n] = round(median_ms(job, session.target.device, warmup=1, repeats=3), 3)
+    best = min(ms, key=ms.get)
+    torch.set_num_threads(best)
+    return {"ms": ms, "best": best}
 
 
 def text_tables(session, contexts: list[int] | None, verify_tokens: list[int] | None,
@@ -251,7 +295,7 @@ def measure_compiled(session, context: int, rows: int, warmup: int, repeats: int
             set_compiled(lm.fast, False)
     return {"compiled_target_ms": round(target_ms, 4),
             "compiled_draft_ms": None if draft_ms is None else round(draft_ms, 4),
-            "compile_warmup_s": round(seconds, 2)}
+            "compile_warmup_s": round(seconds, 4)}
 
 
 def hardware_yaml(hardware: dict, source: str) -> str:
