@@ -295,3 +295,32 @@ def test_draft_blocks_compute_what_their_transformers_forward_computes(zoo_targe
             torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5, msg=name)
         assert static.length == 13 and static.grown == 0
 
+
+
+def test_the_engine_prefills_and_decodes_at_their_own_thread_counts(zoo_target, zoo_draft):
+    """runtime.prefill_threads while the prompt runs, runtime.threads for the rounds (the
+    target-only engine too), read off the target's first layer as it runs on the fast
+    path; the tokens equal generate()'s."""
+    from vlmspec_cli.profile import load_profile
+    from vlmspec_cli.session import build_session
+
+    profile = load_profile(None, ["runtime.threads=1", "runtime.prefill_threads=2"],
+                           cli={"target.device": "cpu", "draft.device": "cpu"})
+    session = build_session(profile, target=zoo_target)
+    assert "CPU threads: 1 decoding, 2 prefilling" in session.fast_path_summary()
+    _, image = fresh_scenes(1, seed=517)[0]
+    request = Request([Message("user", "describe the image.", (image,))], max_new_tokens=12)
+    expected = reference(zoo_target, request)
+    seen = []   # (rows the first layer's query projection ran, threads at that moment)
+    q_proj = zoo_target.adapter.text_stack(zoo_target).layers[0].self_attn.q_proj
+    hook = q_proj.register_forward_pre_hook(
+        lambda _m, args: seen.append((args[0].shape[1], torch.get_num_threads())))
+    try:
+        for engine in (session.engine, session.baseline_engine()):
+            seen.clear()
+            res = engine.generate(request)
+            assert res.tokens == expected
+            prompt = zoo_target.adapter.prompt_length(zoo_target, res.state.prompt, [image])
+            assert seen[0] == (prompt, 2) and all(t == 1 for _, t in seen[1:]) and len(seen) > 1
+    finally:
+        hook.remove()

@@ -186,13 +186,15 @@ def test_subprocess_write_refuses_foreign_yaml(tmp_path):
     assert str(target) in proc.stderr and target.read_bytes() == before
 
 
-def test_profile_picks_the_fastest_thread_count_and_auto_uses_it(tmp_path):
-    """`--threads 1,2` decodes the sample requests at each count and writes the fastest as
-    hardware.threads; a profile including that file with runtime.threads: auto runs on it,
-    an explicit count wins over it, and auto with no measurement leaves torch's count."""
+def test_profile_picks_the_fastest_thread_counts_and_auto_uses_them(tmp_path):
+    """`--threads 1,2` decodes the sample requests at each count and writes the count with
+    the least time outside the prefill as hardware.threads and the fastest prefill's as
+    hardware.prefill_threads; a profile including that file with auto runs on them, an
+    explicit count wins, and with neither set the process's count is never touched."""
     import torch
 
-    from vlmspec_cli.session import apply_threads
+    from vlmspec_cli.runtime.threads import PROCESS_THREADS, ThreadPlan
+    from vlmspec_cli.session import thread_plan
 
     hw = tmp_path / "hw.yaml"
     res = CliRunner().invoke(cli, ["profile", "--threads", "1,2", "--repeats", "3", "--warmup", "0",
@@ -203,14 +205,18 @@ def test_profile_picks_the_fastest_thread_count_and_auto_uses_it(tmp_path):
     user.write_text(f"include: {hw.name}\nname: mine\nruntime:\n  threads: auto\n")
     h = load_profile(str(user)).hardware
     job = {int(n): ms for n, ms in h.measurements["threads_job_ms"].items()}
-    assert set(job) == {1, 2} and all(ms > 0 for ms in job.values())
-    assert h.threads == min(job, key=job.get)
+    pre = {int(n): ms for n, ms in h.measurements["threads_prefill_ms"].items()}
+    assert set(job) == set(pre) == {1, 2} and all(0 < pre[n] < job[n] for n in job)
+    assert h.threads == min(job, key=lambda n: job[n] - pre[n])
+    assert h.prefill_threads == min(pre, key=pre.get)
     assert h.device.endswith(f", {h.threads} thread{'s' if h.threads > 1 else ''})")
-    other = 3 - h.threads
-    torch.set_num_threads(other)
-    assert apply_threads(load_profile(str(user))).startswith(f"{h.threads} CPU thread")
-    assert torch.get_num_threads() == h.threads
-    explicit = load_profile(str(user), [f"runtime.threads={other}"])
-    assert apply_threads(explicit).endswith("(runtime.threads)") and torch.get_num_threads() == other
-    plain = load_profile(str(user), ["runtime.threads=auto", "hardware.threads=null"])
-    assert apply_threads(plain) == "" and torch.get_num_threads() == other
+    assert thread_plan(load_profile(str(user))) == ThreadPlan(h.prefill_threads, h.threads)
+    explicit = load_profile(str(user), ["runtime.threads=3"])
+    assert thread_plan(explicit) == ThreadPlan(h.prefill_threads, 3)
+    bare = load_profile(None, ["runtime.threads=auto"])
+    assert thread_plan(bare) == ThreadPlan()       # nothing measured, nothing set
+    torch.set_num_threads(3)
+    ThreadPlan().enter("prefill"), ThreadPlan().enter("decode")
+    assert torch.get_num_threads() == 3
+    # one phase set: the other runs at the process's own count, not at the last phase's
+    assert thread_plan(load_profile(None, ["runtime.threads=1"])) == ThreadPlan(PROCESS_THREADS, 1)

@@ -14,12 +14,12 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from conftest import ROOT, fresh_scenes
 from test_lossless import PROMPTS, reference
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.threads import PROCESS_THREADS, ThreadPlan
 from vlmspec_cli.session import build_session
 
 SHIPPED = ROOT / "profiles"
@@ -56,8 +56,10 @@ def test_the_default_is_the_deep_pair_and_equals_its_greedy_decoding(default_ses
     assert target.model.config.text_config.num_hidden_layers == 32
     assert default_session.draft.model.config.text_config.num_hidden_layers == 1
     assert default_session.profile.draft.model == "zoo:tinyworld/llava-deep-draft"
-    # the profile's runtime.threads: 1 (the rest of the suite decodes on 2 threads)
-    assert torch.get_num_threads() == 1 and "1 CPU thread" in default_session.fast_path_summary()
+    # the profile's runtime.threads: 1 while decoding, the process's count prefilling (the
+    # rest of the suite decodes on 2 threads)
+    assert default_session.threads == ThreadPlan(prefill=PROCESS_THREADS, decode=1)
+    assert "CPU threads: 1 decoding" in default_session.fast_path_summary()
     _equal_and_drafted(default_session, _requests(3, 3232), lambda r: reference(target, r))
 
 

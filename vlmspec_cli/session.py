@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime.batch import BatchedEngine
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, require_safetensors,
                                        use_fast_path)
+from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
 
@@ -35,7 +34,7 @@ class Session:
     sampling: SamplingParams
     _baseline: SpeculativeEngine | None = field(default=None, init=False, repr=False)
     compile_reason: str = field(default="", init=False)   # runtime.compile, as decided
-    threads_reason: str = ""                               # runtime.threads, as applied
+    threads: ThreadPlan = field(default_factory=ThreadPlan)   # runtime.threads, resolved
 
     @property
     def lossless(self) -> bool:
@@ -53,8 +52,8 @@ class Session:
             parts.append(f"fast path (static cache): {', '.join(fast)}")
         if slow:
             parts.append(f"transformers' forward: {', '.join(slow)}")
-        if self.threads_reason:
-            parts.append(self.threads_reason)
+        if self.threads.describe():
+            parts.append(self.threads.describe())
         if self.compile_reason:
             roles = [role for role, lm in models if lm is not None and lm.fast is not None
                      and lm.fast.compiled is not None]
@@ -143,19 +142,28 @@ class Session:
             seconds += self.draft.fast.compiled.warm_up_chain(p.drafting.gamma)
         return seconds
 
+    def set_threads(self, plan: ThreadPlan) -> None:
+        """Run this session's engines (the method's, target-only's) under ``plan``."""
+        self.threads = self.engine.threads = plan
+        if self._baseline is not None:
+            self._baseline.threads = plan
+
     def baseline_engine(self) -> SpeculativeEngine:
         """Target-only decoding with the same sampling settings (for --compare); built once
         per session, since engines keep no per-request state."""
         if self._baseline is None:
             self._baseline = SpeculativeEngine(self.target, method_class("none")(), 1,
                                                self.sampling)
+            self._baseline.threads = self.threads
         return self._baseline
 
     def batched_engine(self) -> BatchedEngine:
         """generation.batch_size requests decoded together (the methods that batch)."""
         p = self.profile
-        return BatchedEngine(self.target, self.engine.drafter.batched(), self.engine.gamma,
-                             self.sampling, p.generation.batch_size)
+        engine = BatchedEngine(self.target, self.engine.drafter.batched(), self.engine.gamma,
+                               self.sampling, p.generation.batch_size)
+        engine.threads = self.threads
+        return engine
 
 
 def _supporting(check) -> list[str]:
@@ -237,21 +245,21 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     for role, lm in (("target", target), ("draft", drafter.draft)):
         if lm is not None:
             _fast_path(profile, lm, role)
+    engine.threads = thread_plan(profile)
     return Session(profile, target, drafter.draft, captioner, engine, sampling,
-                   threads_reason=apply_threads(profile))
+                   threads=engine.threads)
 
 
-def apply_threads(profile) -> str:
-    """Set ``runtime.threads`` (torch.set_num_threads) for this process; what was set and
-    why, or "" where it is left as it is (auto with no measurement: torch's default, or
-    OMP_NUM_THREADS, or what the caller set)."""
-    wanted, hardware = profile.runtime.threads, profile.hardware.threads
-    if wanted == "auto" and hardware is None:
-        return ""
-    count = int(hardware if wanted == "auto" else wanted)
-    torch.set_num_threads(count)
-    why = "measured fastest here by vlmspec profile" if wanted == "auto" else "runtime.threads"
-    return f"{count} CPU thread{'s' if count > 1 else ''} ({why})"
+def thread_plan(profile) -> ThreadPlan:
+    """``runtime.threads`` and ``runtime.prefill_threads`` resolved: a count, or for auto
+    the count ``vlmspec profile`` measured (the hardware section), else the process's own
+    count (torch's default or OMP_NUM_THREADS); neither set: the process's count is never
+    touched (what the caller set stands)."""
+    def count(wanted, measured):
+        return measured if wanted == "auto" else int(wanted)
+    r, h = profile.runtime, profile.hardware
+    return ThreadPlan(prefill=count(r.prefill_threads, h.prefill_threads),
+                      decode=count(r.threads, h.threads)).with_defaults()
 
 
 def _fast_path(profile, lm: LoadedModel, role: str) -> None:

@@ -161,8 +161,11 @@ def latency_table(hardware: dict) -> None:
     table.add_column("value", justify="right")
     table.add_row("profile", f"{m['profile']} ({m['method']}, γ={m['gamma']}, draft rows {m['draft_rows']})")
     if m.get("threads_job_ms"):
-        jobs = ", ".join(f"{n}: {ms:.0f} ms" for n, ms in m["threads_job_ms"].items())
-        table.add_row("CPU threads (3 sample requests)", f"{jobs} → {hardware['threads']}")
+        jobs = ", ".join(f"{n}: {ms:.0f} ms ({m['threads_prefill_ms'][n]:.0f} prefill)"
+                         for n, ms in m["threads_job_ms"].items())
+        table.add_row("CPU threads: 3 sample requests", jobs)
+        table.add_row("CPU threads: fastest", f"{hardware['threads']} decoding, "
+                                              f"{hardware['prefill_threads']} prefilling")
     table.add_row("prefill (sample request)", f"{hardware['prefill_ms']:.2f} ms")
     table.add_row("target step T_p", f"{hardware['target_ms']:.3f} ms")
     table.add_row(f"target verify T_p(γ+1={m['gamma'] + 1})", f"{hardware['target_verify_ms']:.3f} ms")

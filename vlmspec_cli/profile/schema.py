@@ -201,11 +201,15 @@ class RuntimeSpec:
     # faster on this hardware (the hardware section) and the job is long enough to repay
     # the warm-up; on: always (the fast path must be on); off: never
     compile: str = field(default="auto", metadata=_rule(choices=("auto", "on", "off")))
-    # CPU threads of torch's operators (torch.set_num_threads). auto: the count `vlmspec
-    # profile` measured fastest for this profile (hardware.threads), else torch's default
-    # (one per core). Small models' steps are a few microseconds per operator, which
-    # threads slow down; large ones gain from them
+    # CPU threads of torch's operators (torch.set_num_threads, runtime/threads.py) while
+    # decoding (drafting and verifying rounds), and while prefilling a prompt. auto: the
+    # count `vlmspec profile` measured fastest for this profile on this machine
+    # (hardware.threads, hardware.prefill_threads), else torch's default (one per core).
+    # A small model's steps take microseconds per operator, which threads can slow down;
+    # a long prompt's prefill gains from every core
     threads: int | str = field(default="auto", metadata=_rule(
+        pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count"))
+    prefill_threads: int | str = field(default="auto", metadata=_rule(
         pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count"))
 
 
@@ -231,9 +235,10 @@ class HardwareSpec:
     compiled_target_ms: float | None = field(default=None, metadata=_rule(ge=0))
     compiled_draft_ms: float | None = field(default=None, metadata=_rule(ge=0))
     compile_warmup_s: float | None = field(default=None, metadata=_rule(ge=0))
-    # the CPU thread count that decoded the sample requests fastest (runtime.threads: auto
-    # uses it)
+    # the CPU thread counts that ran the sample requests' rounds and their prefills
+    # fastest (runtime.threads / prefill_threads: auto use them)
     threads: int | None = field(default=None, metadata=_rule(ge=1))
+    prefill_threads: int | None = field(default=None, metadata=_rule(ge=1))
     # the full tables: target_verify_ms[S][k], draft_step_ms[B][S], remarks
     measurements: Any = None
 

@@ -30,6 +30,7 @@ from vlmspec_cli.runtime.models import LoadedModel
 from vlmspec_cli.runtime.ragged import RaggedCache
 from vlmspec_cli.runtime.request import DecodeState, Request, make_generators
 from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.threads import ThreadPlan
 
 T = TypeVar("T")
 
@@ -53,6 +54,7 @@ class BatchedEngine:
         self.sampling = sampling
         self.batch_size = batch_size
         self.eos_ids = eos_token_ids(target)
+        self.threads = ThreadPlan()     # CPU threads per phase (runtime/threads.py)
 
     # -- the scheduler ---------------------------------------------------------------
     def run(self, items: Iterable[T], make_request: Callable[[T], Request],
@@ -112,6 +114,13 @@ class BatchedEngine:
     # -- joining the batch -----------------------------------------------------------
     def _admit(self, item, request: Request) -> _Row:
         """Prefill the request alone and add it as a new row of both caches."""
+        self.threads.enter("prefill")
+        try:
+            return self._prefill_row(item, request)
+        finally:
+            self.threads.enter("decode")
+
+    def _prefill_row(self, item, request: Request) -> _Row:
         t0 = time.perf_counter()
         lm = self.target
         state = DecodeState(request=request, prompt=lm.adapter.prompt_text(lm, request.messages))

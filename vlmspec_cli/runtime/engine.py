@@ -25,6 +25,7 @@ from vlmspec_cli.runtime.draft import Draft, Drafter, commit
 from vlmspec_cli.runtime.models import LoadedModel
 from vlmspec_cli.runtime.request import DecodeState, Request, TargetFeatures, make_generators
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
+from vlmspec_cli.runtime.threads import ThreadPlan
 
 
 @dataclass
@@ -54,11 +55,19 @@ class SpeculativeEngine:
         self.hidden_layer = None if self.runs_target else drafter.hidden_layer
         # LANTERN relaxed acceptance of tree nodes (verify.Relaxation; lossy, opt-in)
         self.relax: Relaxation | None = None
+        # CPU threads for the prefill and for the rounds (runtime/threads.py); none: as set
+        self.threads = ThreadPlan()
 
     # -- one request -----------------------------------------------------------------
     def start(self, request: Request) -> DecodeState:
         """Prefill target and drafter; the target's prefill logits give the first token's
         distribution (kept as ``target_next_logits``, consumed by the first round)."""
+        self.threads.enter("prefill")
+        state = self._prefill(request)
+        self.threads.enter("decode")      # the rounds that follow
+        return state
+
+    def _prefill(self, request: Request) -> DecodeState:
         lm = self.target
         state = DecodeState(request=request, prompt=lm.adapter.prompt_text(lm, request.messages))
         state.target_generator, state.draft_generator = make_generators(request.seed)

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 import torch
 
 from vlmspec_cli.runtime.adapters.base import TextStack
-from vlmspec_cli.runtime.static_cache import StaticKVCache
 
 
 def chunk_mask(q: int, past: int, dtype: torch.dtype, device) -> torch.Tensor | None:

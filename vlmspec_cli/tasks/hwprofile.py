@@ -7,6 +7,8 @@ import datetime
 import os
 import platform
 import random
+import statistics
+import time
 from typing import Callable
 
 import torch
@@ -19,6 +21,7 @@ from vlmspec_cli.runtime.latency import (LatencyTables, eq1_speedup, measure_tab
 from vlmspec_cli.runtime.limits import position_limit, prompt_tokens
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.round_timing import time_rounds
+from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_png, is_profile,
                                             same_file, write_checked)
 from vlmspec_cli.zoo import world
@@ -143,6 +146,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
         "prefill_ms": round(prefill, 4),
         **compiled,
         "threads": by_threads["best"] if by_threads else None,
+        "prefill_threads": by_threads["best_prefill"] if by_threads else None,
         "measurements": {
             "profile": profile.name, "method": profile.method, "gamma": gamma, "draft_rows": rows,
             "prompt_tokens": prompt_len, "warmup": warmup, "repeats": repeats,
@@ -158,7 +162,8 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
             "verify_over_step": round(t_verify / t_p, 4),
             "rounds": rounds,
             **({"frames": by_frames} if by_frames is not None else {}),
-            **({"threads_job_ms": by_threads["ms"]} if by_threads else {}),
+            **({"threads_job_ms": by_threads["job_ms"],
+                "threads_prefill_ms": by_threads["prefill_ms"]} if by_threads else {}),
         },
     }
 
@@ -176,27 +181,39 @@ def thread_counts(given: list[int] | None) -> list[int]:
 
 def measure_threads(session, make_request: Callable[[int], Request], counts: list[int],
                     progress: Callable[[str], None] | None = None, requests: int = 3) -> dict | None:
-    """Per CPU thread count, the median wall time (ms) of the profile's own method decoding
-    ``requests`` sample requests end to end (prefill included): small models' operators
-    take microseconds, and threads can cost more than they save. Leaves the fastest count
-    set; {"ms": {count: ms}, "best": count}. None on an accelerator (threads only run the
-    host's side there)."""
+    """Per CPU thread count, the profile's own method decoding ``requests`` sample requests
+    end to end: median wall time and prefill time (ms) of three passes after a warm one.
+    The rounds' count (``threads``) is the one with the least wall minus prefill, the
+    prefill's (``prefill_threads``) the one with the least prefill: small models' decoding
+    operators take microseconds and threads can cost more than they save, while a long
+    prompt's prefill gains from every core. Leaves the session on those counts (for the
+    measurements after this one). None on an accelerator (threads only run the host's
+    side there)."""
     if session.target.device.type != "cpu":
         return None
     sample = [make_request(seed) for seed in range(requests)]
-
-    def job():
-        for request in sample:
-            session.engine.generate(request)
-    ms = {}
+    session.set_threads(ThreadPlan())          # each count for both phases while timing
+    job, prefill = {}, {}
     for n in counts:
         torch.set_num_threads(n)
         if progress:
             progress(f"decoding {requests} sample requests on {n} CPU thread{'s' if n > 1 else ''}")
-        ms[n] = round(median_ms(job, session.target.device, warmup=1, repeats=3), 3)
-    best = min(ms, key=ms.get)
-    torch.set_num_threads(best)
-    return {"ms": ms, "best": best}
+        walls, prefills = [], []
+        for rep in range(4):                    # pass 0 warms up
+            t0, pre = time.perf_counter(), 0.0
+            for request in sample:
+                pre += session.engine.generate(request).state.stats.prefill_s
+            if rep:
+                walls.append(time.perf_counter() - t0)
+                prefills.append(pre)
+        job[n], prefill[n] = statistics.median(walls) * 1e3, statistics.median(prefills) * 1e3
+    best = min(counts, key=lambda n: job[n] - prefill[n])
+    best_prefill = min(counts, key=prefill.get)
+    session.set_threads(ThreadPlan(prefill=best_prefill, decode=best))
+    session.threads.enter("decode")
+    return {"job_ms": {n: round(v, 3) for n, v in job.items()},
+            "prefill_ms": {n: round(v, 3) for n, v in prefill.items()},
+            "best": best, "best_prefill": best_prefill}
 
 
 def text_tables(session, contexts: list[int] | None, verify_tokens: list[int] | None,

@@ -1,0 +1,50 @@
+"""CPU threads per phase of a request (``runtime.threads``, ``runtime.prefill_threads``).
+
+A prompt's prefill is one forward over many rows: matrix products large enough for every
+core. A decoding round is many forwards over a few rows (one draft token, γ + 1 verified
+ones): on small models each operator takes microseconds, and handing it to a second
+thread can cost more than it saves (bench/RESULTS.md, "CPU threads"). So the engine runs
+the two phases at their own counts. torch.set_num_threads is process-wide and cheap to
+change (microseconds), and the results do not depend on it beyond float rounding, which
+target-only decoding shares (it runs under the same plan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+# the process's own count (torch's default: one per core, or OMP_NUM_THREADS), read before
+# any plan changed it: a phase a plan leaves to auto runs at this count
+PROCESS_THREADS = torch.get_num_threads()
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """Thread counts per phase; a plan of two Nones never touches the process's count.
+    ``with_defaults`` fills one None with ``PROCESS_THREADS`` when the other phase is set
+    (else the first request's rounds would leave the next prefill at their count)."""
+
+    prefill: int | None = None
+    decode: int | None = None
+
+    def enter(self, phase: str) -> None:
+        """Set the count of ``phase`` ("prefill" or "decode")."""
+        n = self.prefill if phase == "prefill" else self.decode
+        if n is not None and n != torch.get_num_threads():
+            torch.set_num_threads(n)
+
+    def with_defaults(self) -> "ThreadPlan":
+        if self.prefill is None and self.decode is None:
+            return self
+        return ThreadPlan(prefill=self.prefill or PROCESS_THREADS, decode=self.decode or PROCESS_THREADS)
+
+    def describe(self) -> str:
+        """E.g. "1 CPU thread decoding, 2 prefilling"; "" when nothing is set."""
+        parts = []
+        for n, what in ((self.decode, "decoding"), (self.prefill, "prefilling")):
+            if n is not None:
+                parts.append(f"{n} {what}")
+        return f"CPU threads: {', '.join(parts)}" if parts else ""
