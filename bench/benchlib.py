@@ -65,3 +65,23 @@ def timed(fn, device, repeats: int = 30, warmup: int = 10) -> float:
         sync(device)
         times.append(time.perf_counter() - t0)
     return 1000 * statistics.median(times)
+
+
+THREADS_HELP = ("CPU threads for prefill and rounds alike (default: the profile's "
+                "runtime.threads / runtime.prefill_threads plan, as the CLI runs it)")
+
+
+def thread_plan_for(threads: int | None, profile):
+    """The ThreadPlan every engine of a bench runs under: ``--threads`` for both phases, or
+    the profile's own (runtime/threads.py); sets the process's count to the rounds' one."""
+    from vlmspec_cli.runtime.threads import ThreadPlan
+    from vlmspec_cli.session import thread_plan
+
+    plan = ThreadPlan(threads, threads) if threads else thread_plan(profile)
+    plan.enter("decode")
+    return plan
+
+
+def with_plan(machine: dict, plan) -> dict:
+    """machine_info with the thread plan the run used instead of the count at its end."""
+    return dict(machine, threads=plan.describe() or machine["threads"])

@@ -1,14 +1,15 @@
 """Caption / Q&A speed benchmark on fresh tinyworld scenes, with the TABED Eq. 1 check.
 
 On the same inputs, in one process, greedy decoding with: vlmspec target-only, HF generate()
-(target only), HF assisted generation (the draft as assistant_model, constant γ), and vlmspec
-``chain`` with multimodal (M) and text (T) drafting input. Reports tokens/s, speedups, block
+(target only), HF assisted generation (the draft as assistant_model, constant γ), vlmspec
+``chain`` with multimodal (M) and text (T) drafting input, and each ``--also`` profile's
+whole configuration (default ``tinyworld-hidden``: the hidden-state head at its γ). Reports tokens/s, speedups, block
 efficiency τ (mean tokens per target forward, bonus token included), the measured latency
 ratio T_q/T_p, Eq. 1's prediction τ / (γ·T_q/T_p + 1), and token mismatches against the
 target's own greedy generate().
 
     python bench/caption.py [--profile NAME] [--n 20] [--max-new-tokens 64] [--gamma 5]
-                            [--threads 2] [--seed 0] [--json out.json]
+                            [--threads N] [--seed 0] [--also PROFILE ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from benchlib import machine_info  # noqa: E402  (bench/benchlib.py)
+from benchlib import THREADS_HELP, machine_info, thread_plan_for, with_plan  # noqa: E402  (bench/benchlib.py)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.drafters.inputs import input_prompt  # noqa: E402
 from vlmspec_cli.profile import ProfileError, load_profile  # noqa: E402
@@ -36,6 +37,7 @@ from vlmspec_cli.runtime.models import ModelLoadError, check_compatible, load_mo
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
 from vlmspec_cli.runtime.stats import SpecStats  # noqa: E402
 from vlmspec_cli.runtime.verify import SamplingParams  # noqa: E402
+from vlmspec_cli.session import SessionError, build_session  # noqa: E402
 from vlmspec_cli.zoo import world  # noqa: E402
 
 GREEDY = SamplingParams(0.0)
@@ -67,6 +69,7 @@ def engine_method(engine: SpeculativeEngine):
     def run(req: Request) -> tuple[list[int], SpecStats]:
         res = engine.generate(req)
         return res.tokens, res.state.stats
+    run.engine = engine
     return run
 
 
@@ -87,6 +90,20 @@ def hf_method(target, **generate_kwargs):
         return tokens, SpecStats(new_tokens=len(tokens), num_drafts=forwards[0],
                                  num_accepted_tokens=len(tokens) - forwards[0])
     return run
+
+
+def profile_method(name: str, cli: dict, base, target) -> dict:
+    """{row name: run} for a shipped or YAML profile's whole configuration (method, models,
+    γ), built as the CLI builds it, on the already loaded target."""
+    try:
+        other = load_profile(name, cli=cli)
+        if other.target.model != base.target.model:
+            sys.exit(f"bench/caption.py: --also {name}: its target {other.target.model} is not "
+                     f"{base.target.model}")
+        engine = build_session(other, target=target).engine
+    except (ProfileError, ModelLoadError, SessionError) as exc:
+        sys.exit(f"bench/caption.py: --also {name}: {exc}")
+    return {f"vlmspec {other.name} ({other.method} γ={engine.gamma})": engine_method(engine)}
 
 
 def step_latency(lm, inputs: dict, n_tokens: int, repeats: int = 30, warmup: int = 5) -> float:
@@ -198,15 +215,17 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20, help="number of fresh scenes")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--gamma", type=int, default=None, help="draft tokens per block (default: profile's)")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None, help="override the profile's device (cpu, cuda, ...)")
     ap.add_argument("--hf-confidence", type=float, default=0.0,
                     help="HF assistant_confidence_threshold; 0 = fixed γ like chain (HF default 0.4)")
+    ap.add_argument("--also", action="append", default=None, metavar="PROFILE",
+                    help="also time this profile's method on the same target (repeatable; default "
+                         "tinyworld-hidden, the best lossless caption method of bench/calibrate.py)")
     ap.add_argument("--json", default=None, help="write all numbers to this file")
     args = ap.parse_args()
 
-    torch.set_num_threads(args.threads)
     cli = {"target.device": args.device, "draft.device": args.device}
     try:
         profile = load_profile(args.profile, cli=cli)
@@ -214,6 +233,7 @@ def main() -> None:
         check_compatible(target, draft, needs_images=True)
     except (ProfileError, ModelLoadError) as exc:
         sys.exit(f"bench/caption.py: {exc}")
+    plan = thread_plan_for(args.threads, profile)
     gamma = args.gamma or profile.drafting.gamma
     image_token = target.adapter.image_token(target)
     cfg = {"profile": profile.source, "target": profile.target.model, "draft": profile.draft.model,
@@ -238,11 +258,17 @@ def main() -> None:
         "vlmspec chain (M)": engine_method(chain("multimodal")),
         "vlmspec chain (T)": engine_method(chain("text")),
     }
+    for name in args.also if args.also is not None else ["tinyworld-hidden"]:
+        methods.update(profile_method(name, cli, profile, target))
+    for run in methods.values():   # every row under the same threads (HF: the rounds' count)
+        if getattr(run, "engine", None) is not None:
+            run.engine.threads = plan
     requests = make_requests(args.n, args.seed, args.max_new_tokens)
     res = run_benchmark(methods, requests, target.device)
+    plan.enter("decode")   # the latency tables: decoding steps
     lat = measure_latencies(target, draft, requests[0], gamma)  # models warm by now
     rows = summarize(res, lat, gamma)
-    machine = machine_info(target.device)
+    machine = with_plan(machine_info(target.device), plan)
     print_report(cfg, machine, lat, rows)
     if args.json:
         Path(args.json).write_text(json.dumps(

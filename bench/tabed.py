@@ -19,7 +19,7 @@ shows how much of that model the engine reaches. The static ensembles (MT, MTCP:
 weights) are compared with the adaptive ones (MT*, MTCP*) column by column.
 
     python bench/tabed.py [--profile NAME] [--n 10] [--max-new-tokens 48] [--gamma 5]
-                          [--threads 2] [--seed 0] [--window all] [--distance kl]
+                          [--threads N] [--seed 0] [--window all] [--distance kl]
                           [--grid 10] [--json out.json] [--markdown]
 """
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from benchlib import machine_info, print_table  # noqa: E402  (bench/benchlib.py)
+from benchlib import THREADS_HELP, machine_info, thread_plan_for, with_plan, print_table  # noqa: E402  (bench/benchlib.py)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.profile import ProfileError, load_profile  # noqa: E402
 from vlmspec_cli.runtime.captioner import Captioner  # noqa: E402
@@ -295,7 +295,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10, help="requests per scenario")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--gamma", type=int, default=5, help="draft tokens per block")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     ap.add_argument("--seed", type=int, default=0, help="picks the fresh inputs")
     ap.add_argument("--device", default=None, help="override the profile's device (cpu, cuda, ...)")
     ap.add_argument("--window", default="all", help="tabed rows: verified positions weighed (h or all)")
@@ -305,7 +305,6 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="print markdown tables for bench/RESULTS.md")
     args = ap.parse_args()
 
-    torch.set_num_threads(args.threads)
     cli = {f"{role}.device": args.device for role in ("target", "draft", "captioner")}
     try:
         profile = load_profile(args.profile, cli=cli)
@@ -317,7 +316,8 @@ def main() -> None:
         sys.exit(f"bench/tabed.py: {exc}")
     window = args.window if args.window == "all" else int(args.window)
     options = {"window": window, "distance": args.distance, "grid": args.grid}
-    machine = machine_info(target.device)
+    plan = thread_plan_for(args.threads, profile)
+    machine = with_plan(machine_info(target.device), plan)
     cfg = {"profile": profile.source, "target": profile.target.model, "draft": profile.draft.model,
            "captioner": profile.captioner.model, "n": args.n, "max_new_tokens": args.max_new_tokens,
            "gamma": args.gamma, "seed": args.seed, "captioner_cache": "emptied before every timed request",
@@ -331,6 +331,8 @@ def main() -> None:
 
     scenarios = make_scenarios(args.n, args.seed, args.max_new_tokens)
     engines = build_engines(target, draft, captioner, args.gamma, options)
+    for engine in engines.values():
+        engine.threads = plan
     lat = latency(target, draft, scenarios[SCENARIOS[0]][0])
     print(f"T_p = {lat['target_step_ms']:.2f} ms, T_q(B) = "
           + ", ".join(f"{b}: {v:.2f}" for b, v in lat["draft_step_ms"].items())

@@ -35,7 +35,7 @@ ignores the prefill and that verification skips layers[:K] for the drafted token
 "meas/Eq.1" = RelSpd / Eq. 1 says how much of the expected gain survives end to end.
 
     python bench/twig.py [--n 20] [--max-new-tokens 48] [--gamma 5] [--threshold 0.6]
-                         [--threads 2] [--seed 0] [--twig zoo:tinyworld/llava-twig]
+                         [--threads N] [--seed 0] [--twig zoo:tinyworld/llava-twig]
                          [--variants-dir bench/twigs] [--prune R,P,KF ...]
                          [--latency-repeats 15] [--json out.json] [--markdown]
 """
@@ -56,10 +56,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from benchlib import machine_info, print_table  # noqa: E402  (bench/benchlib.py)
+from benchlib import THREADS_HELP, machine_info, thread_plan_for, with_plan, print_table  # noqa: E402  (bench/benchlib.py)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.drafters.twig import PrunePlan  # noqa: E402
-from vlmspec_cli.profile import ModelSpec  # noqa: E402
+from vlmspec_cli.profile import ModelSpec, load_profile  # noqa: E402
 from vlmspec_cli.runtime.adapters.base import truncate_cache  # noqa: E402
 from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
 from vlmspec_cli.runtime.latency import eq1_speedup, synchronize  # noqa: E402
@@ -347,7 +347,7 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=5, help="δ: most draft tokens per round")
     ap.add_argument("--threshold", type=float, default=0.6, help="θ: early exit of the drafting rows "
                     "(the shipped twig also runs with θ=0)")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     ap.add_argument("--seed", type=int, default=0, help="picks the fresh inputs")
     ap.add_argument("--device", default="cpu", help="device of target and twigs (cpu, cuda, ...)")
     ap.add_argument("--target", default=TARGET, help="the target (zoo name or directory)")
@@ -368,12 +368,12 @@ def main() -> None:
     if args.n < 1:
         sys.exit("bench/twig.py: --n must be >= 1")
 
-    torch.set_num_threads(args.threads)
     try:
         target = load_model(ModelSpec(model=args.target, device=args.device), "target")
     except ModelLoadError as exc:
         sys.exit(f"bench/twig.py: {exc}")
-    machine = machine_info(target.device)
+    plan = thread_plan_for(args.threads, load_profile("tinyworld-twig"))
+    machine = with_plan(machine_info(target.device), plan)
     cfg = {"target": args.target, "twig": args.twig, "variants_dir": args.variants_dir, "n": args.n,
            "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "threshold": args.threshold,
            "seed": args.seed, "latency_repeats": args.latency_repeats,
@@ -386,6 +386,8 @@ def main() -> None:
 
     items, warm = make_items(args.n, args.seed, args.max_new_tokens)
     rows = build_rows(target, args)
+    for row in rows:
+        row.engine.threads = plan
     raw = run_all(rows, items, warm, target.device)
     lat = measure_c(rows, warm, target.device, args.latency_repeats)
     summary = summarize(rows, raw, items, lat)
