@@ -103,6 +103,52 @@ def run_profile(name: str, counts: list[int], n: int, repeats: int, seed: int,
     return rows
 
 
+def time_ops(counts: list[int], frames: list[int]) -> list[dict]:
+    """Where thread counts matter, per count: one 128-wide linear layer over 1, 2 and 6
+    rows (the shapes of drafting and verifying), one step and one 6-row verification of
+    the 32-layer caption target after its sample prompt, and prefills (that prompt;
+    tinyworld videos of ``frames`` frames)."""
+    from benchlib import timed
+    from vlmspec_cli.tasks.hwprofile import sample_request
+    from video import requests as video_requests   # bench/video.py
+
+    caption = build_session(load_profile("tinyworld-caption"))
+    video = build_session(load_profile("tinyworld-video"))
+    for s in (caption, video):
+        s.set_threads(s.threads.__class__())      # this function sets the counts itself
+    target, cpu = caption.target, torch.device("cpu")
+    prompt_req = sample_request(caption.profile)
+    videos = {k: video_requests(1, k, 7)[0][0] for k in frames}
+    out = []
+    with torch.inference_mode():
+        for n in counts:
+            torch.set_num_threads(n)
+            row = {"threads": n}
+            for width in (384, 128):
+                lin = torch.nn.Linear(128, width, bias=False)
+                for rows in (1, 2, 6):
+                    x = torch.randn(1, rows, 128)
+                    row[f"linear_128x{width}_{rows}rows_us"] = round(
+                        1000 * timed(lambda: lin(x), cpu, repeats=2000, warmup=200), 2)
+            state = caption.baseline_engine().start(prompt_req)
+            cache, base = state.target_cache, state.target_cache.get_seq_length()
+            for k in (1, 6):
+                ids = torch.full((1, k), 5)
+
+                def step():
+                    target.adapter.extend(target, ids, cache)
+                    cache.crop(base)
+                row[f"target_step_{k}rows_ms"] = round(timed(step, cpu, repeats=30, warmup=5), 3)
+            row["caption_prefill_ms"] = round(timed(lambda: caption.baseline_engine().start(prompt_req),
+                                                    cpu, repeats=7, warmup=2), 2)
+            for k, req in videos.items():
+                reps = 3 if k > 100 else 7
+                row[f"video_{k}_frames_prefill_ms"] = round(
+                    timed(lambda: video.baseline_engine().start(req), cpu, repeats=reps, warmup=1), 1)
+            out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="1,2", help="thread counts (comma-separated)")
@@ -112,9 +158,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=4321)
     ap.add_argument("--split", action="store_true",
                     help="also the profile as shipped (threads decoding / prefilling)")
+    ap.add_argument("--ops", action="store_true",
+                    help="time operators, steps and prefills per count instead (time_ops)")
+    ap.add_argument("--frames", default="8,256,1024", help="--ops: video lengths prefilled")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     counts = [int(k) for k in args.threads.split(",")]
+    if args.ops:
+        ops = time_ops(counts, [int(k) for k in args.frames.split(",")])
+        keys = list(ops[0])
+        print_table("per thread count (linear: µs per call; steps and prefills: ms, medians)",
+                    keys, [[str(r[k]) for k in keys] for r in ops], markdown=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"machine": machine_info(torch.device("cpu")),
+                                                   "args": vars(args), "ops": ops}, indent=2))
+        return
     rows = []
     for name in args.profiles.split(","):
         print(f"[{time.strftime('%H:%M:%S')}] {name}", file=sys.stderr, flush=True)
