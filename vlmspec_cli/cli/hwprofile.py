@@ -17,7 +17,7 @@ Examples:
   vlmspec profile --contexts 128,1024 --repeats 30 --tau 3.2 --json
   vlmspec profile --compile --write hw.yaml        # also time compiled steps (runtime.compile)
   vlmspec profile -p tinyworld-hidden              # the hidden-state head's own rounds
-  vlmspec profile --threads 1,2 --write hw.yaml    # which CPU thread count decodes fastest
+  vlmspec profile --threads 1,2 --write hw.yaml    # CPU thread counts for rounds and prefill
   vlmspec profile -p tinyworld-video --frames 4,16,64   # prefill, steps, drafting vs frames
   vlmspec profile -p tinyworld-image --plot img.png     # guided steps, tree sizes, ADT rounds
 
@@ -46,7 +46,8 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
               help="Video profiles: the video lengths (frames) to time [4,8,16,32].")
 @click.option("--threads", type=IntList(min=1), metavar="N,N,...",
               help="CPU thread counts to try (default 1, 2, 4, … up to the cores); the fastest "
-                   "is recorded as hardware.threads, which runtime.threads: auto then uses.")
+                   "for the rounds and for the prefill are recorded as hardware.threads and "
+                   "hardware.prefill_threads, which runtime.threads / prefill_threads: auto use.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --write / --plot file (only "
                                             "a hardware profile / a PNG; never the --profile).")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")

@@ -29,8 +29,8 @@ from vlmspec_cli.runtime.engine import Result, decode_text, eos_token_ids
 from vlmspec_cli.runtime.models import LoadedModel
 from vlmspec_cli.runtime.ragged import RaggedCache
 from vlmspec_cli.runtime.request import DecodeState, Request, make_generators
-from vlmspec_cli.runtime.verify import SamplingParams
 from vlmspec_cli.runtime.threads import ThreadPlan
+from vlmspec_cli.runtime.verify import SamplingParams
 
 T = TypeVar("T")
 

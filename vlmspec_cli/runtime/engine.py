@@ -24,8 +24,8 @@ from vlmspec_cli.runtime.adapters.base import cache_length
 from vlmspec_cli.runtime.draft import Draft, Drafter, commit
 from vlmspec_cli.runtime.models import LoadedModel
 from vlmspec_cli.runtime.request import DecodeState, Request, TargetFeatures, make_generators
-from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 from vlmspec_cli.runtime.threads import ThreadPlan
+from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
 
 @dataclass

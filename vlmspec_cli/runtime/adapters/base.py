@@ -157,8 +157,8 @@ class ModelAdapter:
         """The prompt through the fast path straight into a static cache: (last logits
         (1, V), the chosen layer's states or None), or None where it must take the model's
         own forward. The same layers, kernels and causal mask as the decoding steps, and
-        no copy of a transformers cache: the logits equal the forward's (tests/
-        test_fast_prefill.py). Not with compiled steps, whose buckets are for steps."""
+        no copy of a transformers cache: the logits and cache equal the forward's
+        (tests/test_fast_path.py). Not with compiled steps, whose buckets are for steps."""
         if not isinstance(cache, StaticKVCache) or lm.fast.compiled is not None:
             return None
         embeds = self.fast_prompt_embeds(lm, inputs)
