@@ -106,3 +106,19 @@ def test_chat_and_inputs_are_exclusive(tmp_path):
 def test_missing_chat_file_is_named(tmp_path):
     res = run(["caption", "--chat", str(tmp_path / "nope.jsonl")])
     assert res.exit_code == 2 and "nope.jsonl" in res.output
+
+
+def test_compare_warms_both_sides_up_without_handing_out_captions(tmp_path):
+    """--compare decodes a short untimed request on both sides first, skipping an input
+    that does not load; the captions it made are forgotten, so the first timed request
+    still captions its image (its caption time is its own) and the bad input is reported
+    once, in its place."""
+    image = tmp_path / "a.png"
+    fresh_scenes(1, seed=78)[0][1].save(image)
+    missing = tmp_path / "missing.png"
+    res = run(["caption", str(missing), str(image), "-p", "tinyworld-tabed", "--compare", "--json",
+               *FAST])
+    assert res.exit_code == 1
+    bad, good = records(res.stdout)
+    assert bad["error"] and res.stderr.count("missing.png") == 1
+    assert good["compare"]["identical"] and good["stats"]["caption_s"] > 0

@@ -14,6 +14,7 @@ same input and a run with another model or token limit is not "done". An output 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -245,6 +246,27 @@ def caption_one(session, item: Job, compare: bool,
     return result_record(session, item, request, result, compare)
 
 
+def warm_up_compare(session, requests) -> None:
+    """Before ``--compare`` times anything: one short untimed decode of the first request
+    that builds, with the method and with target-only. Each side's first decode pays
+    one-time start-up costs (allocations, kernel set-up), and the method decodes each input
+    first, so without this the first timed input charged them to speculation alone.
+    ``requests`` yields requests or raises for bad inputs, which the timed loop reports;
+    a drafter's caption cache is emptied again, so no timed input finds its captions made."""
+    for make in requests:
+        try:
+            request = make()
+        except Exception:
+            continue
+        short = dataclasses.replace(request, max_new_tokens=min(request.max_new_tokens, 8))
+        session.engine.generate(short)
+        session.baseline_engine().generate(short)
+        captioner = getattr(session.engine.drafter, "captioner", None)
+        if captioner is not None:
+            captioner.forget()
+        return
+
+
 def _failure_reason(exc: Exception) -> str:
     return exc.reason if isinstance(exc, InputError) else f"failed: {type(exc).__name__}: {exc}"
 
@@ -288,6 +310,8 @@ def run_batch(session, items: list[Job], events: CaptionEvents,
         summary.batch_size = session.profile.generation.batch_size
         summary.batched_s = _run_batched(session, todo, events, compare, failed, finished)
         return summary
+    if compare:
+        warm_up_compare(session, [lambda it=item: make_request(session, it) for item in todo[:3]])
     for item in todo:
         events.item_started(item)
         try:

@@ -25,7 +25,7 @@ import torch
 
 from vlmspec_cli.runtime.limits import check_fits
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.tasks.caption import BatchSummary, CaptionEvents
+from vlmspec_cli.tasks.caption import BatchSummary, CaptionEvents, warm_up_compare
 from vlmspec_cli.tasks.output_files import OutputRefused, is_png, refusal, write_new
 
 TASK = "image"
@@ -165,6 +165,9 @@ def run_images(session, jobs: list[ImageJob], events: CaptionEvents, *, force: b
             todo.append(job)
     events.batch_started(len(todo), summary.skipped)
     rows, cols = session.target.adapter.image_grid(session.target)
+    if compare:
+        warm_up_compare(session, [lambda j=job: image_request(session, j)
+                                  for job in todo[:3] if job.error is None])
     for job in todo:
         record = base_record(session, job)
         events.item_started(job)
