@@ -52,10 +52,11 @@ def run_benches(out: Path, quick: bool, only: list[str]) -> dict:
         script, args, quick_args = COMMANDS[name]
         cmd = [sys.executable, str(HERE / script), *(quick_args if quick else args),
                "--json", str(out / f"{name}.json")]
-        print(f"[{time.strftime('%H:%M:%S')}] {' '.join(cmd[1:])}", flush=True)
+        shown = " ".join([f"bench/{script}", *cmd[2:]])   # as run from the repository root
+        print(f"[{time.strftime('%H:%M:%S')}] {shown}", flush=True)
         t0 = time.perf_counter()
         with open(out / f"{name}.txt", "w") as log:
-            log.write("$ python " + " ".join(str(c) for c in cmd[1:]) + "\n")
+            log.write(f"$ python {shown}\n")
             log.flush()
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
         times[name] = round(time.perf_counter() - t0, 1)

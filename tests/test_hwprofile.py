@@ -209,7 +209,7 @@ def test_profile_picks_the_fastest_thread_counts_and_auto_uses_them(tmp_path):
     assert set(job) == set(pre) == {1, 2} and all(0 < pre[n] < job[n] for n in job)
     assert h.threads == min(job, key=lambda n: job[n] - pre[n])
     assert h.prefill_threads == min(pre, key=pre.get)
-    assert h.device.endswith(f", {h.threads} thread{'s' if h.threads > 1 else ''})")
+    assert h.device.endswith(f", threads: {h.threads} decoding, {h.prefill_threads} prefilling)")
     assert thread_plan(load_profile(str(user))) == ThreadPlan(h.prefill_threads, h.threads)
     explicit = load_profile(str(user), ["runtime.threads=3"])
     assert thread_plan(explicit) == ThreadPlan(h.prefill_threads, 3)

@@ -47,10 +47,14 @@ def sample_request(profile, seed: int = 0, frames: int | None = None) -> Request
                    max_new_tokens=profile.generation.max_new_tokens, seed=seed)
 
 
-def device_name(device: torch.device) -> str:
+def device_name(device: torch.device, session_threads=None) -> str:
+    """The device, and on a CPU the thread plan the measurements ran under (or the count)."""
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
     cpu = platform.processor() or platform.machine()
+    plan = session_threads.describe() if session_threads is not None else ""
+    if plan:   # e.g. "CPU threads: 1 decoding, 2 prefilling"
+        return f"{device.type} ({cpu}, threads: {plan.removeprefix('CPU threads: ')})"
     n = torch.get_num_threads()
     return f"{device.type} ({cpu}, {n} thread{'s' if n > 1 else ''})"
 
@@ -135,7 +139,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
                  if profile.task == "video" else None)
     return {
         "latency_ratio": round(ratio, 4) if ratio is not None else None,
-        "device": device_name(target.device),
+        "device": device_name(target.device, session.threads),
         "dtype": str(target.dtype).replace("torch.", ""),
         "torch": str(torch.__version__),
         "transformers": str(transformers.__version__),
