@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from benchlib import machine_info, print_table  # noqa: E402  (bench/benchlib.py)
 from vlmspec_cli.profile import load_profile  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
+from vlmspec_cli.runtime.threads import ThreadPlan  # noqa: E402
 from vlmspec_cli.session import build_session  # noqa: E402
 from vlmspec_cli.zoo import world  # noqa: E402
 
@@ -115,7 +116,7 @@ def time_ops(counts: list[int], frames: list[int]) -> list[dict]:
     caption = build_session(load_profile("tinyworld-caption"))
     video = build_session(load_profile("tinyworld-video"))
     for s in (caption, video):
-        s.set_threads(s.threads.__class__())      # this function sets the counts itself
+        s.set_threads(ThreadPlan())      # this function sets the counts itself
     target, cpu = caption.target, torch.device("cpu")
     prompt_req = sample_request(caption.profile)
     videos = {k: video_requests(1, k, 7)[0][0] for k in frames}

@@ -131,10 +131,11 @@ class EnsembleDrafter(DraftingMethod):
         for i, r in enumerate(rows):  # left padding: every row ends at the same column
             embeds[i, width - r.shape[1]:] = r[0]
             mask[i, width - r.shape[1]:] = 1
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        inputs = {"inputs_embeds": embeds}
+        if len(rows) > 1:   # one row has no padding: plain positions (and the fast prefill)
+            inputs.update(attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0))
         cache = lm.adapter.new_cache(lm)
-        logits = lm.adapter.prefill(lm, {"inputs_embeds": embeds, "attention_mask": mask,
-                                         "position_ids": positions}, cache)
+        logits = lm.adapter.prefill(lm, inputs, cache)
         state.drafter_state = EnsembleState(
             cache, mask, lengths.to(lm.device), EnsembleWeights(len(rows), **self.weight_args),
             next_logits=logits, captions=captions or None)

@@ -134,23 +134,13 @@ class ModelAdapter:
     def fast_prompt_embeds(self, lm, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The prompt's input embeddings (1, L, H) where the prompt can run on the fast path
         as it stands: one row, no padding, positions 0..L-1 (token ids alone, or
-        embeddings alone). None sends it through the model's own forward. Families add
+        embeddings alone: a drafting row is passed without mask or positions). None sends it through the model's own forward. Families add
         what their forward builds from pixels (llava.py)."""
         if set(inputs) == {"input_ids"} and inputs["input_ids"].shape[0] == 1:
             return lm.fast.embed(inputs["input_ids"])
-        embeds = inputs.get("inputs_embeds")
-        if embeds is None or embeds.shape[0] != 1 or "input_ids" in inputs:
-            return None
-        rest = set(inputs) - {"inputs_embeds"}
-        if rest and rest != {"attention_mask", "position_ids"}:
-            return None
-        if rest:  # one drafting row: no padding and the plain positions, or the forward
-            length = embeds.shape[1]
-            plain = torch.arange(length, device=embeds.device)
-            if not (bool(inputs["attention_mask"].all())
-                    and torch.equal(inputs["position_ids"].reshape(-1), plain)):
-                return None
-        return embeds
+        if set(inputs) == {"inputs_embeds"} and inputs["inputs_embeds"].shape[0] == 1:
+            return inputs["inputs_embeds"]
+        return None
 
     @torch.inference_mode()
     def _fast_prefill(self, lm, inputs: dict, cache, layer: int | None = None):
