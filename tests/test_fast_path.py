@@ -323,3 +323,36 @@ def test_the_engine_prefills_and_decodes_at_their_own_thread_counts(zoo_target, 
             assert seen[0] == (prompt, 2) and all(t == 1 for _, t in seen[1:]) and len(seen) > 1
     finally:
         hook.remove()
+
+
+def test_a_finished_requests_cache_buffers_serve_the_next_request(zoo_target, zoo_draft):
+    """The target cache's buffers go back to the decoder's pool when a request ends and the
+    next request decodes in them: its tokens still equal generate()'s although the buffers
+    hold the previous (longer) request's keys past every position it writes (the first
+    prompt is the longest, so its buffer has room for the others). A recycled
+    cache refuses to grow; the pool hands a buffer to one cache at a time."""
+    use_fast_path(zoo_target, "on")
+    use_fast_path(zoo_draft, "on")
+    drafter = create_drafter("chain", draft=zoo_draft, sampling=GREEDY,
+                             drafting_input="multimodal",
+                             image_token=zoo_target.adapter.image_token(zoo_target))
+    engine = SpeculativeEngine(zoo_target, drafter, 4, GREEDY)
+    pool = zoo_target.fast.pool
+    pointers = []
+    for (_, image), (prompt, n) in zip(fresh_scenes(3, seed=4242),
+                                       (("what is in the image? describe it.", 40),
+                                        ("describe the image.", 12), ("what is in the image?", 24))):
+        req = Request([Message("user", prompt, (image,))], max_new_tokens=n)
+        res = engine.generate(req)
+        assert res.tokens == reference(zoo_target, req)
+        cache = res.state.target_cache
+        assert cache.recycled and cache.capacity == 0 and cache.length > 0
+        (keys, values), = pool._spare.values()
+        pointers.append(keys.data_ptr())
+        with pytest.raises(RuntimeError, match="recycled"):
+            cache.reserve(1)
+    assert len(set(pointers)) == 1          # one buffer pair served all three requests
+    spare = pool.take(keys, keys.shape[3] + 1)
+    assert spare is None                    # too small for the room asked: not handed out
+    assert pool.take(keys, 8)[0] is keys and pool.take(keys, 8) is None   # one taker only
+    pool.give(keys, values)

@@ -23,6 +23,7 @@ import torch
 from vlmspec_cli.runtime.adapters.base import cache_length
 from vlmspec_cli.runtime.draft import Draft, Drafter, commit
 from vlmspec_cli.runtime.models import LoadedModel
+from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.request import DecodeState, Request, TargetFeatures, make_generators
 from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
@@ -126,6 +127,8 @@ class SpeculativeEngine:
             if progress is not None:
                 progress(state)
         self.drafter.finish(state)
+        if isinstance(state.target_cache, StaticKVCache):
+            state.target_cache.recycle()   # its buffers serve the next request
         state.stats.wall_s = time.perf_counter() - t0
         return Result(list(state.tokens), decode_text(self.target, state.tokens, self.eos_ids), state)
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from vlmspec_cli.runtime.adapters.base import TextStack
-from vlmspec_cli.runtime.static_cache import StaticKVCache
+from vlmspec_cli.runtime.static_cache import BufferPool, StaticKVCache
 
 # the text decoders it runs; Qwen2-VL / Qwen2.5-VL's rotary module folds their 3-D
 # (time, height, width) positions into ordinary cos/sin, so their decoders qualify too
@@ -97,6 +97,8 @@ class FastDecoder:
         # positions a request may add after its prompt (max_new_tokens + the largest
         # round); the session sets it from the profile so caches are allocated once
         self.headroom = headroom
+        # finished requests' cache buffers, taken by the next request (static_cache.py)
+        self.pool = BufferPool()
         # runtime.compile: the compiled step (runtime/compiled_step.py ``set_compiled``),
         # None = eager
         self.compiled = None
@@ -108,7 +110,7 @@ class FastDecoder:
 
     def new_cache(self, batch: int = 1) -> StaticKVCache:
         return StaticKVCache(len(self.layers), batch, self.kv_heads, self.head_dim, 0,
-                             self.device, self.dtype, headroom=self.headroom)
+                             self.device, self.dtype, headroom=self.headroom, pool=self.pool)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.stack.embed(input_ids)
