@@ -107,7 +107,10 @@ def test_prompts_run_on_the_fast_path_and_equal_the_models_forward(both_paths):
     """A prompt with an image, a text prompt and one drafting row of embeddings (no mask
     or positions: it has no padding) run straight into the static cache on the fast path: same
     last logits, same hidden layer and same cached keys/values as the model's own forward.
-    Left-padded rows keep the forward (their padding rows would attend to nothing)."""
+    So do two left-padded rows (the ensemble's drafting inputs), at their real positions;
+    every padding row sees at least its own position (a row that sees nothing is a softmax
+    over nothing, NaN on some kernels; torch's CPU kernel gives zeros, so the mask itself is
+    checked)."""
     _, image = fresh_scenes(1, seed=516)[0]
 
     def prompts(lm):
@@ -115,8 +118,10 @@ def test_prompts_run_on_the_fast_path_and_equal_the_models_forward(both_paths):
         with_image = lm.adapter.encode(lm, prompt, [image])
         embeds = lm.model.get_input_embeddings()(_prompt_ids(lm))
         one_row = {"inputs_embeds": embeds}     # as the ensemble passes a single row
-        padded = dict(one_row, attention_mask=torch.tensor([[0] + [1] * 11]),
-                      position_ids=torch.tensor([[0] + list(range(11))]))
+        mask = torch.tensor([[0, 0, 0] + [1] * 9, [1] * 12])
+        padded = {"inputs_embeds": torch.cat([torch.cat([torch.zeros_like(embeds[:, :3]),
+                                                         embeds[:, 3:]], 1), embeds]),
+                  "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp_min(0)}
         outs = []
         for inputs in (with_image, {"input_ids": _prompt_ids(lm)}, one_row):
             cache = lm.adapter.new_cache(lm)
@@ -129,8 +134,22 @@ def test_prompts_run_on_the_fast_path_and_equal_the_models_forward(both_paths):
                 torch.stack([layer.values[0] for layer in cache.layers]))
             outs += [keys, values]
             outs += list(lm.adapter.prefill_hidden(lm, inputs, lm.adapter.new_cache(lm), -3))
+        cache = lm.adapter.new_cache(lm)
         if lm.fast is not None:
-            assert lm.adapter._fast_prefill(lm, padded, lm.adapter.new_cache(lm)) is None
+            assert lm.adapter._fast_prefill(lm, padded, lm.adapter.new_cache(lm)) is not None
+            seen = lm.fast._mask(mask, 2, 12, 0, embeds)       # (2, 1, 12, 12), True = seen
+            assert seen.any(-1).all() and torch.equal(seen[1, 0], torch.ones(12, 12).tril().bool())
+        outs.append(lm.adapter.prefill(lm, padded, cache))
+        for row in (0, 1):
+            real = mask[row].bool()
+            if lm.fast is not None:
+                keys, values = (cache.keys[:, row, :, :12][:, :, real],
+                                cache.values[:, row, :, :12][:, :, real])
+                assert not cache.keys[:, row, :, :12].isnan().any()
+            else:
+                keys = torch.stack([layer.keys[row][:, real] for layer in cache.layers])
+                values = torch.stack([layer.values[row][:, real] for layer in cache.layers])
+            outs += [keys, values]
         return outs
     got = both_paths(prompts)
     for eager, fast in zip(got["off"], got["on"]):

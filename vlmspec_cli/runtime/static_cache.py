@@ -69,6 +69,14 @@ class StaticKVCache:
     def batch(self) -> int:
         return self.keys.shape[1]
 
+    def set_batch(self, batch: int) -> None:
+        """An empty cache's rows (a prompt of several left-padded rows fills it)."""
+        if batch != self.batch:
+            if self.capacity:
+                raise RuntimeError("only an empty cache changes its number of rows")
+            shape = (self.keys.shape[0], batch, *self.keys.shape[2:])
+            self.keys, self.values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
 

@@ -148,13 +148,18 @@ class ModelAdapter:
         (1, V), the chosen layer's states or None), or None where it must take the model's
         own forward. The same layers, kernels and causal mask as the decoding steps, and
         no copy of a transformers cache: the logits and cache equal the forward's
-        (tests/test_fast_path.py). Not with compiled steps, whose buckets are for steps."""
+        (tests/test_fast_path.py). Left-padded rows (the ensemble's drafting inputs) run
+        with their padding mask and positions. Not with compiled steps, whose buckets are
+        for steps."""
         if not isinstance(cache, StaticKVCache) or lm.fast.compiled is not None:
             return None
-        embeds = self.fast_prompt_embeds(lm, inputs)
-        if embeds is None:
+        padded = _padded_rows(inputs)
+        embeds = padded["inputs_embeds"] if padded else self.fast_prompt_embeds(lm, inputs)
+        if embeds is None or (embeds.shape[0] != cache.batch and cache.capacity):
             return None
-        hidden, chosen = lm.fast.run(embeds, cache, hidden_layer=layer)
+        cache.set_batch(embeds.shape[0])
+        hidden, chosen = lm.fast.run(embeds, cache, attention_mask=padded.get("attention_mask"),
+                                     position_ids=padded.get("position_ids"), hidden_layer=layer)
         return lm.fast.logits(hidden[:, -1:])[:, -1], chosen
 
     def _model_forward(self, lm, inputs: dict, cache, **kwargs):
@@ -249,3 +254,11 @@ def keep_branch(cache, prefix: int, slots: list[int]) -> None:
         index = index.to(layer.keys.device)
         layer.keys = layer.keys.index_select(-2, index)
         layer.values = layer.values.index_select(-2, index)
+
+
+def _padded_rows(inputs: dict) -> dict:
+    """Left-padded rows given as embeddings with a padding mask and 1-D positions per row
+    (the ensemble drafter's prompt), which the fast path takes as they are; else {}."""
+    if set(inputs) != {"inputs_embeds", "attention_mask", "position_ids"}:
+        return {}
+    return inputs if inputs["position_ids"].dim() == 2 else {}
