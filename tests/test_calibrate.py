@@ -69,7 +69,8 @@ def test_calibrate_measures_the_default_and_is_deterministic(setup):
     cands = {c["label"]: c for c in first["candidates"]}
     own = [c for c in first["candidates"] if with_settings(load_profile(str(base)), c["settings"])
            == load_profile(str(base))]
-    assert [c["label"] for c in own] == ["chain M γ=5"] and own[0]["speedup"] is not None
+    gamma = load_profile(str(base)).drafting.gamma
+    assert [c["label"] for c in own] == [f"chain M γ={gamma}"] and own[0]["speedup"] is not None
     assert all(c["mismatches"] == 0 for c in cands.values())
     winner = cands[first["winner"]]
     assert winner["tau_model"] > 1.5 and first["latency"] == "hardware profile"
@@ -118,10 +119,11 @@ def test_calibrate_finds_the_known_answer_of_a_hardware_profile(setup, tmp_path,
     cands = out["candidates"]
     winner = next(c for c in cands if c["label"] == out["winner"])
     assert winner["mismatches"] == 0 and not out["skipped"]
-    # every method, γ ∈ {1, 4} and the profile's own 5, every tree shape dynamic and static,
+    # every method, γ ∈ {1, 4} and the profile's own, every tree shape dynamic and static,
     # the hidden head as chains and trees, the twig at every θ
     assert {c["method"] for c in cands} == {"chain", "tabed", "tree", "hidden", "twig"}
-    assert {c["gamma"] for c in cands if c["tree"] is None} == {1, 4, 5}
+    own = load_profile(hw).drafting.gamma
+    assert own not in (1, 4) and {c["gamma"] for c in cands if c["tree"] is None} == {1, 4, own}
     trees = {(tuple(c["tree"]), c["settings"]["tree.policy"]) for c in cands if c["method"] == "tree"}
     assert trees == {(s, p) for s in TREE_SHAPES for p in ("dynamic", "static")}
     assert any(c["method"] == "hidden" and c["tree"] for c in cands)
