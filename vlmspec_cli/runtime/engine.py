@@ -119,6 +119,13 @@ class SpeculativeEngine:
         state.features = TargetFeatures(hidden[0], start)
         return logits[0]
 
+    def finish(self, state: DecodeState) -> None:
+        """After the last round (or a prefill timed alone): the drafter's record, and the
+        target cache's buffers back to its pool, for the next request to decode in."""
+        self.drafter.finish(state)
+        if isinstance(state.target_cache, StaticKVCache):
+            state.target_cache.recycle()
+
     def generate(self, request: Request, progress: ProgressFn | None = None) -> Result:
         t0 = time.perf_counter()
         state = self.start(request)
@@ -126,9 +133,7 @@ class SpeculativeEngine:
             self.step(state)
             if progress is not None:
                 progress(state)
-        self.drafter.finish(state)
-        if isinstance(state.target_cache, StaticKVCache):
-            state.target_cache.recycle()   # its buffers serve the next request
+        self.finish(state)
         state.stats.wall_s = time.perf_counter() - t0
         return Result(list(state.tokens), decode_text(self.target, state.tokens, self.eos_ids), state)
 

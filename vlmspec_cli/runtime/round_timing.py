@@ -93,7 +93,7 @@ def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
                 times.verify_ms.append(total - last["ms"])
                 times.drafted.append(last["drafted"])
                 times.levels.append(last["levels"])
-            drafter.finish(state)
+            engine.finish(state)
             times.new_tokens += len(state.tokens)
             times.stats.merge(state.stats)
             times.outputs.append(list(state.tokens))

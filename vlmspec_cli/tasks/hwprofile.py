@@ -232,7 +232,8 @@ def text_tables(session, contexts: list[int] | None, verify_tokens: list[int] | 
     prompt_len = prompt_tokens(target, request.messages)
     if progress:
         progress("target prefill of a sample request")
-    prefill = median_ms(lambda: baseline.start(request), target.device, warmup, repeats)
+    prefill = median_ms(lambda: baseline.finish(baseline.start(request)), target.device, warmup,
+                        repeats)
     contexts = context_lengths(target, prompt_len, contexts)
     verify_tokens = sorted(set(verify_tokens or [1, 2, 4, 8, 16, 32, 64])
                            | {1, profile.drafting.gamma + 1})
@@ -258,7 +259,8 @@ def measure_frames(session, frames: list[int], warmup: int, repeats: int,
         if progress:
             progress(f"video of {k} frames ({s} positions)")
         row = {"prompt_tokens": s,
-               "prefill_ms": round(median_ms(lambda: baseline.start(request), session.target.device,
+               "prefill_ms": round(median_ms(lambda: baseline.finish(baseline.start(request)),
+                                             session.target.device,
                                              min(warmup, 1), max(3, repeats // 5)), 4)}
         if lo <= s <= hi:
             row["target_step_ms"] = round(time_extend(session.target, s, 1, 1, warmup, repeats), 4)
