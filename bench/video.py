@@ -9,8 +9,9 @@ For each frame count (default 4, 16, 64) on the same fresh tinyworld videos, one
 Reported per row: mean acceptance length τ, one draft step's time at that video length
 (median of cached single-token steps after the prompt), prefill / decode / wall time,
 decode speedup DSR and end-to-end speedup ESR vs target-only, Eq. 1's speedup from τ
-and the measured step-time ratio c (τ / (γc + 1)), and how many outputs differ from
-target-only (0 for every lossless row at T = 0).
+and the measured step-time ratio c (τ / (γc + 1)) and Eq. 1' with the target's measured
+verification cost at that length (τ / (γc + T_p(γ+1)/T_p(1))), and how many outputs
+differ from target-only (0 for every lossless row at T = 0).
 
   python bench/video.py --n 8 --frames 4,16,64 --markdown --json bench/video-cpu.json
 """
@@ -45,6 +46,24 @@ def requests(n: int, frames: int, seed: int) -> list[tuple[Request, str]]:
         out.append((Request([Message("user", world.QUESTIONS[0], videos=(clip,))],
                             max_new_tokens=40), world.describe(script)))
     return out
+
+
+def verify_ms(session, request: Request, k: int) -> float:
+    """The target's forward over k new positions after the prompt (a round's verification
+    of γ proposals and the pending token): at long videos its attention over every video
+    position is compute-bound on a CPU, so it grows with k."""
+    engine = session.engine
+    state = engine.start(request)
+    lm, cache = session.target, state.target_cache
+    ids = torch.ones((1, k), dtype=torch.long, device=lm.device)
+    length = cache.get_seq_length()
+
+    def one():
+        lm.adapter.extend(lm, ids, cache)
+        cache.crop(length)
+    ms = timed(one, lm.device)
+    engine.finish(state)
+    return ms
 
 
 def step_ms(session, request: Request) -> float:
@@ -117,6 +136,7 @@ def main() -> None:
             session.engine.generate(reqs[0][0])          # warm-up
         refs = {}
         target_step = step_ms(base_session, reqs[0][0])
+        verify = verify_ms(base_session, reqs[0][0], gamma + 1)
         for label, session in sessions.items():
             prefill = decode = wall = 0.0
             acc = drafts = differ = correct = 0
@@ -139,6 +159,8 @@ def main() -> None:
                          "prefill_s": prefill / args.n, "decode_s": decode / args.n,
                          "wall_s": wall / args.n, "differ": differ, "exact": correct,
                          "eq1": tau / (gamma * c + 1) if tau else None,
+                         "target_verify_ms": verify, "verify_over_step": verify / target_step,
+                         "eq1_prime": tau / (gamma * c + verify / target_step) if tau else None,
                          "visual_tokens": _visual_tokens(base_session, reqs[0][0])})
         tokens_ok = wall_hf = 0.0
         note = None
@@ -153,7 +175,8 @@ def main() -> None:
                      "tau": None, "step_ms": None, "prefill_s": None, "decode_s": None,
                      "wall_s": wall_hf / args.n if note is None else None,
                      "differ": None if note else args.n - int(tokens_ok), "exact": None,
-                     "eq1": None, "note": note, "visual_tokens": rows[-1]["visual_tokens"]})
+                     "eq1": None, "eq1_prime": None, "note": note,
+                     "visual_tokens": rows[-1]["visual_tokens"]})
     base = {r["frames"]: r for r in rows if r["method"] == ROWS[0][0]}
     for r in rows:
         b = base[r["frames"]]
@@ -167,14 +190,20 @@ def main() -> None:
     lines = [[str(r["frames"]), str(r["visual_tokens"]), r["method"], fmt(r["tau"]),
               fmt(r["step_ms"], 3), fmt(r.get("step_vs_first")), fmt(r["prefill_s"], 3),
               fmt(r["decode_s"], 3), fmt(r["wall_s"], 3), fmt(r["dsr"]), fmt(r["esr"]),
-              fmt(r["eq1"]), "–" if r["differ"] is None else f"{r['differ']}/{args.n}",
+              fmt(r["eq1"]), fmt(r["eq1_prime"]), "–" if r["differ"] is None else f"{r['differ']}/{args.n}",
               "–" if r["exact"] is None else f"{r['exact']}/{args.n}"] for r in rows]
     info = machine_info(dev)
     print(json.dumps(info))
     print_table(f"describe-video, {args.n} fresh videos per frame count, T=0, γ={gamma}",
                 ["frames", "video tokens", "method", "τ", "draft step ms", "× step at fewest frames",
-                 "prefill s", "decode s", "wall s", "DSR", "ESR", "Eq. 1", "≠ target",
+                 "prefill s", "decode s", "wall s", "DSR", "ESR", "Eq. 1", "Eq. 1'", "≠ target",
                  "exact descr."], lines, args.markdown)
+    for r in rows:
+        if r["method"] == ROWS[0][0]:
+            print(f"{r['visual_tokens']} video tokens: the target's step {r['step_ms']:.3f} ms, "
+                  f"its verification of γ + 1 = {gamma + 1} positions {r['target_verify_ms']:.3f} ms "
+                  f"({r['verify_over_step']:.2f} steps)")
+    print("Eq. 1 = τ / (γc + 1); Eq. 1' = τ / (γc + T_p(γ+1)/T_p(1)), c = draft step / target step")
     for r in rows:
         if r.get("note"):
             print(f"note: {r['frames']} frames, {r['method']}: {r['note']}")
