@@ -85,6 +85,9 @@ def test_twig_trunk_on_and_off_the_fast_path(zoo_target, zoo_twig, corpus, mode)
         _run(SpeculativeEngine(zoo_target, drafter, 5, GREEDY), corpus[:4])
         res = SpeculativeEngine(zoo_target, drafter, 5, GREEDY).generate(corpus[0][0])
         assert isinstance(res.state.target_cache, SegmentedCache) == (mode == "on")
+        if mode == "on":   # its segments' buffers went back to the pool: _run's requests
+            # above decoded in each other's buffers, each equal to target greedy
+            assert all(seg.recycled for seg in res.state.target_cache.segments)
         # the twig's own layers follow the target onto the fast path
         assert isinstance(res.state.drafter_state.twig_cache, StaticKVCache) == (mode == "on")
 

@@ -26,6 +26,7 @@ from vlmspec_cli.runtime.models import LoadedModel
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.request import DecodeState, Request, TargetFeatures, make_generators
 from vlmspec_cli.runtime.threads import ThreadPlan
+from vlmspec_cli.runtime.trunk import SegmentedCache
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
 
@@ -123,7 +124,7 @@ class SpeculativeEngine:
         """After the last round (or a prefill timed alone): the drafter's record, and the
         target cache's buffers back to its pool, for the next request to decode in."""
         self.drafter.finish(state)
-        if isinstance(state.target_cache, StaticKVCache):
+        if isinstance(state.target_cache, (StaticKVCache, SegmentedCache)):
             state.target_cache.recycle()
 
     def generate(self, request: Request, progress: ProgressFn | None = None) -> Result:

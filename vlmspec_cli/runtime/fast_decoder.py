@@ -172,7 +172,7 @@ class FastDecoder:
     def new_segment_cache(self, layers: int) -> StaticKVCache:
         """A cache for ``layers`` consecutive layers (a split trunk's part, runtime/trunk.py)."""
         return StaticKVCache(layers, 1, self.kv_heads, self.head_dim, 0, self.device,
-                             self.dtype, headroom=self.headroom)
+                             self.dtype, headroom=self.headroom, pool=self.pool)
 
     @torch.inference_mode()
     def run_segment(self, hidden: torch.Tensor, cache: StaticKVCache, first: int,

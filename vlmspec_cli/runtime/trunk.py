@@ -147,6 +147,11 @@ class SegmentedCache:
         for seg in self.segments:
             seg.crop(length)
 
+    def recycle(self) -> None:
+        """The request is over: every segment's buffers back to the pool."""
+        for seg in self.segments:
+            seg.recycle()
+
     @torch.inference_mode()
     def load(self, cache) -> None:
         """Take over the prefill's ``DynamicCache``, layer by layer."""
