@@ -35,7 +35,7 @@ DEEP = ["--target", "zoo:tinyworld/llava-target-deep", "--twig", "zoo:tinyworld/
         "--layer-skip", "2,4,8"]
 COMMANDS = {  # name -> (script, arguments, arguments with --quick)
     "caption": ("caption.py", ["--n", "20"], ["--n", "2", "--max-new-tokens", "8"]),
-    "tabed": ("tabed.py", ["--n", "10", "--markdown"],
+    "tabed": ("tabed.py", ["--n", "20", "--markdown"],
               ["--n", "1", "--max-new-tokens", "8", "--markdown"]),
     "twig": ("twig.py", [*DEEP, "--n", "20", "--markdown"],
              [*DEEP, "--n", "2", "--max-new-tokens", "8", "--latency-repeats", "2", "--markdown"]),
