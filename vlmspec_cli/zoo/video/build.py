@@ -75,9 +75,9 @@ def _parse(argv):
     ap = arg_parser(__doc__, threads=1, prog="python -m vlmspec_cli.zoo.video",
                     threads_help="1: on a shared 2-CPU machine 2 threads thrashed (steps 5-10x slower)")
     ap.add_argument("--examples-dir", type=Path, default=EXAMPLES)
-    ap.add_argument("--vision-steps", type=int, default=1200)
+    ap.add_argument("--vision-steps", type=int, default=2400)
     ap.add_argument("--target-steps", type=int, default=1500)
-    ap.add_argument("--target-steps-2", type=int, default=1000)
+    ap.add_argument("--target-steps-2", type=int, default=2000)
     ap.add_argument("--draft-steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--eval-videos", type=int, default=40)
