@@ -375,3 +375,33 @@ def test_a_finished_requests_cache_buffers_serve_the_next_request(zoo_target, zo
     assert spare is None                    # too small for the room asked: not handed out
     assert pool.take(keys, 8)[0] is keys and pool.take(keys, 8) is None   # one taker only
     pool.give(keys, values)
+
+
+@pytest.mark.parametrize("room", [0, 1])
+def test_a_long_prompt_decodes_at_the_prefill_thread_count(zoo_target, zoo_draft, room):
+    """runtime.long_context: a prompt of at least that many positions runs its rounds at
+    runtime.prefill_threads too (a long video's attention is compute for every core); one
+    position shorter and they run at runtime.threads. The tokens equal generate()'s."""
+    from vlmspec_cli.profile import load_profile
+    from vlmspec_cli.session import build_session
+
+    _, image = fresh_scenes(1, seed=518)[0]
+    request = Request([Message("user", "describe the image.", (image,))], max_new_tokens=12)
+    prompt = zoo_target.adapter.prompt_length(
+        zoo_target, zoo_target.adapter.prompt_text(zoo_target, request.messages), [image])
+    profile = load_profile(None, ["runtime.threads=1", "runtime.prefill_threads=2",
+                                  f"runtime.long_context={prompt + room}"],
+                           cli={"target.device": "cpu", "draft.device": "cpu"})
+    session = build_session(profile, target=zoo_target)
+    assert f"1 decoding (2 from {prompt + room} positions)" in session.fast_path_summary()
+    seen = []
+    q_proj = zoo_target.adapter.text_stack(zoo_target).layers[0].self_attn.q_proj
+    hook = q_proj.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    try:
+        res = session.engine.generate(request)
+    finally:
+        hook.remove()
+    assert res.tokens == reference(zoo_target, request) and len(seen) > 2
+    assert seen[0] == 2 and set(seen[1:]) == ({2} if room == 0 else {1})
+    with pytest.raises(ProfileError, match="runtime.long_context"):
+        load_profile(None, ["runtime.long_context=0"])

@@ -251,7 +251,8 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
 
 
 def thread_plan(profile) -> ThreadPlan:
-    """``runtime.threads`` and ``runtime.prefill_threads`` resolved: a count, or for auto
+    """``runtime.threads`` and ``runtime.prefill_threads`` resolved (with
+    ``runtime.long_context``, from which prompt length the rounds take the prefill's count): a count, or for auto
     the count ``vlmspec profile`` measured (the hardware section), else the process's own
     count (torch's default or OMP_NUM_THREADS); neither set: the process's count is never
     touched (what the caller set stands)."""
@@ -259,7 +260,8 @@ def thread_plan(profile) -> ThreadPlan:
         return measured if wanted == "auto" else int(wanted)
     r, h = profile.runtime, profile.hardware
     return ThreadPlan(prefill=count(r.prefill_threads, h.prefill_threads),
-                      decode=count(r.threads, h.threads)).with_defaults()
+                      decode=count(r.threads, h.threads),
+                      long_context=r.long_context).with_defaults()
 
 
 def _fast_path(profile, lm: LoadedModel, role: str) -> None:

@@ -211,6 +211,10 @@ class RuntimeSpec:
         pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count"))
     prefill_threads: int | str = field(default="auto", metadata=_rule(
         pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count"))
+    # a prompt of at least this many positions (a long video) decodes at prefill_threads:
+    # its rounds' attention over the whole context is compute enough for every core.
+    # null: rounds always at threads
+    long_context: int | None = field(default=None, metadata=_rule(ge=1))
 
 
 @dataclass

@@ -66,7 +66,8 @@ class SpeculativeEngine:
         distribution (kept as ``target_next_logits``, consumed by the first round)."""
         self.threads.enter("prefill")
         state = self._prefill(request)
-        self.threads.enter("decode")      # the rounds that follow
+        # the rounds that follow (a long prompt's at the prefill's count)
+        self.threads.enter("decode", cache_length(state.target_cache))
         return state
 
     def _prefill(self, request: Request) -> DecodeState:

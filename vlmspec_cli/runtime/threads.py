@@ -29,17 +29,25 @@ class ThreadPlan:
 
     prefill: int | None = None
     decode: int | None = None
+    # a request whose prompt holds at least this many positions decodes at the prefill's
+    # count: every round's attention then reads the whole context, compute enough for
+    # every core (a 24-layer target at 8192 positions: a round's verification 28 ms on 1
+    # thread, 18 ms on 2; bench/RESULTS.md "Long videos"). None: never
+    long_context: int | None = None
 
-    def enter(self, phase: str) -> None:
-        """Set the count of ``phase`` ("prefill" or "decode")."""
-        n = self.prefill if phase == "prefill" else self.decode
+    def enter(self, phase: str, context: int = 0) -> None:
+        """Set the count of ``phase`` ("prefill" or "decode"; ``context``: the positions the
+        rounds attend over)."""
+        long = self.long_context is not None and context >= self.long_context
+        n = self.prefill if phase == "prefill" or long else self.decode
         if n is not None and n != torch.get_num_threads():
             torch.set_num_threads(n)
 
     def with_defaults(self) -> "ThreadPlan":
         if self.prefill is None and self.decode is None:
             return self
-        return ThreadPlan(prefill=self.prefill or PROCESS_THREADS, decode=self.decode or PROCESS_THREADS)
+        return ThreadPlan(prefill=self.prefill or PROCESS_THREADS, decode=self.decode or PROCESS_THREADS,
+                          long_context=self.long_context)
 
     def describe(self) -> str:
         """E.g. "1 CPU thread decoding, 2 prefilling"; "" when nothing is set."""
@@ -47,4 +55,6 @@ class ThreadPlan:
         for n, what in ((self.decode, "decoding"), (self.prefill, "prefilling")):
             if n is not None:
                 parts.append(f"{n} {what}")
+        if parts and self.long_context is not None and self.prefill != self.decode:
+            parts[0] += f" ({self.prefill} from {self.long_context} positions)"
         return f"CPU threads: {', '.join(parts)}" if parts else ""
