@@ -164,6 +164,21 @@ def test_weights_move_to_the_member_that_matches_the_target(policy, h):
         assert w.tolist() == [1.0, 0.0]
 
 
+@pytest.mark.parametrize("policy", ["grid", "softmax"])
+def test_window_all_keeps_running_sums_equal_to_the_whole_history(policy):
+    """With no window only the summed distances are kept; they choose as a window longer
+    than the history does, block after block (3 members: the grid's simplex too)."""
+    gen = torch.Generator().manual_seed(3)
+    every, wide = EnsembleWeights(3, policy=policy), EnsembleWeights(3, policy=policy, window=10_000)
+    for n in (1, 4, 2, 6, 3):
+        p = torch.softmax(2 * torch.randn(n, 40, generator=gen), -1)
+        q = torch.softmax(2 * torch.randn(n, 3, 40, generator=gen), -1)
+        for weights in (every, wide):
+            weights.observe(p, q)
+        torch.testing.assert_close(every.current(), wide.current())
+    assert every.observed == wide.observed == 16
+
+
 def test_window_all_remembers_everything():
     """Ten steps where member 1 matched, then one where member 0 did: with the whole
     history the weight stays mostly on member 1; with h = 1 it jumps to member 0."""

@@ -47,10 +47,25 @@ class EnsembleState:
     block_q: list[torch.Tensor] = field(default_factory=list)  # (m, V) per proposal, if adaptive
     block_weights: list[list[float]] = field(default_factory=list)
     captions: list[str] | None = None
+    # rows > 1: the padding mask and positions over the prompt and ``room`` positions after
+    # it, built once and sliced by every step (not concatenated per draft token)
+    step_mask: torch.Tensor | None = None
+    step_positions: torch.Tensor | None = None
 
     @property
     def width(self) -> int:
         return self.prompt_mask.shape[1]
+
+    def mask_and_positions(self, done: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (m, width + done + n) padding mask and the (m, n) positions of n new tokens
+        after ``done`` generated ones."""
+        need = done + n
+        if self.step_mask is None or self.step_positions.shape[1] < need:
+            room = max(2 * need, 64)
+            m = self.prompt_mask.shape[0]
+            self.step_mask = torch.cat([self.prompt_mask, self.prompt_mask.new_ones((m, room))], 1)
+            self.step_positions = self.offsets[:, None] + torch.arange(room, device=self.offsets.device)
+        return self.step_mask[:, : self.width + need], self.step_positions[:, done:need]
 
 
 @register("tabed")
@@ -154,8 +169,7 @@ class EnsembleDrafter(DraftingMethod):
             # attention at the next positions, with no mask or positions to build per step
             return lm.adapter.extend(lm, ids, st.cache)
         done = cache_length(st.cache) - st.width          # tokens after the prompts
-        mask = torch.cat([st.prompt_mask, st.prompt_mask.new_ones((m, done + n))], dim=1)
-        positions = st.offsets[:, None] + done + torch.arange(n, device=lm.device)[None]
+        mask, positions = st.mask_and_positions(done, n)
         return lm.adapter.extend(lm, ids, st.cache, attention_mask=mask, position_ids=positions)
 
     def _member_probs(self, logits: torch.Tensor) -> torch.Tensor:

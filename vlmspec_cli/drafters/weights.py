@@ -81,13 +81,26 @@ class EnsembleWeights:
         self.candidates = grid_candidates(members, grid) if policy == "grid" else None
         h = parse_window(window)
         # per verified position: each member's own distance (m,) and, for the grid, each
-        # candidate mixture's distance (K,)
+        # candidate mixture's distance (K,); with no window, only their running sums
         self.member_history: deque[torch.Tensor] = deque(maxlen=h)
         self.candidate_history: deque[torch.Tensor] = deque(maxlen=h)
+        self.windowed = h is not None
+        self.sums: dict[str, torch.Tensor] = {}
+        self.count = 0
 
     @property
     def observed(self) -> int:
-        return len(self.member_history)
+        return len(self.member_history) if self.windowed else self.count
+
+    def _keep(self, name: str, history: deque, rows: torch.Tensor) -> None:
+        if self.windowed:
+            history.extend(rows)
+        else:
+            self.sums[name] = rows.sum(0) + self.sums.get(name, 0)
+
+    def _total(self, name: str, history: deque) -> torch.Tensor:
+        """The summed distances over the window (all verified positions: the running sum)."""
+        return torch.stack(list(history)).sum(0) if self.windowed else self.sums[name]
 
     def observe(self, p: torch.Tensor, member_q: torch.Tensor) -> None:
         """Verified positions: target p (n, V) and the members' q (n, m, V) at the same
@@ -95,18 +108,20 @@ class EnsembleWeights:
         p = p.float()
         member_q = member_q.float()
         own = distance(p[:, None, :], member_q, self.distance_kind)          # (n, m)
-        self.member_history.extend(own)
+        self._keep("member", self.member_history, own)
+        self.count += own.shape[0]
         if self.candidates is not None:
             mixtures = torch.einsum("km,nmv->nkv", self.candidates, member_q)  # (n, K, V)
-            self.candidate_history.extend(distance(p[:, None, :], mixtures, self.distance_kind))
+            self._keep("candidate", self.candidate_history,
+                       distance(p[:, None, :], mixtures, self.distance_kind))
 
     def current(self) -> torch.Tensor:
         """w* for the next block, shape (m,)."""
-        if self.policy == "static" or self.members == 1 or not self.member_history:
+        if self.policy == "static" or self.members == 1 or not self.observed:
             return self.equal.clone()
         if self.policy == "grid":
-            errors = torch.stack(list(self.candidate_history)).sum(0)          # (K,)
+            errors = self._total("candidate", self.candidate_history)          # (K,)
             return self.candidates[int(torch.argmin(errors))].clone()
-        errors = torch.stack(list(self.member_history)).sum(0)                 # (m,)
+        errors = self._total("member", self.member_history)                    # (m,)
         inverse = 1.0 / errors.clamp_min(_EPS)
         return torch.softmax(inverse / self.temperature, dim=0)
