@@ -89,6 +89,38 @@ def hf_generate(session, prompt: str) -> tuple[list[int], float]:
     return out[0].tolist(), time.perf_counter() - t0
 
 
+def time_rows(sessions: list, cases: list, args) -> dict:
+    """Each prompt by every row in turn (interleaved, so drift in machine load hits all
+    rows alike): per row its wall time, stats, tokens, colour matches and tree shapes."""
+    runs = {label: {"wall": 0.0, "stats": [], "tokens": [], "matches": 0, "depth": [], "width": []}
+            for label, _ in sessions}
+    for i, (prompt, scene) in enumerate(cases):
+        for label, session in sessions:
+            run = runs[label]
+            job = ImageJob("bench", prompt, i, 0, args.seed + i)
+            sync(session.target.device)
+            t0 = time.perf_counter()
+            res = session.engine.generate(image_request(session, job))
+            sync(session.target.device)
+            run["wall"] += time.perf_counter() - t0
+            run["tokens"].append(res.tokens)
+            st = res.state.stats
+            run["stats"].append(st)
+            trees = st.trees or {}
+            run["depth"] += trees.get("depths", [])
+            run["width"] += trees.get("top_ks", [])
+            colour = scene.shapes[0].colour
+            run["matches"] += zoo_image.image_matches(render(session, res.tokens), colour,
+                                                      scene.background)
+            if args.heatmap and i == 0 and label.startswith("ADT-Tree (horizontal)"):
+                from vlmspec_cli.plot import grid_heatmap
+
+                r, c = session.target.adapter.image_grid(session.target)
+                acc = trees["accept_lengths"]
+                grid_heatmap([acc[k * c:(k + 1) * c] for k in range(r)]).save(args.heatmap)
+    return runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=12)
@@ -108,57 +140,39 @@ def main() -> None:
     common = [f"sampling.temperature={args.temperature}", f"target.device={args.device}",
               f"draft.device={args.device}"]
 
-    results, reference, hf_row = [], None, None
-    for label, overrides in rows:
-        session = build_session(load_profile("tinyworld-image", overrides=common + overrides))
-        if hf_row is None:
-            lat = {"target_ms": step_ms(session.target), "draft_ms": step_ms(session.draft)
-                   if session.draft else None}
-            hf_tokens, hf_s = [], 0.0
-            for prompt, _ in cases:
-                toks, s = hf_generate(session, prompt)
-                hf_tokens.append(toks)
-                hf_s += s
-            hf_row = {"label": "HF Janus generate (target only)", "wall_s": hf_s,
-                      "tokens": hf_tokens}
-        if session.draft is not None and lat["draft_ms"] is None:
-            lat["draft_ms"] = step_ms(session.draft)
-        wall, stats, tokens, matches, depth, width = 0.0, [], [], 0, [], []
-        for i, (prompt, scene) in enumerate(cases):
-            job = ImageJob("bench", prompt, i, 0, args.seed + i)
-            sync(session.target.device)
-            t0 = time.perf_counter()
-            res = session.engine.generate(image_request(session, job))
-            sync(session.target.device)
-            wall += time.perf_counter() - t0
-            tokens.append(res.tokens)
-            st = res.state.stats
-            stats.append(st)
-            trees = st.trees or {}
-            depth += trees.get("depths", [])
-            width += trees.get("top_ks", [])
-            colour = scene.shapes[0].colour
-            matches += zoo_image.image_matches(render(session, res.tokens), colour, scene.background)
-            if args.heatmap and i == 0 and label.startswith("ADT-Tree (horizontal)"):
-                from vlmspec_cli.plot import grid_heatmap
-
-                r, c = session.target.adapter.image_grid(session.target)
-                acc = trees["accept_lengths"]
-                grid_heatmap([acc[k * c:(k + 1) * c] for k in range(r)]).save(args.heatmap)
-        if reference is None:
-            reference = tokens
+    # every row's session first; then each prompt by every row in turn (after one untimed
+    # warm-up each), so drift in machine load hits all rows alike
+    sessions = [(label, build_session(load_profile("tinyworld-image", overrides=common + overrides)))
+                for label, overrides in rows]
+    session = sessions[0][1]
+    drafted = next((s for _, s in sessions if s.draft is not None), None)
+    lat = {"target_ms": step_ms(session.target),
+           "draft_ms": step_ms(drafted.draft) if drafted else None}
+    hf_tokens, hf_s = [], 0.0
+    for prompt, _ in cases:
+        toks, secs = hf_generate(session, prompt)
+        hf_tokens.append(toks)
+        hf_s += secs
+    hf_row = {"label": "HF Janus generate (target only)", "wall_s": hf_s, "tokens": hf_tokens}
+    for _, s in sessions:
+        s.engine.generate(image_request(s, ImageJob("warm-up", cases[0][0], 0, 0, args.seed)))
+    runs = time_rows(sessions, cases, args)
+    results, reference = [], runs[sessions[0][0]]["tokens"]
+    for label, session in sessions:
+        run = runs[label]
+        stats, tokens, depth, width = run["stats"], run["tokens"], run["depth"], run["width"]
         drafts = sum(s.num_drafts for s in stats)
         tau = sum(s.new_tokens for s in stats) / drafts if drafts else 1.0
         d_bar = sum(depth) / len(depth) if depth else 0.0
         ratio = lat["draft_ms"] / lat["target_ms"] if lat.get("draft_ms") else None
         eq1 = tau / (d_bar * ratio + 1) if ratio and d_bar else None
         results.append({
-            "label": label, "wall_s": wall, "tau": tau, "d_bar": d_bar,
+            "label": label, "wall_s": run["wall"], "tau": tau, "d_bar": d_bar,
             "k_bar": sum(width) / len(width) if width else 0.0,
             "eq1": eq1, "lossless": session.lossless,
             "differ": sum(a != b for a, b in zip(tokens, reference)),
             "differ_tokens": sum(x != y for a, b in zip(tokens, reference) for x, y in zip(a, b)),
-            "match": matches,
+            "match": run["matches"],
         })
     base = results[0]["wall_s"]
     hf_row["differ"] = sum(a != b for a, b in zip(hf_row["tokens"], reference))
