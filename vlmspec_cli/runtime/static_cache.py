@@ -22,8 +22,8 @@ import torch
 class BufferPool:
     """The key/value buffers of finished requests, for the next request of the same model.
 
-    It keeps at most one pair per layout (layers, batch, heads, head_dim): the largest
-    given back. ``take`` hands it out (and forgets it) when it holds at least the
+    It keeps at most one pair per layout (layers, batch, heads, head_dim, dtype, device):
+    the largest given back. ``take`` hands it out (and forgets it) when it holds at least the
     positions asked for. A buffer is only ever in the pool or in one live cache, never
     both: ``StaticKVCache.recycle`` gives its buffers up as it hands them over."""
 
@@ -32,7 +32,7 @@ class BufferPool:
 
     @staticmethod
     def _layout(keys: torch.Tensor) -> tuple:
-        return (*keys.shape[:3], keys.shape[4])
+        return (*keys.shape[:3], keys.shape[4], keys.dtype, keys.device)
 
     def take(self, like: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A spare (keys, values) of ``like``'s layout with room for ``capacity`` positions."""
