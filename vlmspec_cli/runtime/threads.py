@@ -31,8 +31,8 @@ class ThreadPlan:
     decode: int | None = None
     # a request whose prompt holds at least this many positions decodes at the prefill's
     # count: every round's attention then reads the whole context, compute enough for
-    # every core (a 24-layer target at 8192 positions: a round's verification 28 ms on 1
-    # thread, 18 ms on 2; bench/RESULTS.md "Long videos"). None: never
+    # every core (bench/long-threads-cpu.txt: the video head's rounds 25% faster on 2
+    # threads at 8192 video tokens, the same at 128). None: never
     long_context: int | None = None
 
     def enter(self, phase: str, context: int = 0) -> None:
