@@ -208,14 +208,13 @@ class FastDecoder:
         pad = attention_mask[:, None, None, : start + n].bool()   # (B, 1, 1, start + n)
         if causal is None:
             return pad
+        if start:   # steps after the prompt: every new row is a real token
+            return pad & causal
         # a left-padded prompt's padding rows would see no position at all: a softmax over
         # nothing, which torch 2.13's CPU kernel returns as zeros but a kernel may return as
         # NaN, carried by their keys/values into later layers (0 x NaN is NaN even where
-        # masked). So they see themselves. Rows of real tokens always see their own
-        # position, so for them this changes nothing.
-        own = torch.zeros_like(causal)
-        own[:, start:] = torch.eye(n, dtype=torch.bool, device=like.device)
-        return (pad & causal) | own
+        # masked). So they see themselves; rows of real tokens see their own position anyway.
+        return (pad & causal) | torch.eye(n, dtype=torch.bool, device=like.device)
 
 
 def project_qkv(layer, h: torch.Tensor, head_dim: int, cos, sin):

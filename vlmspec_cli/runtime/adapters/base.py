@@ -132,14 +132,12 @@ class ModelAdapter:
         return DynamicCache(config=lm.model.config)
 
     def fast_prompt_embeds(self, lm, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """The prompt's input embeddings (1, L, H) where the prompt can run on the fast path
-        as it stands: one row, no padding, positions 0..L-1 (token ids alone, or
-        embeddings alone: a drafting row is passed without mask or positions). None sends it through the model's own forward. Families add
-        what their forward builds from pixels (llava.py)."""
+        """The prompt's input embeddings (1, L, H) where a prompt of token ids can run on the
+        fast path as it stands: one row, positions 0..L-1. None sends it through the model's
+        own forward. Families add what their forward builds from pixels (llava.py); rows
+        given as embeddings (drafting inputs) never get here (``_embedding_rows``)."""
         if set(inputs) == {"input_ids"} and inputs["input_ids"].shape[0] == 1:
             return lm.fast.embed(inputs["input_ids"])
-        if set(inputs) == {"inputs_embeds"} and inputs["inputs_embeds"].shape[0] == 1:
-            return inputs["inputs_embeds"]
         return None
 
     @torch.inference_mode()
@@ -153,13 +151,13 @@ class ModelAdapter:
         for steps."""
         if not isinstance(cache, StaticKVCache) or lm.fast.compiled is not None:
             return None
-        padded = _padded_rows(inputs)
-        embeds = padded["inputs_embeds"] if padded else self.fast_prompt_embeds(lm, inputs)
+        rows = _embedding_rows(inputs)
+        embeds = rows["inputs_embeds"] if rows else self.fast_prompt_embeds(lm, inputs)
         if embeds is None or (embeds.shape[0] != cache.batch and cache.capacity):
             return None
         cache.set_batch(embeds.shape[0])
-        hidden, chosen = lm.fast.run(embeds, cache, attention_mask=padded.get("attention_mask"),
-                                     position_ids=padded.get("position_ids"), hidden_layer=layer)
+        hidden, chosen = lm.fast.run(embeds, cache, attention_mask=rows.get("attention_mask"),
+                                     position_ids=rows.get("position_ids"), hidden_layer=layer)
         return lm.fast.logits(hidden[:, -1:])[:, -1], chosen
 
     def _model_forward(self, lm, inputs: dict, cache, **kwargs):
@@ -256,9 +254,12 @@ def keep_branch(cache, prefix: int, slots: list[int]) -> None:
         layer.values = layer.values.index_select(-2, index)
 
 
-def _padded_rows(inputs: dict) -> dict:
-    """Left-padded rows given as embeddings with a padding mask and 1-D positions per row
-    (the ensemble drafter's prompt), which the fast path takes as they are; else {}."""
+def _embedding_rows(inputs: dict) -> dict:
+    """Rows given as embeddings (the drafters' prompts), which the fast path takes as they
+    are: alone (no padding, positions 0..L-1), or left-padded with their padding mask and
+    1-D positions per row; else {}."""
+    if set(inputs) == {"inputs_embeds"}:
+        return inputs
     if set(inputs) != {"inputs_embeds", "attention_mask", "position_ids"}:
         return {}
     return inputs if inputs["position_ids"].dim() == 2 else {}
