@@ -28,7 +28,7 @@ VOCAB = 5          # model vocabulary: t0..t4 (EOS lies outside it, so no early 
 NEW_TOKENS = 3
 
 
-def _tiny_lm(path, layers: int, seed: int):
+def _tiny_lm(path, layers: int, seed: int, device: str = "cpu", dtype: str = "auto"):
     vocab = {f"t{i}": i for i in range(VOCAB)} | {"</s>": VOCAB, "<unk>": VOCAB + 1}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -41,7 +41,7 @@ def _tiny_lm(path, layers: int, seed: int):
     model = LlamaForCausalLM(cfg)
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    return load_model(ModelSpec(model=str(path), device="cpu"))
+    return load_model(ModelSpec(model=str(path), device=device, dtype=dtype))
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +53,9 @@ def tiny_pair(tmp_path_factory):
 def _exact_distribution(target, prompt_ids, params):
     """P(x1, x2, x3) under the target's warped distribution, for every sequence."""
     seqs = list(itertools.product(range(VOCAB), repeat=NEW_TOKENS))
-    ids = torch.tensor([prompt_ids + list(s) for s in seqs])
+    ids = torch.tensor([prompt_ids + list(s) for s in seqs], device=target.device)
     with torch.no_grad():
-        logits = target.model(input_ids=ids).logits
+        logits = target.model(input_ids=ids).logits.float().cpu()
     n = len(prompt_ids)
     probs = probabilities(logits[:, n - 1 : n - 1 + NEW_TOKENS], params)  # (S, 3, V)
     tok = torch.tensor(seqs)
