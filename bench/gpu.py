@@ -445,14 +445,14 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", default="llava,qwen")
     ap.add_argument("--no-compile", action="store_true", help="skip CUDA graphs on/off")
     ap.add_argument("--compile-reserve-s", type=float, default=None,
-                    help="start a compile only with this much budget left (default 120; tiny 0)")
+                    help="start a compile only with this much budget left (default 60; tiny 0)")
     args = ap.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench/gpu.py: no CUDA device here; use --tiny on the CPU", file=sys.stderr)
         return 2
     if args.compile_reserve_s is None:
-        args.compile_reserve_s = 0.0 if args.tiny else 120.0
+        args.compile_reserve_s = 0.0 if args.tiny else 60.0
     args.out.mkdir(parents=True, exist_ok=True)
     run = Run(args)
     run.dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32

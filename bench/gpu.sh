@@ -19,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 only=all
-budget=${VLMSPEC_GPU_BUDGET_S:-240}
+budget=${VLMSPEC_GPU_BUDGET_S:-180}
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) only=$2; shift 2 ;;
@@ -67,8 +67,8 @@ tests_rc=skipped
 bench_rc=skipped
 if [ "$only" != bench ]; then
   timeout_opt=()
-  "$py" -c 'import pytest_timeout' 2>/dev/null && timeout_opt=(--timeout=300)
-  VLMSPEC_GPU_REPORT="$out/gpu-tests.jsonl" timeout "${VLMSPEC_GPU_TESTS_TIMEOUT_S:-420}" \
+  "$py" -c 'import pytest_timeout' 2>/dev/null && timeout_opt=(--timeout=240)
+  VLMSPEC_GPU_REPORT="$out/gpu-tests.jsonl" timeout "${VLMSPEC_GPU_TESTS_TIMEOUT_S:-300}" \
     "$py" -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -rA --durations=0 \
     "${timeout_opt[@]}" 2>&1 | tee "$out/gpu-tests.log"
   tests_rc=${PIPESTATUS[0]}
