@@ -66,6 +66,12 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One draw from ``probs`` (V,). The request's generators are CPU ones (a seed gives one
+    stream on every device: request.make_generators), and torch draws only on the
+    generator's own device, so a GPU distribution comes to the CPU for the draw (the first
+    GPU run failed here: "Expected a 'cuda' device type for generator")."""
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
