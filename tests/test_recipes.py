@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -256,3 +257,94 @@ def test_state_file_never_overwrites_what_is_not_a_state_file(tmp_path, monkeypa
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and "is the recipe itself" in proc.stderr
     assert recipe.read_bytes() == recipe_text
+
+
+# ------------------------------------------------ the state file is no path a step uses
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (symbolic links not followed) -> its md5."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = Path(folder) / name
+            out[str(path.relative_to(root))] = (f"-> {os.readlink(path)}" if path.is_symlink()
+                                                else hashlib.md5(path.read_bytes()).hexdigest())
+    return out
+
+
+def assert_refused_untouched(tmp_path, args, before, *needles):
+    """``vlmspec run ARGS`` (and its --dry-run) exit 2 with one stderr line holding every
+    needle, run no step, print nothing and leave every file as it was."""
+    for extra in ([], ["--dry-run"]):
+        res = run([*args, *extra])
+        assert res.exit_code == 2, res.output
+        assert len(res.stderr.splitlines()) == 1, res.stderr
+        line = res.stderr.splitlines()[0]
+        assert line.startswith("error: state file ") and all(n in line for n in needles), line
+        assert " of 1:" not in line and res.stdout == ""      # no step started or shown
+        assert snapshot(tmp_path) == before                   # nothing written or changed
+
+
+CAPTION_TO = "steps:\n  - caption: {{inputs: [imgs], out: {out}, max_new_tokens: 8, quiet: true}}\n"
+
+
+@pytest.mark.parametrize("out, state", [
+    ("caps3.jsonl", "caps3.jsonl"),                 # --state is the step's --out
+    ("caps3.jsonl", "sub/../caps3.jsonl"),          # ... through ..
+    ("caps3.jsonl", "{tmp}/caps3.jsonl"),           # ... absolute, --out relative
+    ("real/caps3.jsonl", "link/caps3.jsonl"),       # ... through a linked folder
+])
+def test_state_that_a_step_writes_is_refused(folder, tmp_path, monkeypatch, out, state):
+    """Data loss: the state written after the step replaced its captions."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real", target_is_directory=True)
+    write(tmp_path / "r.yaml", CAPTION_TO.format(out=out))
+    state = state.format(tmp=tmp_path)
+    before = snapshot(tmp_path)
+    assert_refused_untouched(tmp_path, ["r.yaml", "--state", state], before,
+                             f"state file {Path(state)}: is --out {out} of step 1 (caption, "
+                             "r.yaml:2)", "give another --state PATH")
+    assert not any(tmp_path.rglob("caps3.jsonl"))
+
+
+def test_default_state_name_that_a_step_writes_is_refused(folder, tmp_path, monkeypatch):
+    """The default state name (RECIPE-STEM.state.json) as a step's output: refused too."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "caps.yaml", CAPTION_TO.format(out="caps.state.json"))
+    before = snapshot(tmp_path)
+    assert_refused_untouched(tmp_path, ["caps.yaml"], before,
+                             "state file caps.state.json: is --out caps.state.json of step 1 "
+                             "(caption, caps.yaml:2)")
+    assert not (tmp_path / "caps.state.json").exists()
+
+
+@pytest.mark.parametrize("state", ["gen/000-a-red-circle-0.png", "gen/notes.state.json",
+                                   "lnk/000-a-red-circle-0.png"])
+def test_state_in_a_generate_image_out_dir_is_refused(tmp_path, monkeypatch, state):
+    """A state path inside --out-dir: the step writes files named by prompts there (the
+    image at gen/000-a-red-circle-0.png became the state JSON)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gen").mkdir()
+    write_foreign_json(tmp_path / "gen" / "001-kept-0.json")
+    (tmp_path / "lnk").symlink_to("gen", target_is_directory=True)
+    write(tmp_path / "img.yaml", 'steps:\n  - generate-image: {prompts: ["a red circle"], '
+                                 'out_dir: gen, quiet: true}\n')
+    before = snapshot(tmp_path)
+    assert_refused_untouched(tmp_path, ["img.yaml", "--state", state], before,
+                             f"state file {state}: is inside --out-dir gen of step 1 "
+                             "(generate-image, img.yaml:2)")
+    assert not (tmp_path / "gen" / "000-a-red-circle-0.png").exists()
+
+
+def test_state_beside_the_steps_paths_runs(tmp_path, monkeypatch):
+    """No false alarms: a state next to an --out-dir, or in a folder a step only reads."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "r.yaml", """
+steps:
+  - caption: {inputs: [.], out: caps.jsonl}
+  - generate-image: {prompts: ["a red circle"], out_dir: gen}
+""")
+    for state in ([], ["--state", "gen.state.json"], ["--state", "gen2/x.json"]):
+        res = run(["r.yaml", "--dry-run", *state])
+        assert res.exit_code == 0 and len(res.stdout.splitlines()) == 2, res.output

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import click
 import yaml
 
+from vlmspec_cli.recipe_paths import state_collision
 from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.tasks.output_files import (MAX_OWN_BYTES, OutputRefused, check_output,
                                             same_file)
@@ -428,8 +429,14 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
             ui.error(message)
         return 2
     state_path = Path(state) if state else default_state_path(recipe_path)
+    # before any step runs (or is shown): never a path a step reads or writes (the step's
+    # output would become the state, or the state its output), never a file not a state
+    collision = state_collision(state_path, recipe, commands)
+    if collision:
+        ui.error(collision)
+        return 2
     try:
-        check_state_path(state_path, recipe_path)   # before any step runs (or is shown)
+        check_state_path(state_path, recipe_path)
     except OutputRefused as exc:
         ui.error(str(exc))
         return 2
