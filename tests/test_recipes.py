@@ -11,12 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from conftest import fresh_scenes
 from corpus import write_foreign_json, write_user_notes
 from vlmspec_cli.cli import cli
+from vlmspec_cli.recipes import Recipe, Step, run_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -348,3 +350,24 @@ steps:
     for state in ([], ["--state", "gen.state.json"], ["--state", "gen2/x.json"]):
         res = run(["r.yaml", "--dry-run", *state])
         assert res.exit_code == 0 and len(res.stdout.splitlines()) == 2, res.output
+
+
+def test_state_write_rechecks_what_a_step_made(tmp_path, monkeypatch, capsys):
+    """Every state write checks the file again: a step that made a file at the state path
+    (by a path no option shows) keeps it; the run stops with one line, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    state = tmp_path / "r.state.json"
+
+    @click.command("scribble")
+    def scribble():
+        state.write_text("the user's notes\n")
+
+    recipe = Recipe(write(tmp_path / "r.yaml", "steps: []\n"), "r", "",
+                    [Step(1, 2, "scribble", []), Step(2, 3, "scribble", [])])
+    assert run_recipe(recipe, {"scribble": scribble}, state) == 2
+    err = capsys.readouterr().err
+    assert state.read_text() == "the user's notes\n"
+    assert [l for l in err.splitlines() if l.startswith("error:")] == [
+        f"error: state file {state}: exists and is not a vlmspec recipe state file: not "
+        "overwritten (give another --state PATH); recipe stopped"]
+    assert "step 2 (scribble) of 2" not in err

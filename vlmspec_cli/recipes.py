@@ -351,6 +351,9 @@ def _read_state(path: Path, ui) -> dict:
 
 
 def _write_state(path: Path, recipe: Recipe, done: dict) -> None:
+    """Replace the state file; checked again at every write (OutputRefused, nothing
+    written): a step may have made a file there since the run began."""
+    check_state_path(path, recipe.path)
     state = {"version": 1, "recipe": str(recipe.path.resolve()), "steps": done}
     atomic_write_text(path, json.dumps(state, indent=2) + "\n")
 
@@ -385,6 +388,15 @@ def run_recipe(recipe: Recipe, commands: Mapping[str, click.Command], state_path
 
     state_path = Path(state_path)
     done = {} if restart else _read_state(state_path, ui)
+    try:
+        return _run_steps(recipe, commands, state_path, done, restart, ui)
+    except OutputRefused as exc:  # the state file would replace a file that is not one
+        ui.error(f"{exc}; recipe stopped")
+        return 2
+
+
+def _run_steps(recipe: Recipe, commands: Mapping[str, click.Command], state_path: Path,
+               done: dict, restart: bool, ui) -> int:
     if restart and state_path.exists():
         _write_state(state_path, recipe, done)
     final, total = 0, len(recipe.steps)
