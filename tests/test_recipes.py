@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 from conftest import fresh_scenes
 from corpus import write_foreign_json, write_user_notes
 from vlmspec_cli.cli import cli
+from vlmspec_cli.recipe_paths import path_params, step_paths
 from vlmspec_cli.recipes import Recipe, Step, run_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -371,3 +373,27 @@ def test_state_write_rechecks_what_a_step_made(tmp_path, monkeypatch, capsys):
         f"error: state file {state}: exists and is not a vlmspec recipe state file: not "
         "overwritten (give another --state PATH); recipe stopped"]
     assert "step 2 (scribble) of 2" not in err
+
+
+def test_step_paths_come_from_each_commands_click_params():
+    """The paths of a step are read off its command's parameters (types and defaults), so
+    a new command's file options count without a list; a file-like option of a type that
+    is neither click.Path/File nor a string would go unseen, and fails here."""
+    looks_like_a_file = re.compile(r"out|dir|trace|write|plot|file|chat|profile|^inputs$|"
+                                   r"samples|prompts|^name$|heads|twigs")
+    for name, command in cli.commands.items():
+        seen = path_params(command)
+        for p in command.params:
+            if looks_like_a_file.search(p.name or "") and not getattr(p, "is_flag", False):
+                assert p.name in seen, f"{name} {p.name}: not counted as a path"
+    got = {(s.option, s.path, s.folder)
+           for s in step_paths(cli.commands["generate-image"], ["a cat", "--prompts-file", "p.txt"])}
+    assert {("PROMPT", "a cat", False), ("--prompts-file", "p.txt", False),
+            ("--out-dir", "images", True)} <= got   # the default folder counts
+    got = {(s.option, s.path) for s in step_paths(cli.commands["calibrate"],
+                                                  ["imgs", "--write", "tuned", "-p", "x.yaml"])}
+    assert {("SAMPLES", "imgs"), ("--write", "tuned"), ("--write", "profiles/tuned.yaml"),
+            ("--profile", "x.yaml")} <= got
+    got = {(s.option, s.path) for s in step_paths(
+        cli.commands["caption"], ["--chat", "c.jsonl", "--trace", "t.jsonl", "--out", "-"])}
+    assert {("--chat", "c.jsonl"), ("--trace", "t.jsonl")} <= got and ("--out", "-") not in got
