@@ -397,3 +397,7 @@ def test_step_paths_come_from_each_commands_click_params():
     got = {(s.option, s.path) for s in step_paths(
         cli.commands["caption"], ["--chat", "c.jsonl", "--trace", "t.jsonl", "--out", "-"])}
     assert {("--chat", "c.jsonl"), ("--trace", "t.jsonl")} <= got and ("--out", "-") not in got
+    for executor, shards in (("local", set()), ("ray", {("--out", "c.jsonl.shards", True)})):
+        got = {(s.option, s.path, s.folder) for s in step_paths(
+            cli.commands["caption"], ["imgs", "--out", "c.jsonl", "--executor", executor])}
+        assert got & {("--out", "c.jsonl.shards", True)} == shards   # ray: its shard folder

@@ -14,9 +14,9 @@ covered without a list to maintain:
 - a ``click.Path`` that only takes folders (``file_okay=False``: generate-image's
   ``--out-dir``) covers every file inside it too, since the step names the files it
   writes there (by prompt);
-- ``NAMED_FILES``: parameters whose value may be a NAME that the command turns into a
-  file elsewhere (``--profile tuned`` reads, ``calibrate --write tuned`` writes,
-  profiles/tuned.yaml).
+- ``DERIVED_PATHS``: the files a command makes of a value beyond the value itself
+  (``--profile tuned`` reads, ``calibrate --write tuned`` writes, profiles/tuned.yaml;
+  ``caption --executor ray --out caps.jsonl`` keeps shards in caps.jsonl.shards/).
 
 A state path collides with a step's path when both name one file (links, ``..`` and
 relative paths resolved; the same inode where both exist), when it lies inside such a
@@ -34,40 +34,51 @@ import click
 
 from vlmspec_cli.tasks.output_files import same_file
 
-__all__ = ["StepPath", "NAMED_FILES", "step_paths", "path_params", "state_collision"]
+__all__ = ["StepPath", "DERIVED_PATHS", "step_paths", "path_params", "state_collision"]
 
 
-def _profile_file(name: str) -> Path | None:
-    """``--profile NAME|PATH``: the profile file it reads (None: no such profile yet)."""
+def _profile_file(name: str, given: Mapping) -> list[tuple[Path, bool]]:
+    """``--profile NAME|PATH``: the profile file it reads (none: no such profile yet)."""
     from vlmspec_cli.profile import ProfileError, resolve_profile_path
 
     try:
-        return resolve_profile_path(name)
+        return [(resolve_profile_path(name), False)]
     except (ProfileError, OSError):  # OSError: e.g. a name too long to be a file's
-        return None
+        return []
 
 
-def _written_profile(name: str) -> Path:
+def _written_profile(name: str, given: Mapping) -> list[tuple[Path, bool]]:
     """``calibrate --write NAME|FILE.yaml``: the profile file it writes."""
     from vlmspec_cli.tasks.calibrate_io import profile_write_path
 
-    return profile_write_path(name)
+    return [(profile_write_path(name), False)]
 
 
-# (command, parameter name) -> the file a NAME stands for; command "*" is every command.
-# The value as a path counts as well; these add the file a bare name resolves to.
-NAMED_FILES: dict[tuple[str, str], Callable[[str], Path | None]] = {
+def _ray_shards(out: str, given: Mapping) -> list[tuple[Path, bool]]:
+    """``caption --executor ray --out FILE``: the folder of the actors' shards."""
+    if given.get("executor") != "ray":
+        return []
+    from vlmspec_cli.tasks.ray_executor import shard_dir_for
+
+    return [(shard_dir_for(out), True)]
+
+
+# (command, parameter name) -> what else the command makes of a value: [(path, folder)],
+# given the step's other values; command "*" is every command. A table, since no click
+# type says it; the value itself counts as a path anyway.
+DERIVED_PATHS: dict[tuple[str, str], Callable[[str, Mapping], list[tuple[Path, bool]]]] = {
     ("*", "profile"): _profile_file,
     ("profiles", "name"): _profile_file,
     ("calibrate", "write_name"): _written_profile,
+    ("caption", "out"): _ray_shards,
 }
 
 
 @dataclass(frozen=True)
 class StepPath:
     """One path a step reads or writes: ``option`` as the user wrote it (``--out``,
-    ``INPUTS``), ``value`` as given, ``path`` the file (a resolved NAME may differ from
-    the value), ``folder``: every file inside counts too."""
+    ``INPUTS``), ``value`` as given, ``path`` the file or folder (what the command makes
+    of a value may differ from it), ``folder``: every file inside counts too."""
     option: str
     value: str
     path: str
@@ -120,12 +131,12 @@ def step_paths(command: click.Command, argv: list[str]) -> Iterator[StepPath]:
         given = values.get(name)
         if given is None:
             given = param.get_default(ctx, call=True)
-        resolve = NAMED_FILES.get((command.name, name)) or NAMED_FILES.get(("*", name))
+        derive = DERIVED_PATHS.get((command.name, name)) or DERIVED_PATHS.get(("*", name))
         for value in _strings(given):
             yield StepPath(_label(param), value, value, folder)
-            named = resolve(value) if resolve else None
-            if named is not None and not same_file(named, value):
-                yield StepPath(_label(param), value, os.fspath(named), folder)
+            for path, inside in derive(value, values) if derive else ():
+                if not same_file(path, value):
+                    yield StepPath(_label(param), value, os.fspath(path), inside)
 
 
 def _ancestors(path: str | os.PathLike) -> list[Path]:
@@ -155,7 +166,7 @@ def state_collision(state_path: str | os.PathLike, recipe, commands: Mapping[str
                 continue
             what = f"{used.option} {used.value}"
             if used.path != used.value:
-                what += f" (file {used.path})"
+                what += f" ({'folder' if used.folder else 'file'} {used.path})"
             kind = ("a folder that step writes or reads files in" if how == "is inside"
                     else "a path that step reads or writes")
             return (f"state file {state}: {how} {what} of step {step.index} ({step.command}, "
