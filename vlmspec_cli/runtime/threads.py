@@ -11,7 +11,10 @@ target-only decoding shares (it runs under the same plan).
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -19,6 +22,115 @@ import torch
 # the process's own count (torch's default: one per core, or OMP_NUM_THREADS), read before
 # any plan changed it: a phase a plan leaves to auto runs at this count
 PROCESS_THREADS = torch.get_num_threads()
+
+# /proc/stat counts in clock ticks (USER_HZ, 100 on Linux)
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# an estimate covers at least this much wall time since the one before (else the one
+# before stands): /proc/stat and os.times() count 10 ms ticks, so over 0.2 s a tick is
+# 5% of a core. Requests shorter than that are followed every few requests
+MIN_INTERVAL_S = 0.2
+
+# busy fields of a /proc/stat cpu line: user nice system [idle iowait] irq softirq steal
+# (guest time is inside user already; steal is time the hypervisor gave to another guest)
+_BUSY = (0, 1, 2, 5, 6, 7)
+
+
+def _read_proc_stat() -> str:
+    with open("/proc/stat") as f:
+        return f.read()
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds this process used so far, every thread of it (not its children)."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _affinity() -> frozenset[int]:
+    """The cores this process may run on (every core where the OS cannot say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return frozenset(os.sched_getaffinity(0))
+    return frozenset(range(os.cpu_count() or 1))
+
+
+def busy_ticks(stat: str, cpus: frozenset[int]) -> int | None:
+    """Busy clock ticks so far of the cores ``cpus``, summed from /proc/stat's ``cpuN``
+    lines; None when no line names one of them."""
+    busy, seen = 0, False
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            fields = [int(v) for v in rest.split()]
+            busy += sum(fields[i] for i in _BUSY if i < len(fields))
+            seen = True
+    return busy if seen else None
+
+
+@dataclass
+class _Reading:
+    wall_s: float
+    own_s: float            # this process's CPU seconds
+    busy: int | None        # busy ticks of our cores (None: /proc/stat unreadable)
+
+
+class FreeCores:
+    """How many of this process's cores other processes leave free, over the interval
+    since the estimate before (at least MIN_INTERVAL_S; the first from construction):
+
+        others = (busy ticks of our cores / ticks per second − our own CPU seconds) / wall seconds
+        free   = cores − others            (cores: os.sched_getaffinity)
+
+    Our own CPU time (every thread, spinning OpenMP workers included) is subtracted, so
+    our threads never count as competition. Without /proc/stat (not Linux): others =
+    the 1-minute load average − our own CPU seconds per second; without either, nothing is
+    known (``free`` returns None). Reading both costs microseconds; nothing sleeps.
+
+    The sources are arguments, for tests: ``stat`` returns /proc/stat's text (OSError:
+    unreadable), ``own`` this process's CPU seconds, ``loadavg`` os.getloadavg()'s triple,
+    ``clock`` seconds."""
+
+    def __init__(self, stat: Callable[[], str] = _read_proc_stat,
+                 own: Callable[[], float] = _own_cpu_s, cpus: frozenset[int] | None = None,
+                 loadavg: Callable[[], tuple] | None = getattr(os, "getloadavg", None),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._stat, self._own, self._loadavg, self._clock = stat, own, loadavg, clock
+        self.cpus = cpus if cpus is not None else _affinity()
+        self.cores = len(self.cpus)
+        self.others: float | None = None    # the last estimate, in cores
+        self._last = self._read()
+
+    def _read(self) -> _Reading:
+        try:
+            busy = busy_ticks(self._stat(), self.cpus)
+        except (OSError, ValueError):
+            busy = None
+        return _Reading(self._clock(), self._own(), busy)
+
+    def free(self) -> float | None:
+        """The cores free of other processes (a fraction of a core counts), from the last
+        interval of at least MIN_INTERVAL_S; None while nothing can be read."""
+        if self._clock() - self._last.wall_s >= MIN_INTERVAL_S:
+            now = self._read()
+            self.others = self._others(self._last, now, now.wall_s - self._last.wall_s)
+            self._last = now
+        return None if self.others is None else max(0.0, self.cores - self.others)
+
+    def _others(self, before: _Reading, now: _Reading, wall: float) -> float | None:
+        own = now.own_s - before.own_s
+        if before.busy is not None and now.busy is not None:
+            busy = (now.busy - before.busy) / _TICKS_PER_S
+            return max(0.0, (busy - own) / wall)
+        if self._loadavg is None:
+            return None
+        try:
+            load = self._loadavg()[0]
+        except OSError:
+            return None
+        return max(0.0, load - own / wall)
+
+
+# one per process (the cores are the process's): every plan of it reads this one
+CPU = FreeCores()
 
 
 @dataclass(frozen=True)
