@@ -192,7 +192,8 @@ def test_profile_picks_the_fastest_thread_counts_and_auto_uses_them(tmp_path):
     """`--threads 1,2` decodes the sample requests at each count and writes the count with
     the least time outside the prefill as hardware.threads and the fastest prefill's as
     hardware.prefill_threads; a profile including that file with auto runs on them, an
-    explicit count wins, and with neither set the process's count is never touched."""
+    explicit count wins (auto: a ceiling, lowered while other processes use the cores:
+    test_threads.py), and a plan with neither count never touches the process's count."""
     import torch
 
     from vlmspec_cli.runtime.threads import PROCESS_THREADS, ThreadPlan
@@ -212,13 +213,15 @@ def test_profile_picks_the_fastest_thread_counts_and_auto_uses_them(tmp_path):
     assert h.threads == min(job, key=lambda n: job[n] - pre[n])
     assert h.prefill_threads == min(pre, key=pre.get)
     assert h.device.endswith(f", threads: {h.threads} decoding, {h.prefill_threads} prefilling)")
-    assert thread_plan(load_profile(str(user))) == ThreadPlan(h.prefill_threads, h.threads)
+    both = frozenset({"prefill", "decode"})
+    assert thread_plan(load_profile(str(user))) == ThreadPlan(h.prefill_threads, h.threads, auto=both)
     explicit = load_profile(str(user), ["runtime.threads=3"])
-    assert thread_plan(explicit) == ThreadPlan(h.prefill_threads, 3)
-    bare = load_profile(None, ["runtime.threads=auto"])
-    assert thread_plan(bare) == ThreadPlan()       # nothing measured, nothing set
+    assert thread_plan(explicit) == ThreadPlan(h.prefill_threads, 3, auto=frozenset({"prefill"}))
+    bare = load_profile(None, ["runtime.threads=auto"])   # nothing measured: the process's count
+    assert thread_plan(bare) == ThreadPlan(PROCESS_THREADS, PROCESS_THREADS, auto=both)
     torch.set_num_threads(3)
     ThreadPlan().enter("prefill"), ThreadPlan().enter("decode")
     assert torch.get_num_threads() == 3
     # one phase set: the other runs at the process's own count, not at the last phase's
-    assert thread_plan(load_profile(None, ["runtime.threads=1"])) == ThreadPlan(PROCESS_THREADS, 1)
+    assert thread_plan(load_profile(None, ["runtime.threads=1"])) == ThreadPlan(
+        PROCESS_THREADS, 1, auto=frozenset({"prefill"}))

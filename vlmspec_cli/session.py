@@ -52,8 +52,9 @@ class Session:
             parts.append(f"fast path (static cache): {', '.join(fast)}")
         if slow:
             parts.append(f"transformers' forward: {', '.join(slow)}")
-        if self.threads.describe():
-            parts.append(self.threads.describe())
+        threads = self.threads.describe()   # with any auto count lowered now, and why
+        if threads:
+            parts.append(threads)
         if self.compile_reason:
             roles = [role for role, lm in models if lm is not None and lm.fast is not None
                      and lm.fast.compiled is not None]
@@ -252,16 +253,19 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
 
 def thread_plan(profile) -> ThreadPlan:
     """``runtime.threads`` and ``runtime.prefill_threads`` resolved (with
-    ``runtime.long_context``, from which prompt length the rounds take the prefill's count): a count, or for auto
-    the count ``vlmspec profile`` measured (the hardware section), else the process's own
-    count (torch's default or OMP_NUM_THREADS); neither set: the process's count is never
-    touched (what the caller set stands)."""
+    ``runtime.long_context``, from which prompt length the rounds take the prefill's count):
+    a count stands as set; auto is the count ``vlmspec profile`` measured (the hardware
+    section), else the process's own count (torch's default or OMP_NUM_THREADS), and
+    that only as a ceiling: before each phase it is lowered to the cores other processes
+    leave free (runtime/threads.py ``FreeCores``)."""
     def count(wanted, measured):
         return measured if wanted == "auto" else int(wanted)
     r, h = profile.runtime, profile.hardware
+    auto = frozenset(phase for phase, wanted in (("prefill", r.prefill_threads), ("decode", r.threads))
+                     if wanted == "auto")
     return ThreadPlan(prefill=count(r.prefill_threads, h.prefill_threads),
                       decode=count(r.threads, h.threads),
-                      long_context=r.long_context).with_defaults()
+                      long_context=r.long_context, auto=auto).with_defaults()
 
 
 def _fast_path(profile, lm: LoadedModel, role: str) -> None:

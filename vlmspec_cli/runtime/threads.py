@@ -7,20 +7,28 @@ thread can cost more than it saves (bench/RESULTS.md, "CPU threads"). So the eng
 the two phases at their own counts. torch.set_num_threads is process-wide and cheap to
 change (microseconds), and the results do not depend on it beyond float rounding, which
 target-only decoding shares (it runs under the same plan).
+
+A count left on auto is a ceiling, not a promise: an OpenMP region waits for its slowest
+thread, so a thread whose core another process holds stalls the whole operator (issue
+34: on the 2-core CPU at a load average of 4 to 9, the demo's prefills took 0.13 to 3.2 s
+on 2 threads and 0.03 s on 1, and its speedup fell to 0.75x). Before each phase the plan
+lowers an auto count to the cores other processes leave free (``FreeCores``), and raises
+it again when they stop. A count the profile sets is never changed.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
 
 # the process's own count (torch's default: one per core, or OMP_NUM_THREADS), read before
-# any plan changed it: a phase a plan leaves to auto runs at this count
+# any plan changed it: a phase a plan leaves to auto runs at this count at most
 PROCESS_THREADS = torch.get_num_threads()
 
 # /proc/stat counts in clock ticks (USER_HZ, 100 on Linux)
@@ -29,6 +37,10 @@ _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # before stands): /proc/stat and os.times() count 10 ms ticks, so over 0.2 s a tick is
 # 5% of a core. Requests shorter than that are followed every few requests
 MIN_INTERVAL_S = 0.2
+# a core other processes use less than this share of the time still counts as free
+# (kernel threads, daemons, tick rounding). Small on purpose: a thread that waits for
+# its core costs up to 100x (the module's docstring), one thread fewer at most 2x
+SLACK = 0.1
 
 # busy fields of a /proc/stat cpu line: user nice system [idle iowait] irq softirq steal
 # (guest time is inside user already; steal is time the hypervisor gave to another guest)
@@ -137,7 +149,8 @@ CPU = FreeCores()
 class ThreadPlan:
     """Thread counts per phase; a plan of two Nones never touches the process's count.
     ``with_defaults`` fills one None with ``PROCESS_THREADS`` when the other phase is set
-    (else the first request's rounds would leave the next prefill at their count)."""
+    (else the first request's rounds would leave the next prefill at their count), and
+    both when both are on auto."""
 
     prefill: int | None = None
     decode: int | None = None
@@ -146,27 +159,49 @@ class ThreadPlan:
     # every core (bench/long-threads-cpu.txt: the video head's rounds 25% faster on 2
     # threads at 8192 video tokens, the same at 128). None: never
     long_context: int | None = None
+    # the phases ("prefill", "decode") left on auto: their count is a ceiling, lowered
+    # while other processes use the cores (``fit``)
+    auto: frozenset[str] = frozenset()
+    # where the free cores are read: the process's one (tests pass their own)
+    cpu: FreeCores = field(default=CPU, compare=False, repr=False)
+
+    def count(self, phase: str, context: int = 0) -> int | None:
+        """The count ``phase`` runs at now (``context``: the positions the rounds attend
+        over); None: the process's count as it is."""
+        long = self.long_context is not None and context >= self.long_context
+        source = "prefill" if phase == "prefill" or long else "decode"
+        n = getattr(self, source)
+        return self.fit(n) if n is not None and source in self.auto else n
+
+    def fit(self, ceiling: int) -> int:
+        """An auto count under the free cores: max(1, min(ceiling, ⌊free + SLACK⌋))."""
+        free = self.cpu.free()
+        return ceiling if free is None else max(1, min(ceiling, math.floor(free + SLACK)))
 
     def enter(self, phase: str, context: int = 0) -> None:
-        """Set the count of ``phase`` ("prefill" or "decode"; ``context``: the positions the
-        rounds attend over)."""
-        long = self.long_context is not None and context >= self.long_context
-        n = self.prefill if phase == "prefill" or long else self.decode
+        """Set the count of ``phase`` ("prefill" or "decode")."""
+        n = self.count(phase, context)
         if n is not None and n != torch.get_num_threads():
             torch.set_num_threads(n)
 
     def with_defaults(self) -> "ThreadPlan":
-        if self.prefill is None and self.decode is None:
+        if self.prefill is None and self.decode is None and not self.auto:
             return self
-        return ThreadPlan(prefill=self.prefill or PROCESS_THREADS, decode=self.decode or PROCESS_THREADS,
-                          long_context=self.long_context)
+        return replace(self, prefill=self.prefill or PROCESS_THREADS,
+                       decode=self.decode or PROCESS_THREADS)
 
     def describe(self) -> str:
-        """E.g. "1 CPU thread decoding, 2 prefilling"; "" when nothing is set."""
+        """E.g. "1 CPU thread decoding, 2 prefilling", with "(1 while other processes use
+        1.6 of 2 cores)" after an auto count lowered now; "" when nothing is set."""
         parts = []
-        for n, what in ((self.decode, "decoding"), (self.prefill, "prefilling")):
-            if n is not None:
-                parts.append(f"{n} {what}")
+        for n, phase, what in ((self.decode, "decode", "decoding"), (self.prefill, "prefill", "prefilling")):
+            if n is None:
+                continue
+            parts.append(f"{n} {what}")
+            now = self.fit(n) if phase in self.auto else n
+            if now < n:
+                parts[-1] += (f" ({now} while other processes use {self.cpu.others:.1f} of "
+                              f"{self.cpu.cores} cores)")
         if parts and self.long_context is not None and self.prefill != self.decode:
             parts[0] += f" ({self.prefill} from {self.long_context} positions)"
         return f"CPU threads: {', '.join(parts)}" if parts else ""
