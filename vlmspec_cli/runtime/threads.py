@@ -9,11 +9,12 @@ change (microseconds), and the results do not depend on it beyond float rounding
 target-only decoding shares (it runs under the same plan).
 
 A count left on auto is a ceiling, not a promise: an OpenMP region waits for its slowest
-thread, so a thread whose core another process holds stalls the whole operator (issue
-34: on the 2-core CPU at a load average of 4 to 9, the demo's prefills took 0.13 to 3.2 s
-on 2 threads and 0.03 s on 1, and its speedup fell to 0.75x). Before each phase the plan
-lowers an auto count to the cores other processes leave free (``FreeCores``), and raises
-it again when they stop. A count the profile sets is never changed.
+thread, so a thread whose core another process holds stalls the whole operator. On the
+2-core CPU beside two CPU-bound processes the demo's prefills took up to 4.4 s on 2
+threads, at most 0.09 s on 1, and its speedup fell from 2.1-2.3x to 0.6-1.1x (issue 34;
+bench/threads-load-cpu.txt). Before each phase the plan lowers an auto count to the
+cores other processes leave free (``FreeCores``), and raises it again when they stop. A
+count the profile sets is never changed.
 """
 
 from __future__ import annotations
@@ -194,7 +195,8 @@ class ThreadPlan:
         """E.g. "1 CPU thread decoding, 2 prefilling", with "(1 while other processes use
         1.6 of 2 cores)" after an auto count lowered now; "" when nothing is set."""
         parts = []
-        for n, phase, what in ((self.decode, "decode", "decoding"), (self.prefill, "prefill", "prefilling")):
+        for phase, what in (("decode", "decoding"), ("prefill", "prefilling")):
+            n = getattr(self, phase)
             if n is None:
                 continue
             parts.append(f"{n} {what}")
