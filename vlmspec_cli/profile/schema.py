@@ -204,9 +204,10 @@ class RuntimeSpec:
     # CPU threads of torch's operators (torch.set_num_threads, runtime/threads.py) while
     # decoding (drafting and verifying rounds), and while prefilling a prompt. auto: the
     # count `vlmspec profile` measured fastest for this profile on this machine
-    # (hardware.threads, hardware.prefill_threads), else torch's default (one per core).
-    # A small model's steps take microseconds per operator, which threads can slow down;
-    # a long prompt's prefill gains from every core
+    # (hardware.threads, hardware.prefill_threads), else torch's default (one per core),
+    # lowered before each phase to the cores other processes leave free (at least 1); a
+    # count is never changed. A small model's steps take microseconds per operator,
+    # which threads can slow down; a long prompt's prefill gains from every core
     threads: int | str = field(default="auto", metadata=_rule(
         pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count"))
     prefill_threads: int | str = field(default="auto", metadata=_rule(
