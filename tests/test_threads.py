@@ -2,9 +2,11 @@
 
 The estimate's sources (/proc/stat's text, this process's CPU seconds, the load average,
 a clock) are FreeCores' arguments: ``Machine`` below fakes them, and the last test reads
-the real ones with CPU-bound competitors running. Each of these tests fails against the
-plan before auto followed the free cores (a fixed ceiling): mutation-checked on the
-branch that added them (fix/thread-plan).
+the real ones with CPU-bound competitors running. Mutation-checked on the branch that
+added them (fix/thread-plan): each fails when a behaviour it names is taken out (auto as
+a fixed ceiling, as before; our own CPU time not subtracted; cores outside the affinity
+counted; explicit counts following the load; no minimum interval; no load-average
+fallback; no floor of 1 thread).
 """
 
 from __future__ import annotations
