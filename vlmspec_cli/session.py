@@ -35,6 +35,12 @@ class Session:
     _baseline: SpeculativeEngine | None = field(default=None, init=False, repr=False)
     compile_reason: str = field(default="", init=False)   # runtime.compile, as decided
     threads: ThreadPlan = field(default_factory=ThreadPlan)   # runtime.threads, resolved
+    # the profile's method (drafters/): what its records, summary and warm-up say of it
+    method: type[DraftingMethod] | None = None
+
+    def __post_init__(self) -> None:
+        if self.method is None:
+            self.method = method_class(self.profile.method)
 
     @property
     def lossless(self) -> bool:
@@ -68,12 +74,6 @@ class Session:
     def _compiled_models(self):
         return [lm for lm in self._fast_models() if lm.fast.compiled is not None]
 
-    def _plain_draft_steps(self) -> bool:
-        """The draft decodes one row with plain causal steps (a chain, or an ensemble of
-        one input): no per-step masks, and greedy chains can be drafted in one call."""
-        p = self.profile
-        return p.method == "chain" or (p.method == "tabed" and len(p.drafting.inputs) == 1)
-
     def plan_compile(self, expected_tokens: int) -> bool:
         """Decide ``runtime.compile`` for a job of about ``expected_tokens`` tokens (see
         runtime/compiled_step.py ``decide``) and set it on the fast-path models; True when
@@ -92,7 +92,7 @@ class Session:
         if not self._fast_models():
             on, self.compile_reason = False, "needs the fast path, which no model is on"
         p = self.profile
-        plain = self._plain_draft_steps()
+        plain = self.method.plain_draft_steps(p)
         quantized = []
         for role, lm in (("target", self.target), ("draft", self.draft)):
             if lm is None or lm.fast is None:
@@ -112,35 +112,24 @@ class Session:
         return bool(self._compiled_models())
 
     def warm_up(self) -> float:
-        """Compile, before decoding, the steps the method will run: for the target, one
-        token and every verification size up to its largest round (a chain's γ + 1, a
-        tree's node count, with the tree's mask); for the draft, its steps (an ensemble's
-        padded rows, a tree's frontier with its mask). Returns the seconds it took."""
+        """Compile, before decoding, the steps the method will run (its ``compile_plan``:
+        for the target, one token and every verification size up to its largest round, a
+        tree's with its mask; for the draft, its steps: an ensemble's padded rows, a
+        tree's frontier with its mask). Returns the seconds it took."""
         p = self.profile
-        tree = p.method in ("tree", "adt")
-        if p.method == "adt":
-            nodes, frontier = p.adaptive_tree.max_depth * p.adaptive_tree.max_top_k, p.adaptive_tree.max_top_k
-        else:
-            nodes, frontier = p.tree.total_tokens, p.tree.top_k
         layer = getattr(self.engine.drafter, "hidden_layer", None)   # hidden-state drafts
-        plan = []   # (model, rows up to, mask kind, hidden layer)
-        if tree:
-            plan += [(self.target, 1, "causal", layer), (self.target, nodes + 1, "tree", layer),
-                     (self.draft, 2, "causal", None), (self.draft, frontier, "tree", None)]
-        else:
-            padded = p.method == "tabed" and len(p.drafting.inputs) > 1
-            plan += [(self.target, p.drafting.gamma + 1, "causal", layer),
-                     (self.draft, 2, "padded" if padded else "causal", None)]
+        models = {"target": self.target, "draft": self.draft}
         seconds = 0.0
-        for lm, up_to, mask, hidden in plan:
+        for role, up_to, mask, rows in self.method.compile_plan(p):
+            lm = models[role]
             if lm is None or lm.fast is None or lm.fast.compiled is None:
                 continue
-            batch = len(p.drafting.inputs) if mask == "padded" else lm.adapter.decode_rows
-            seconds += lm.fast.compiled.warm_up({up_to}, batch=batch, hidden_layer=hidden,
+            seconds += lm.fast.compiled.warm_up({up_to}, batch=rows or lm.adapter.decode_rows,
+                                                hidden_layer=layer if role == "target" else None,
                                                 masks=(mask,))
-        if (self._plain_draft_steps() and self.sampling.greedy and self.draft is not None
+        if (self.method.plain_draft_steps(p) and self.sampling.greedy and self.draft is not None
                 and self.draft in self._compiled_models()):
-            seconds += self.draft.fast.compiled.warm_up_chain(p.drafting.gamma)
+            seconds += self.draft.fast.compiled.warm_up_chain(self.method.gamma(p))
         return seconds
 
     def set_threads(self, plan: ThreadPlan) -> None:
@@ -248,7 +237,7 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
             _fast_path(profile, lm, role)
     engine.threads = thread_plan(profile)
     return Session(profile, target, drafter.draft, captioner, engine, sampling,
-                   threads=engine.threads)
+                   threads=engine.threads, method=method)
 
 
 def thread_plan(profile) -> ThreadPlan:

@@ -93,15 +93,17 @@ class BatchUI:
         error(f"{item.path}: {reason}")
 
 
-def summary_table(summary, method: str, gamma: int | None, extra: dict | None = None) -> None:
+def summary_table(summary, method: str, drafts: bool, extra: dict | None = None) -> None:
+    """``method``: the method with its shape (DraftingMethod.label); ``drafts``: False for
+    target-only decoding (no acceptance rows)."""
     s = summary.stats
     table = Table(title="vlmspec summary", title_justify="left", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     table.add_row("items", f"{summary.items} ({summary.done} done, {summary.skipped} skipped)")
     table.add_row("failures", str(summary.failures), style="red" if summary.failures else None)
-    table.add_row("method", f"{method} (γ={gamma})" if method != "none" and gamma else method)
-    if s.num_drafts and method != "none":
+    table.add_row("method", method)
+    if s.num_drafts and drafts:
         table.add_row("mean acceptance length", f"{s.mean_accept_len:.3f}")
         table.add_row("draft acceptance rate", f"{s.draft_accept_rate:.3f}")
         rates = " ".join(f"{c / s.num_drafts:.2f}" for c in s.accepted_per_pos)

@@ -7,9 +7,9 @@ import sys
 import click
 
 from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_interrupt, fail,
-                                    finish_batch, load_profile, parse_inputs, print_plan,
-                                    profile_option, record_printer, records_sink, set_option,
-                                    start_decoding)
+                                    finish_batch, load_profile, method_option, parse_inputs,
+                                    print_plan, profile_option, record_printer, records_sink,
+                                    set_option, start_decoding)
 
 EPILOG_CAPTION = """\b
 Examples:
@@ -37,10 +37,7 @@ done and written), 2 usage, profile, model-loading or output error (--out or
 @click.argument("inputs", nargs=-1, metavar="INPUTS...")
 @click.option("--prompt", help="Question or instruction for every image [profile: generation.prompt].")
 @profile_option()
-@click.option("--method", "-m", help="none (target only), chain (one drafting input), tree "
-                                     "(EAGLE-2 draft trees, profile section tree:), tabed "
-                                     "(adaptive ensemble of inputs) or twig (self-speculation "
-                                     "on the target's first layers) [profile: method].")
+@method_option("caption")
 @click.option("--inputs", "drafting_inputs", metavar="LIST",
               help="Drafting inputs, comma-separated: multimodal,text,caption,pooled "
                    "(or letters M,T,C,P) [profile: drafting.inputs].")

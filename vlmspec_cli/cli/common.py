@@ -59,6 +59,28 @@ def profile_option(default: str = DEFAULT_CAPTION_PROFILE):
                              f"[default: {default}].")
 
 
+class MethodOption(click.Option):
+    """``--method``: its help lists the registered methods of the command's task with what
+    each does (drafters/: ``DraftingMethod.help``), read when the help is shown: the
+    methods' modules import torch and transformers, seconds the other commands and
+    options do not pay."""
+
+    def __init__(self, *args, task: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.task = task
+
+    def get_help_record(self, ctx):
+        from vlmspec_cli.drafters.base import method_help
+
+        self.help = method_help(self.task)
+        return super().get_help_record(ctx)
+
+
+def method_option(task: str):
+    return click.option("--method", "-m", cls=MethodOption, task=task,
+                        help="the drafting method [profile: method].")
+
+
 set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                           help="Override a profile key, e.g. --set drafting.gamma=3 (repeatable).")
 
@@ -174,12 +196,10 @@ def finish_batch(prof, summary, quiet: bool) -> None:
     from vlmspec_cli import ui
 
     if not quiet:
-        if prof.method == "tree":
-            t = prof.tree
-            ui.summary_table(summary, f"tree (depth={t.depth}, top_k={t.top_k}, "
-                                      f"total_tokens={t.total_tokens})", None)
-        else:
-            ui.summary_table(summary, prof.method, prof.drafting.gamma)
+        from vlmspec_cli.drafters import method_class
+
+        method = method_class(prof.method)
+        ui.summary_table(summary, method.label(prof), method.drafts)
     if summary.mismatches:
         ui.error(f"{summary.mismatches} output(s) differ from target-only greedy decoding")
     sys.exit(1 if summary.failures or summary.mismatches else 0)

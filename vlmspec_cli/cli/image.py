@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (TSV_HELP, fail, load_profile, print_plan, profile_option,
-                                    set_option, start_decoding, tsv_field)
+from vlmspec_cli.cli.common import (TSV_HELP, fail, load_profile, method_option, print_plan,
+                                    profile_option, set_option, start_decoding, tsv_field)
 from vlmspec_cli.cli.types import FiniteFloat, Seed
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
@@ -40,8 +40,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
               type=click.Path(file_okay=False), help="Folder for the PNG files (created).")
 @profile_option(DEFAULT_IMAGE_PROFILE)
 @set_option
-@click.option("--method", "-m", help="none (target only), tree (EAGLE-2 or static trees, "
-                                     "section tree:) or adt (ADT-Tree) [profile: method].")
+@method_option("image")
 @click.option("--cfg", type=FiniteFloat(min=0),
               help="Classifier-free guidance scale [profile: image.cfg; default the model's].")
 @click.option("--temperature", "-t", type=FiniteFloat(min=0), help="0 = greedy (default); >0 samples.")
@@ -88,7 +87,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
                   "runtime.fast_path": fast_path, "runtime.compile": compile_steps}
     prof = load_profile(profile or DEFAULT_IMAGE_PROFILE, sets, cli_values, task="image")
     try:
-        validate_method(prof)
+        method_cls = validate_method(prof)
     except SessionError as exc:
         fail(str(exc))
     jobs = plan_jobs(texts, prof.image.images_per_prompt, prof.sampling.seed, out_dir)
@@ -105,7 +104,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         ui.warning("temperature 0: the images of a prompt are identical; use -t 1 for variety")
     if not quiet:
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
-                + ("" if prof.method == "none" else f", draft {prof.draft.model}")
+                + (f", draft {prof.draft.model}" if method_cls.uses_draft else "")
                 + (", relaxed acceptance (lossy)" if prof.acceptance == "relaxed" else ""))
     try:
         session = build_session(prof)
@@ -132,18 +131,8 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         extra = {"mean tree depth d̄": f"{sum(depths) / len(depths):.2f}"} if depths else {}
         if not session.lossless:
             extra["lossless"] = "no (relaxed acceptance)"
-        ui.summary_table(summary, _method_label(prof), None, extra)
+        ui.summary_table(summary, session.method.label(prof), session.method.drafts, extra)
     if summary.mismatches:
         ui.error(f"{summary.mismatches} image(s) differ from target-only greedy decoding")
     sys.exit(1 if summary.failures or summary.mismatches else 0)
 
-
-def _method_label(prof) -> str:
-    t = prof.tree
-    if prof.method == "tree":
-        return f"tree {t.policy} (depth={t.depth}, top_k={t.top_k}, total_tokens={t.total_tokens})"
-    if prof.method == "adt":
-        a = prof.adaptive_tree
-        return (f"adt {a.init} β={a.beta} l_d={a.step_depth} l_k={a.step_top_k} "
-                f"depth {a.min_depth}-{a.max_depth} top_k {a.min_top_k}-{a.max_top_k}")
-    return prof.method

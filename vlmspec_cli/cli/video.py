@@ -8,9 +8,9 @@ import sys
 import click
 
 from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_interrupt, fail,
-                                    finish_batch, load_profile, parse_inputs, print_plan,
-                                    profile_option, record_printer, records_sink, set_option,
-                                    start_decoding)
+                                    finish_batch, load_profile, method_option, parse_inputs,
+                                    print_plan, profile_option, record_printer, records_sink,
+                                    set_option, start_decoding)
 from vlmspec_cli.cli.types import FiniteFloat
 
 DEFAULT_VIDEO_PROFILE = "tinyworld-video"
@@ -37,9 +37,7 @@ loads), 130 interrupted (Ctrl-C).
 @click.argument("inputs", nargs=-1, metavar="VIDEOS...")
 @click.option("--prompt", help="Question or instruction for every video [profile: generation.prompt].")
 @profile_option(DEFAULT_VIDEO_PROFILE)
-@click.option("--method", "-m", help="none (target only), chain (a draft model; --inputs "
-                                     "multimodal reads the video) or hidden (HiViS/Sparrow head "
-                                     "on the target's text hidden states) [profile: method].")
+@method_option("video")
 @click.option("--inputs", "drafting_inputs", metavar="LIST",
               help="chain: multimodal or text [profile: drafting.inputs].")
 @set_option

@@ -5,15 +5,26 @@ accept, …). A ``DraftingMethod`` adds the profile's side, as class attributes 
 classmethods that need no model:
 
 - what it supports: ``tasks`` (caption, image, video), ``batches`` (batch_size > 1),
-  ``prunes`` (prune:), ``relaxes`` (acceptance: relaxed);
+  ``prunes`` (prune:), ``relaxes`` (acceptance: relaxed), ``trees``; whether it
+  ``drafts`` at all (``none`` does not) and ``uses_draft`` (a separate draft model);
 - ``check(profile)``: its own profile checks, run before any model loads;
-- ``from_profile(profile, target, sampling, trace)``: load what it needs next to the
-  loaded target and build itself;
-- ``gamma(profile)``: the most tokens one round can accept (the engine's γ);
-- ``describe(profile)``: the line the CLI prints about it.
+- ``models(profile)`` and ``from_profile(profile, target, sampling, trace)``: what it
+  loads next to the loaded target, and building itself;
+- ``gamma(profile)``: the most tokens one round can accept (the engine's γ), the one
+  answer every record, summary and warm-up uses;
+- ``describe(profile)`` and ``label(profile)``: the line the CLI prints before decoding
+  and the method's name with its shape in a summary;
+- ``record_fields(profile, task)``: what a record says of its settings;
+- ``drafting_inputs(profile)``, ``draft_rows(profile)``: the inputs it reads requests
+  through and the rows its draft model runs per step;
+- ``compile_plan(profile)``, ``plain_draft_steps(profile)``: the steps its decoding
+  runs (what ``runtime.compile`` compiles before decoding);
+- ``searched_first``, ``own_probe(profile)``: where ``vlmspec calibrate`` starts and how
+  it replays the profile's own configuration.
 
 A method is one module of this package with a ``@register("name")`` class; the package
-imports every module, so nothing else lists the methods.
+imports every module, so nothing else lists the methods, and nothing outside this package
+compares a method's name (tests/test_structure.py).
 """
 
 from __future__ import annotations
@@ -31,6 +42,10 @@ class DraftingMethod(Drafter):
     prunes = False
     relaxes = False
     trees = False         # drafts trees (per-token acceptance lengths: generate-image heatmaps)
+    drafts = True         # proposes tokens (False: the target decodes alone)
+    uses_draft = True     # drafts with a separate draft model (profile section draft:)
+    help = ""             # what --method's help says of it
+    searched_first: tuple[str, ...] = ()   # tasks whose calibration starts from it
     draft = None          # the separate draft model it loaded (runtime.models.LoadedModel)
     captioner = None      # the runtime.captioner.Captioner behind drafting input C
 
@@ -60,11 +75,79 @@ class DraftingMethod(Drafter):
         return ""
 
     @classmethod
+    def label(cls, profile) -> str:
+        """The method with its shape, as a summary names it: "chain (γ=7)"."""
+        return f"{cls.name} (γ={cls.gamma(profile)})"
+
+    @classmethod
+    def drafting_inputs(cls, profile) -> list[str]:
+        """The drafting inputs it reads requests through ([]: it drafts from the target's
+        own states, or not at all)."""
+        return list(profile.drafting.inputs)
+
+    @classmethod
+    def draft_rows(cls, profile) -> int:
+        """Rows its draft model runs per step (an ensemble: one per input)."""
+        return 1
+
+    @classmethod
+    def record_fields(cls, profile, task: str) -> dict:
+        """What a record says of the method's settings, after "method": for captions and
+        videos its drafting inputs and γ (then any section of its own); image records
+        carry only sections of their own."""
+        if task == "image":
+            return {}
+        return {"drafting_inputs": cls.drafting_inputs(profile), "gamma": cls.gamma(profile)}
+
+    @classmethod
+    def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
+        """The steps its decoding runs, for ``runtime.compile``'s warm-up (Session.warm_up):
+        (model role, rows up to, mask kind, rows of the batch or None for the model's
+        own). A chain verifies γ + 1 rows; its draft decodes one."""
+        return [("target", cls.gamma(profile) + 1, "causal", None), ("draft", 2, "causal", None)]
+
+    @classmethod
+    def plain_draft_steps(cls, profile) -> bool:
+        """Its draft model decodes one row with plain causal steps (no per-step masks): a
+        greedy chain can then be drafted in one compiled call, and compiling the draft
+        can pay (runtime/compiled_step.py ``draft_pays``)."""
+        return False
+
+    @classmethod
+    def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
+        """How ``vlmspec calibrate`` replays the profile's own configuration: (whether it
+        drafts chains of γ to replay, the draft model's rows per level for the latency
+        tables (0: time it), a tree's (depth, top_k, total_tokens) or None)."""
+        return False, 0, None
+
+    @classmethod
     def task_error(cls, task: str, methods: list[str]) -> str:
         """The message when ``task`` is not among ``tasks`` (``methods``: those it allows)."""
         hint = " (a chain is tree.top_k: 1)" if task == "image" else ""
         return (f"{TASK_COMMANDS[task]} supports methods {', '.join(methods)}, not "
                 f"'{cls.name}'{hint}")
+
+
+def tree_section(profile, policy: bool = False) -> dict:
+    """Section tree: as records carry it (image records name its policy too)."""
+    t = profile.tree
+    out = {"depth": t.depth, "top_k": t.top_k, "total_tokens": t.total_tokens}
+    return out | {"policy": t.policy} if policy else out
+
+
+def method_help(task: str) -> str:
+    """--method's help for a command: every method of the task with what it does."""
+    names = [n for n in method_names() if task in _REGISTRY[n].tasks]
+    parts = [f"{n} ({_REGISTRY[n].help})" if _REGISTRY[n].help else n for n in names]
+    return ", ".join(parts[:-1]) + f" or {parts[-1]}" + " [profile: method]."
+
+
+def first_searched(profile) -> str:
+    """The method ``vlmspec calibrate`` searches a task from when the profile's method does
+    not draft: the first registered for it whose models the profile has."""
+    first = [n for n in method_names() if profile.task in _REGISTRY[n].searched_first]
+    usable = [n for n in first if profile.draft.model or not _REGISTRY[n].uses_draft]
+    return (usable or first or [profile.method])[0]
 
 
 def draft_line(profile) -> str:

@@ -30,6 +30,12 @@ from vlmspec_cli.runtime.verify import SamplingParams, probabilities
 class ChainDrafter(EnsembleDrafter):
     tasks = ("caption", "video")
     batches = True
+    help = "a draft model, one drafting input"
+    searched_first = ("caption", "video")
+
+    @classmethod
+    def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
+        return True, 1, None
 
     def __init__(self, draft, sampling: SamplingParams, drafting_input: str = "multimodal",
                  image_token: str | None = None, captioner=None, trace=None) -> None:

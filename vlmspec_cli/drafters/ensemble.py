@@ -70,6 +70,8 @@ class EnsembleState:
 
 @register("tabed")
 class EnsembleDrafter(DraftingMethod):
+    help = "adaptive ensemble of inputs"
+
     def __init__(self, draft, sampling: SamplingParams, inputs: list[str] | None = None,
                  image_token: str | None = None, captioner=None, policy: str = "grid",
                  distance: str = "kl", window: int | str = "all", grid: int = 10,
@@ -106,6 +108,24 @@ class EnsembleDrafter(DraftingMethod):
     @classmethod
     def describe(cls, profile) -> str:
         return draft_line(profile)
+
+    @classmethod
+    def draft_rows(cls, profile) -> int:
+        return len(profile.drafting.inputs)   # every input one row of one batch
+
+    @classmethod
+    def plain_draft_steps(cls, profile) -> bool:
+        return len(profile.drafting.inputs) == 1   # several: left-padded rows, masked
+
+    @classmethod
+    def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
+        rows = len(profile.drafting.inputs)
+        draft = ("draft", 2, "padded", rows) if rows > 1 else ("draft", 2, "causal", None)
+        return [("target", cls.gamma(profile) + 1, "causal", None), draft]
+
+    @classmethod
+    def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
+        return True, (len(profile.drafting.inputs) if profile.task == "caption" else 0), None
 
     # -- request setup ---------------------------------------------------------------
     def prepare(self, state: DecodeState) -> None:

@@ -69,6 +69,9 @@ class TreeSettings:
 @register("hidden")
 class HiddenDrafter(DraftingMethod):
     tasks = ("caption", "video")
+    uses_draft = False
+    help = "HiViS/Sparrow head on the target's text hidden states"
+    searched_first = ("video",)
 
     def __init__(self, target, head, sampling: SamplingParams, eos_ids=(),
                  tree: TreeSettings | None = None) -> None:
@@ -118,6 +121,29 @@ class HiddenDrafter(DraftingMethod):
     @classmethod
     def gamma(cls, profile) -> int:
         return profile.tree.depth if profile.hidden.tree else profile.drafting.gamma
+
+    @classmethod
+    def label(cls, profile) -> str:
+        if not profile.hidden.tree:
+            return super().label(profile)
+        t = profile.tree
+        return f"hidden tree (depth={t.depth}, top_k={t.top_k}, total_tokens={t.total_tokens})"
+
+    @classmethod
+    def drafting_inputs(cls, profile) -> list[str]:
+        return []   # it reads the target's hidden states, not the request
+
+    @classmethod
+    def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
+        if not profile.hidden.tree:
+            return [("target", cls.gamma(profile) + 1, "causal", None)]
+        return [("target", 1, "causal", None),
+                ("target", profile.tree.total_tokens + 1, "tree", None)]
+
+    @classmethod
+    def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
+        t = profile.tree
+        return (False, 0, (t.depth, t.top_k, t.total_tokens)) if profile.hidden.tree else (True, 0, None)
 
     @classmethod
     def describe(cls, profile) -> str:

@@ -11,6 +11,25 @@ from vlmspec_cli.runtime.draft import BatchDrafter
 class NoDrafter(DraftingMethod):
     tasks = ("caption", "image", "video")
     batches = True
+    drafts = False
+    uses_draft = False
+    help = "target only"
+
+    @classmethod
+    def label(cls, profile) -> str:
+        return "none"
+
+    @classmethod
+    def drafting_inputs(cls, profile) -> list[str]:
+        return []
+
+    @classmethod
+    def record_fields(cls, profile, task: str) -> dict:
+        return {} if task == "image" else {"drafting_inputs": [], "gamma": 0}
+
+    @classmethod
+    def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
+        return [("target", 1, "causal", None)]   # one token a step
 
     @classmethod
     def from_profile(cls, profile, target, sampling, trace=None) -> "NoDrafter":

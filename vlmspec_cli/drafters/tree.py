@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vlmspec_cli.drafters.base import DraftingMethod, draft_line, one_input, register
+from vlmspec_cli.drafters.base import DraftingMethod, draft_line, one_input, register, tree_section
 from vlmspec_cli.drafters.draft_model import draft_model_names, load_draft
 from vlmspec_cli.drafters.inputs import check_inputs, prefill_input
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
@@ -49,10 +49,40 @@ class TreeDrafter(DraftingMethod):
     tasks = ("caption", "image")
     relaxes = True     # acceptance: relaxed judges tree nodes (image codes)
     trees = True
+    help = "EAGLE-2 or static draft trees, section tree:"
 
     @classmethod
     def models(cls, profile) -> list[tuple[str, str | None]]:
         return draft_model_names(profile)
+
+    @classmethod
+    def label(cls, profile) -> str:
+        t = profile.tree
+        return f"tree {t.policy} (depth={t.depth}, top_k={t.top_k}, total_tokens={t.total_tokens})"
+
+    @classmethod
+    def record_fields(cls, profile, task: str) -> dict:
+        if task == "image":
+            return {"tree": tree_section(profile, policy=True)}
+        # γ 0: a tree has no chain length (its section says its shape)
+        return {"drafting_inputs": cls.drafting_inputs(profile), "gamma": 0,
+                "tree": tree_section(profile)}
+
+    @classmethod
+    def tree_size(cls, profile) -> tuple[int, int]:
+        """(nodes a round verifies at most, rows the draft expands at once)."""
+        return profile.tree.total_tokens, profile.tree.top_k
+
+    @classmethod
+    def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
+        nodes, frontier = cls.tree_size(profile)
+        return [("target", 1, "causal", None), ("target", nodes + 1, "tree", None),
+                ("draft", 2, "causal", None), ("draft", frontier, "tree", None)]
+
+    @classmethod
+    def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
+        t = profile.tree
+        return False, (t.top_k if profile.task == "caption" else 0), (t.depth, t.top_k, t.total_tokens)
 
     def __init__(self, draft, sampling: SamplingParams, drafting_input: str = "multimodal",
                  depth: int = 5, top_k: int = 4, total_tokens: int = 20,
@@ -176,6 +206,31 @@ class AdtDrafter(TreeDrafter):
     per image row)."""
 
     tasks = ("image",)
+    help = "ADT-Tree: trees adapted per image region"
+    searched_first = ("image",)
+
+    @classmethod
+    def label(cls, profile) -> str:
+        a = profile.adaptive_tree
+        return (f"adt {a.init} β={a.beta} l_d={a.step_depth} l_k={a.step_top_k} "
+                f"depth {a.min_depth}-{a.max_depth} top_k {a.min_top_k}-{a.max_top_k}")
+
+    @classmethod
+    def drafting_inputs(cls, profile) -> list[str]:
+        return []   # it drafts image codes from the prompt alone
+
+    @classmethod
+    def record_fields(cls, profile, task: str) -> dict:
+        return super().record_fields(profile, task) | {"adaptive_tree": vars(profile.adaptive_tree).copy()}
+
+    @classmethod
+    def tree_size(cls, profile) -> tuple[int, int]:
+        a = profile.adaptive_tree
+        return a.max_depth * a.max_top_k, a.max_top_k
+
+    @classmethod
+    def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
+        return False, 0, None
 
     def __init__(self, draft, sampling: SamplingParams, drafting_input: str = "multimodal",
                  cols: int = 1, adaptive=None, depth: int = 4, top_k: int = 4, **kwargs) -> None:

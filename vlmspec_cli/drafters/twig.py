@@ -90,6 +90,8 @@ def select_visual_rows(attention: torch.Tensor, visual: torch.Tensor, keep: int)
 class TwigDrafter(DraftingMethod):
     runs_target = True     # the engine lets this drafter run the target's forwards
     prunes = True
+    uses_draft = False
+    help = "self-speculation on the target's first layers"
 
     def __init__(self, target, sampling: SamplingParams, layers: int, twig=None,
                  threshold: float = 0.0, prune: PrunePlan | None = None) -> None:
@@ -141,6 +143,14 @@ class TwigDrafter(DraftingMethod):
         plan = PrunePlan(keep=p.keep, layer=p.layer, final_wipe=p.final_wipe)
         return cls(target, sampling, int(layers), twig=twig, threshold=profile.twig.threshold,
                    prune=plan)
+
+    @classmethod
+    def drafting_inputs(cls, profile) -> list[str]:
+        return []   # it drafts from the target's own layer-K states
+
+    @classmethod
+    def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
+        return True, 0, None
 
     @classmethod
     def describe(cls, profile) -> str:

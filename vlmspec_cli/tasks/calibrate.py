@@ -173,7 +173,7 @@ def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: Lat
     cost = "table" if probe.rows or level_ms is not None else "timed"
     if level_ms is None:
         level_ms = summary.get("draft_ms_per_level", 0.0)
-    inputs = list(profile.drafting.inputs) if probe.method in ("chain", "tabed", "tree") else []
+    inputs = method_class(probe.method).drafting_inputs(profile)
     common = dict(inputs=inputs, cost=cost, mismatches=mismatches)
     if not probe.replay:
         tau = timed.stats.mean_accept_len
@@ -262,7 +262,9 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     all_probes = probes(base, draft, captioner_ok=captioner_ok, hidden=hidden, twigs=twigs)
     own = all_probes.pop()
     if not any(_same_config(base, own.settings, p.settings) for p in all_probes):
-        all_probes.append(own)
+        # first: no --budget leaves out the configuration the user runs now (a method no
+        # probe list knows, one added in one file, is then searched as it stands)
+        all_probes.insert(0, own)
     model = LatencyModel.from_hardware(base.hardware)
     latency = "hardware profile"
     if model is None:

@@ -53,9 +53,11 @@ def search_base(profile):
     Calibrating needs a drafting method: method none is searched from its task's first."""
     from vlmspec_cli.runtime.models import ModelLoadError, load_model
 
-    if profile.method == "none":
-        video = "chain" if profile.draft.model else "hidden"
-        profile.method = {"image": "adt", "video": video}.get(profile.task, "chain")
+    from vlmspec_cli.drafters import method_class
+    from vlmspec_cli.drafters.base import first_searched
+
+    if not method_class(profile.method).drafts:
+        profile.method = first_searched(profile)
     note = None
     if profile.task == "caption" and profile.captioner.model:
         try:

@@ -176,16 +176,10 @@ def probes(profile, draft, *, captioner_ok: bool, hidden=(), twigs=()) -> list[P
 
 
 def own_probe(profile) -> Probe:
-    """The base profile as it is (settings {}); a chain-like method replays its γ too."""
-    replay = profile.method in ("chain", "tabed", "twig") or (profile.method == "hidden"
-                                                              and not profile.hidden.tree)
-    rows = len(profile.drafting.inputs) if profile.method == "tabed" else int(profile.method == "chain")
-    if profile.task != "caption":
-        rows = int(profile.method == "chain" and profile.task == "video")
-    tree = None
-    if profile.method == "tree" or (profile.method == "hidden" and profile.hidden.tree):
-        t = profile.tree
-        tree = (t.depth, t.top_k, t.total_tokens)
-        rows = t.top_k if profile.method == "tree" and profile.task == "caption" else 0
+    """The base profile as it is (settings {}); a chain-like method replays its γ too
+    (the method's ``own_probe``)."""
+    from vlmspec_cli.drafters import method_class
+
+    replay, rows, tree = method_class(profile.method).own_probe(profile)
     return Probe(profile.method, {}, f"{profile.name} (own) {profile.method}", replay=replay,
                  rows=rows, tree=tree)

@@ -177,6 +177,7 @@ class BatchSummary:
 def base_record(session, item: Job, prompt: str) -> dict:
     p = session.profile
     identity = job_identity(p, item) | {"prompt": prompt}
+    fields = session.method.record_fields(p, identity["task"])
     return {
         "input": item.path,
         "task": identity["task"],
@@ -186,14 +187,13 @@ def base_record(session, item: Job, prompt: str) -> dict:
         "output": None,
         "profile": p.name,
         "method": p.method,
-        "drafting_inputs": list(p.drafting.inputs) if p.method not in ("none", "twig", "hidden") else [],
-        "gamma": p.drafting.gamma if p.method not in ("none", "tree") else 0,
+        "drafting_inputs": fields.pop("drafting_inputs"),
+        "gamma": fields.pop("gamma"),
         "lossless": session.lossless,
         "temperature": p.sampling.temperature,
         "seed": p.sampling.seed,
         "error": None,
-    } | ({"tree": {"depth": p.tree.depth, "top_k": p.tree.top_k,
-                   "total_tokens": p.tree.total_tokens}} if p.method == "tree" else {})
+    } | fields   # the method's own sections (a tree's shape)
 
 
 def make_request(session, item: Job) -> Request:

@@ -60,8 +60,10 @@ def device_name(device: torch.device, session_threads=None) -> str:
 
 
 def draft_rows(profile) -> int:
-    """Rows the draft runs per step: one per drafting input for tabed, else 1."""
-    return len(profile.drafting.inputs) if profile.method == "tabed" else 1
+    """Rows the draft runs per step (the method's: one per drafting input for tabed)."""
+    from vlmspec_cli.drafters import method_class
+
+    return method_class(profile.method).draft_rows(profile)
 
 
 # positions left free above a timed context S for the tokens verified there (up to 64)
@@ -264,7 +266,7 @@ def measure_frames(session, frames: list[int], warmup: int, repeats: int,
                                              min(warmup, 1), max(3, repeats // 5)), 4)}
         if lo <= s <= hi:
             row["target_step_ms"] = round(time_extend(session.target, s, 1, 1, warmup, repeats), 4)
-        if session.profile.method != "none":
+        if session.method.drafts:
             r = time_rounds(session.engine, [request], warmup=0).summary()
             row["draft_ms_per_level"] = r.get("draft_ms_per_level")
         out[k] = row
@@ -277,7 +279,7 @@ def measure_rounds(session, t_p: float, make_request: Callable[[int], Request],
     (runtime/round_timing.py): its drafting cost per round and per level, whatever drafts
     (a draft model, a tree, an ensemble, a hidden-state head, a twig). None for method none."""
     profile = session.profile
-    if profile.method == "none":
+    if not session.method.drafts:
         return None
     if progress:
         progress(f"{profile.method}: timing decoding rounds on {requests} sample requests")

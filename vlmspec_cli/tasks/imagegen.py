@@ -119,11 +119,7 @@ def base_record(session, job: ImageJob) -> dict:
         "cfg": session.target.adapter.guidance_scale(session.target),
         "temperature": p.sampling.temperature, "seed": job.seed, "error": None,
     }
-    if p.method in ("tree", "adt"):
-        record["tree"] = {"depth": p.tree.depth, "top_k": p.tree.top_k,
-                          "total_tokens": p.tree.total_tokens, "policy": p.tree.policy}
-    if p.method == "adt":
-        record["adaptive_tree"] = vars(p.adaptive_tree).copy()
+    record.update(session.method.record_fields(p, TASK))   # a tree's shape, ADT-Tree's settings
     if p.acceptance == "relaxed":
         record["relaxed"] = vars(p.relaxed).copy()
     return record

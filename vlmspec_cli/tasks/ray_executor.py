@@ -301,7 +301,9 @@ class _Delivery:
     def fail_lost(self, profile) -> None:
         """A failure record for every job lost with a worker that died on it, twice."""
         lossless = self.lossless
-        session_like = SimpleNamespace(profile=profile,
+        from vlmspec_cli.drafters import method_class
+
+        session_like = SimpleNamespace(profile=profile, method=method_class(profile.method),
                                        lossless=all(lossless) if lossless else profile.lossless)
         for i, job in enumerate(self.todo):
             if i not in self.received:
