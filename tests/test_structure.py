@@ -4,7 +4,11 @@
 2. the runtime (vlmspec_cli/runtime/) imports nothing from drafters/, tasks/, the CLI
    (cli*.py), ui.py or the zoo's training code;
 3. no module over MAX_MODULE_LINES lines;
-4. no function over MAX_FUNCTION_LINES lines (from its ``def`` line to its last line).
+4. no function over MAX_FUNCTION_LINES lines (from its ``def`` line to its last line);
+5. no module outside the methods' package (vlmspec_cli/drafters/) compares a method's
+   name (``p.method == "tree"``, ``probe.method in ("chain", "tabed")``): what differs
+   between methods is declared by each method (drafters/base.py), so a new method is one
+   new file.
 
 Imports count wherever they are (module level or inside a function), absolute or
 relative; ``import a.b.c`` and ``from a.b import c`` depend on the module a.b.c itself,
@@ -41,6 +45,8 @@ KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()       # (importer, imported)
 KNOWN_RUNTIME_IMPORTS: set[tuple[str, str]] = set()   # (runtime module, forbidden module)
 KNOWN_LONG_MODULES: set[str] = set()
 KNOWN_LONG_FUNCTIONS: set[str] = set()
+KNOWN_METHOD_COMPARISONS: set[str] = set()            # file:line
+METHODS = "drafters"                                  # the methods' package, under PACKAGE
 
 
 # ---------------------------------------------------------------------------- the checks
@@ -181,6 +187,34 @@ def long_functions(root: Path, package: str, limit: int) -> dict[str, int]:
     return out
 
 
+def method_names(root: Path, package: str) -> set[str]:
+    """The names the methods' modules give to ``@register("name")``."""
+    names = set()
+    for path in sorted((root / package / METHODS).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "register"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                names.add(node.args[0].value)
+    return names
+
+
+def method_comparisons(root: Path, package: str, names: set[str]) -> dict[str, str]:
+    """``file:line`` -> source, for every comparison outside the methods' package between
+    something called *method* and a method's name as a literal."""
+    out = {}
+    for path in modules(root, package).values():
+        if METHODS in path.relative_to(root / package).parts[:-1]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            text = ast.unparse(node)
+            literal = any(isinstance(n, ast.Constant) and n.value in names for n in ast.walk(node))
+            if literal and "method" in text:
+                out[f"{path.relative_to(root).as_posix()}:{node.lineno}"] = text
+    return out
+
+
 def _listing(items) -> str:
     return "\n  " + "\n  ".join(items)
 
@@ -216,6 +250,15 @@ def test_no_function_over_the_limit():
                        + _listing(f"{k}: {v} lines" for k, v in sorted(found.items())))
 
 
+def test_no_method_name_compared_outside_the_methods_package():
+    names = method_names(ROOT, PACKAGE)
+    assert {"none", "chain", "tree", "tabed", "twig", "hidden", "adt"} <= names
+    found = {k: v for k, v in method_comparisons(ROOT, PACKAGE, names).items()
+             if k not in KNOWN_METHOD_COMPARISONS}
+    assert not found, ("method names compared outside drafters/ (declare it on the method):"
+                       + _listing(f"{k}: {v}" for k, v in sorted(found.items())))
+
+
 def test_the_allowlist_names_only_real_offenders(graph):
     """An allowlist entry that no longer offends must go (so the list only shrinks)."""
     stale = [f"cycle edge {a} -> {b}" for a, b in sorted(KNOWN_CYCLE_EDGES)
@@ -226,6 +269,8 @@ def test_the_allowlist_names_only_real_offenders(graph):
         long_modules(ROOT, PACKAGE, MAX_MODULE_LINES)))]
     stale += [f"function {k}" for k in sorted(KNOWN_LONG_FUNCTIONS - set(
         long_functions(ROOT, PACKAGE, MAX_FUNCTION_LINES)))]
+    stale += [f"comparison {k}" for k in sorted(KNOWN_METHOD_COMPARISONS - set(
+        method_comparisons(ROOT, PACKAGE, method_names(ROOT, PACKAGE))))]
     assert not stale, "allowlist entries that no longer offend (remove them):" + _listing(stale)
 
 
@@ -305,3 +350,27 @@ def test_long_modules_and_functions_are_found(tmp_path):
     assert long_functions(root, "pkg", 80) == {"pkg/long.py:f": 81}  # def line + 80
     assert long_functions(root, "pkg", 81) == {}
     assert long_modules(root, "pkg", 85) == {"pkg/long.py": 86}
+
+
+def test_method_comparisons_are_found(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "drafters").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "drafters" / "__init__.py").write_text("")
+    (pkg / "drafters" / "mine.py").write_text(textwrap.dedent('''
+        @register("mine")
+        class Mine:
+            def f(self, p):
+                return p.method == "mine"          # inside the package: allowed
+    '''))
+    (pkg / "user.py").write_text(textwrap.dedent('''
+        def f(p, probe, kind, quantize):
+            a = p.method == "mine"
+            b = probe.method in ("other", "mine")
+            c = kind == "mine" or quantize != "none"   # not a method: not counted
+            return a, b, c
+    '''))
+    names = method_names(tmp_path, "pkg")
+    assert names == {"mine"}
+    assert sorted(method_comparisons(tmp_path, "pkg", names)) == ["pkg/user.py:3", "pkg/user.py:4"]
+
