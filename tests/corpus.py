@@ -284,3 +284,51 @@ def make_long_chat(path: Path, image: Path, chars: int = 20_000) -> Path:
                                            "images": [str(image)]}]}]
     Path(path).write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     return Path(path)
+
+
+# ------------------------------------------------------------------ hostile profiles
+DEEP = 100_000   # nesting levels: far past Python's recursion limit
+
+
+def billion_laughs(key: str = "generation", leaf: str = "prompt", levels: int = 9) -> str:
+    """A YAML mapping whose aliases expand ``key.leaf`` to 9**levels strings ("lol"),
+    in well under a kilobyte."""
+    names = [f"l{i}" for i in range(levels)]
+    lines = [f'{names[0]}: &{names[0]} ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip(names, names[1:]):
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    lines.append(f"{key}: {{{leaf}: *{names[-1]}}}")
+    return "\n".join(lines) + "\n"
+
+
+def make_bad_profiles(root: Path) -> dict[str, tuple[Path, Path, str]]:
+    """Profile files that must each be refused in one line naming the file and the
+    reason (exit 2), without a traceback, a hang or unbounded memory:
+    ``{case: (path to load, file the message names, expected reason substring)}`` (the
+    two paths differ where a profile includes the bad file)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    cases: dict[str, tuple[Path, Path, str]] = {}
+
+    def add(name: str, data: bytes, why: str) -> None:
+        (root / name).write_bytes(data)
+        cases[name] = (root / name, root / name, why)
+
+    png = root / "_img.png"
+    _noise_png(png, 16, seed=4)
+    add("image.png", png.read_bytes(), "not UTF-8 text")
+    png.unlink()
+    add("latin1.yaml", "description: caf\u00e9 cr\u00e8me\n".encode("latin-1"), "not UTF-8 text")
+    add("deep-flow-lists.yaml", b"description: " + b"[" * DEEP + b"]" * DEEP + b"\n",
+        "nested more than 64 levels deep")
+    add("deep-flow-maps.yaml", b"description: " + b"{a: " * DEEP + b"1" + b"}" * DEEP + b"\n",
+        "nested more than 64 levels deep")
+    add("deep-block-lists.yaml", b"hardware:\n  measurements:\n    " + b"- " * DEEP + b"x\n",
+        "nested more than 64 levels deep")
+    add("deep-block-maps.yaml",
+        "".join("  " * i + f"k{i}:\n" for i in range(200)).encode(), "nested more than 64 levels deep")
+    add("billion-laughs.yaml", billion_laughs().encode(), "aliases expand it past")
+    add("huge.yaml", b"# " + b"x" * (2 * 1024 ** 2) + b"\nname: huge\n", "over the 1.0 MiB")
+    (root / "includer.yaml").write_bytes(b"include: latin1.yaml\nname: x\n")
+    cases["includer.yaml"] = (root / "includer.yaml", root / "latin1.yaml", "not UTF-8 text")
+    return cases

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
-import re
-import types
 import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -22,26 +19,14 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from vlmspec_cli.profile.schema import Profile
+from vlmspec_cli.profile.values import (ProfileError, _check, _coerce, _is_optional,
+                                        _section_type, _union_args)
+from vlmspec_cli.profile.yaml_file import YamlFileError, load_file, load_text
 from vlmspec_cli.suggest import did_you_mean
 
 DEFAULT_PROFILE = "tinyworld-caption"
 ENV_VAR = "VLMSPEC_PROFILES"
 _SUFFIXES = (".yaml", ".yml")
-
-
-class ProfileError(Exception):
-    """A user-facing profile problem; the message names the file and key path."""
-
-
-class _RangeError(ProfileError):
-    """A value of the right type that no field can hold (inf, nan, beyond 64 bits); a
-    union type reports it rather than "expects X or Y"."""
-
-
-# Every integer key is a signed 64-bit integer (torch tensors and generators hold no
-# more; sampling.seed is exactly this range, leaving room for the seeds derived from it);
-# every float key is finite.
-INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 # ------------------------------------------------------------ schema helpers
@@ -52,38 +37,6 @@ def _yaml_fields(cls) -> dict[str, dataclasses.Field]:
 @functools.cache
 def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
-
-
-def _union_args(tp) -> tuple | None:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return typing.get_args(tp)
-    return None
-
-
-def _section_type(tp):
-    """The dataclass behind a section type (``X`` or ``X | None``), else None."""
-    args = _union_args(tp)
-    if args is not None:
-        rest = [a for a in args if a is not type(None)]
-        tp = rest[0] if len(rest) == 1 else None
-    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
-
-
-def _is_optional(tp) -> bool:
-    args = _union_args(tp)
-    return args is not None and type(None) in args
-
-
-def _type_name(tp) -> str:
-    args = _union_args(tp)
-    if args is not None:
-        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
-    if typing.get_origin(tp) is list:
-        (item,) = typing.get_args(tp) or (Any,)
-        return f"list of {_type_name(item)}"
-    if _section_type(tp):
-        return "mapping"
-    return getattr(tp, "__name__", str(tp))
 
 
 def _join(prefix: str, key: Any) -> str:
@@ -127,87 +80,6 @@ def _unknown_key(cls, key, prefix: str, source: str) -> ProfileError:
         return ProfileError(msg + hint)
     where = f"under '{prefix}'" if prefix else "at top level"
     return ProfileError(f"{msg}; valid keys {where}: {', '.join(valid)}")
-
-
-def _coerce(value, tp, key: str, source: str):
-    """Type-check ``value`` against ``tp``; only int->float is converted."""
-    def bad():
-        got = "null" if value is None else type(value).__name__
-        return ProfileError(f"{source}: key '{key}' expects {_type_name(tp)}, "
-                            f"got {got} {value!r}")
-
-    args = _union_args(tp)
-    if args is not None:
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key, source)
-            except _RangeError:
-                raise
-            except ProfileError:
-                pass
-        raise bad()
-    if tp is Any:
-        return value
-    if typing.get_origin(tp) is list:
-        if not isinstance(value, (list, tuple)):
-            raise bad()
-        (item,) = typing.get_args(tp) or (Any,)
-        return [_coerce(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
-    if tp is float:
-        return _finite_float(value, key, source, bad)
-    if tp is int and isinstance(value, bool):
-        raise bad()
-    if tp is int and isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
-        raise _RangeError(f"{source}: key '{key}' must be a 64-bit integer, from {INT_MIN} "
-                          f"to {INT_MAX} (got {_short(value)})")
-    if isinstance(tp, type) and isinstance(value, tp):
-        return value
-    raise bad()
-
-
-def _finite_float(value, key: str, source: str, bad) -> float:
-    """An int or float as a finite float; inf, nan (also spelt as text) and ints too large
-    for a float are errors naming the key."""
-    if isinstance(value, str) and value.strip().lower().lstrip("+-.") in ("inf", "infinity", "nan"):
-        raise _RangeError(f"{source}: key '{key}' must be a finite number (got {value!r})")
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise bad()
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
-        raise _RangeError(f"{source}: key '{key}' must be a finite number (got {_short(value)})")
-    return number
-
-
-def _short(value) -> str:
-    """A number for a message: huge integers by their size, not their 400 digits."""
-    if isinstance(value, int) and abs(value) > 10 ** 30:
-        return f"a {value.bit_length()}-bit integer"
-    return repr(value)
-
-
-def _check(value, meta: Mapping, key: str, source: str) -> None:
-    if value is None or not meta:
-        return
-    if meta.get("nonempty") and isinstance(value, list) and not value:
-        raise ProfileError(f"{source}: key '{key}' must not be empty")
-    for item in value if isinstance(value, list) else [value]:
-        choices, pattern = meta.get("choices"), meta.get("pattern")
-        if (choices and item not in choices) or (pattern and not re.fullmatch(pattern, str(item))):
-            allowed = meta.get("allowed") or ", ".join(map(str, choices))
-            msg = f"{source}: key '{key}' must be one of: {allowed} (got {item!r})"
-            raise ProfileError(msg + did_you_mean(item, choices or ()))
-        for op, ok, sym in (("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
-                            ("le", lambda a, b: a <= b, "<=")):
-            bound = meta.get(op)
-            if bound is not None and not ok(item, bound):
-                raise ProfileError(f"{source}: key '{key}' must be {sym} {bound} (got {item!r})")
 
 
 def _normalize(cls, data, prefix: str, source: str) -> dict:
@@ -310,42 +182,39 @@ def _lookup_name(name: str) -> Path | None:
             stem = name[: -len(suffix)]
     for d in profile_search_path():
         for suffix in _SUFFIXES:
-            if (cand := d / f"{stem}{suffix}").is_file():
+            if _is_named_file(cand := d / f"{stem}{suffix}"):
                 return cand
     return None
+
+
+def _is_named_file(path: Path) -> bool:
+    """Whether ``path`` names a file that reading will judge (a FIFO or device included,
+    to be refused as such by name), rather than nothing or a directory."""
+    return os.path.lexists(path) and not path.is_dir()
 
 
 def resolve_profile_path(name_or_path: str | os.PathLike) -> Path:
     """An existing file path, or a profile name looked up in the search path."""
     text = os.fspath(name_or_path)
-    if Path(text).is_file():
+    if _is_named_file(Path(text)):
         return Path(text)
     if os.sep in text or "/" in text:
         raise ProfileError(f"profile file not found: {text}")
     found = _lookup_name(text)
-    if found is None:
-        names = [n for n, _, _ in list_profiles()]
+    if found is None:  # the names only: no profile is read for the hint
+        names = list(_profile_files())
         raise ProfileError(f"unknown profile '{text}'{did_you_mean(text, names)}; available: "
                            f"{', '.join(names) or '(none)'}")
     return found
 
 
 def _read_yaml(path: Path):
+    """The mapping in a profile file, read as profile/yaml_file.py does (a regular UTF-8
+    file of at most 1 MiB, bounded nesting and aliases); ProfileError naming the file."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ProfileError(f"{_display(path)}: cannot read profile: {e.strerror or e}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ProfileError(f"{_display(path)}: invalid YAML{where}: "
-                           f"{e.problem or e.context or e}") from e
-    except yaml.YAMLError as e:
-        raise ProfileError(f"{_display(path)}: invalid YAML: {e}") from e
-    except ValueError as e:  # e.g. an integer of more digits than int() converts
-        raise ProfileError(f"{_display(path)}: invalid YAML: {_value_error(e)}") from e
+        data = load_file(path, "profile")
+    except YamlFileError as e:
+        raise ProfileError(f"{_display(path)}: {e}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -354,24 +223,26 @@ def _read_yaml(path: Path):
     return data
 
 
-def _value_error(e: ValueError) -> str:
-    return str(e).split(";")[0]
-
-
-def list_profiles() -> list[tuple[str, Path, str]]:
-    """(name, path, description) of every profile on the search path; first wins."""
-    out, seen = [], set()
+def _profile_files() -> dict[str, Path]:
+    """Profile name -> file, for every YAML file on the search path; the first wins."""
+    out: dict[str, Path] = {}
     for d in profile_search_path():
         files = sorted(p for s in _SUFFIXES for p in d.glob(f"*{s}")) if d.is_dir() else []
         for p in files:
-            if p.stem in seen:
-                continue
-            seen.add(p.stem)
-            try:
-                desc = str(_read_yaml(p).get("description", "") or "")
-            except ProfileError as e:
-                desc = f"(invalid: {e})"
-            out.append((p.stem, p, desc))
+            out.setdefault(p.stem, p)
+    return out
+
+
+def list_profiles() -> list[tuple[str, Path, str]]:
+    """(name, path, description) of every profile on the search path; first wins. A file
+    that cannot be read as a profile is listed with the reason as its description."""
+    out = []
+    for name, p in _profile_files().items():
+        try:
+            desc = str(_read_yaml(p).get("description", "") or "")
+        except ProfileError as e:
+            desc = f"(unreadable: {str(e).removeprefix(f'{_display(p)}: ')})"
+        out.append((name, p, desc))
     return out
 
 
@@ -390,7 +261,7 @@ def _includes(path: Path, data: dict) -> list[Path]:
     out = []
     for inc in includes:
         cand = path.parent / inc
-        target = cand if cand.is_file() else _lookup_name(inc)
+        target = cand if _is_named_file(cand) else _lookup_name(inc)
         if target is None:
             raise ProfileError(f"{source}: include '{inc}' not found next to the file "
                                f"or in the profile search path")
@@ -444,13 +315,10 @@ def load_profile(name_or_path: str | os.PathLike | None = None,
         if not sep:
             raise ProfileError(f"{source}: expected KEY=VALUE (e.g. sampling.temperature=0.7)")
         key = key.strip()
-        try:
-            value = yaml.safe_load(raw)
-            parse_error = None
-        except yaml.YAMLError as e:
+        try:  # nesting and aliases bounded as in a profile file
+            value, parse_error = load_text(raw), None
+        except YamlFileError as e:
             value, parse_error = None, e
-        except ValueError as e:  # e.g. an integer of more digits than int() converts
-            value, parse_error = None, _value_error(e)
         tp = _leaf_type(key.split("."))
         # For string keys, take the text verbatim if YAML turned it into
         # something else (e.g. 'revision=1234', 'prompt=yes') or failed.
@@ -458,8 +326,7 @@ def load_profile(name_or_path: str | os.PathLike | None = None,
         if str_key and (parse_error is not None or not isinstance(value, (str, type(None)))):
             value, parse_error = raw, None
         if parse_error is not None:
-            raise ProfileError(f"{source}: cannot parse value: "
-                               f"{getattr(parse_error, 'problem', None) or parse_error}")
+            raise ProfileError(f"{source}: cannot parse value: {parse_error}")
         data = _merge(data, _dotted_layer(key, value, source))
     for key, value in (cli or {}).items():
         if value is not None:

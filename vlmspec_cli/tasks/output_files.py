@@ -105,15 +105,14 @@ def is_png(path: Path) -> bool:
 def is_profile(path: Path, required: str | None = None) -> bool:
     """A vlmspec profile: a YAML mapping whose keys are all profile keys (or ``include``),
     with ``required`` among them when given (``hardware`` for a hardware profile)."""
-    import yaml
-
     from vlmspec_cli.profile import profile_keys
+    from vlmspec_cli.profile.yaml_file import YamlFileError, load_file
 
-    try:
+    try:  # a regular UTF-8 file, bounded in size, nesting and aliases
         if path.stat().st_size > MAX_OWN_BYTES:
             return False
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = load_file(path)
+    except (OSError, YamlFileError):
         return False
     if not isinstance(data, dict) or not data:
         return False

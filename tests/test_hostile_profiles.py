@@ -1,0 +1,135 @@
+"""Hostile and careless profiles (issues 35 and 40): a profile or an included file that is
+not UTF-8, nested 100k deep, an alias bomb, too big, a FIFO or a device, a profile folder
+holding such a file, and sizes no run can use. Each is one line on stderr naming the file
+or key and the reason, exit 2, no traceback, no hang, bounded memory, no file changed.
+
+The cases that could hang or exhaust memory on a regression run in a subprocess with a
+timeout and an address-space limit (``vlmspec profiles`` imports no torch: ~25 MB)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import corpus
+from vlmspec_cli.cli import cli
+from vlmspec_cli.profile import ProfileError, load_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+MEMORY_LIMIT = 1024 ** 3   # address space of a `vlmspec profiles` subprocess
+
+
+def run(args):
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def vlmspec(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
+    env = dict(os.environ if env is None else env, COLUMNS="400",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "vlmspec_cli", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, preexec_fn=_limit_memory)
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr and len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith("error: "), lines[0]
+    return lines[0]
+
+
+def md5s(root: Path) -> dict[str, str]:
+    return {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    return corpus.make_bad_profiles(tmp_path_factory.mktemp("bad-profiles"))
+
+
+def test_bad_profile_files_are_one_line_errors(bad):
+    root = next(iter(bad.values()))[0].parent
+    before = md5s(root)
+    for case, (path, named, why) in bad.items():
+        proc = vlmspec("profiles", str(path))
+        line = one_error_line(proc.stderr)
+        assert proc.returncode == 2 and f"{named}: " in line and why in line, (case, line)
+    assert md5s(root) == before
+
+
+def test_bad_profile_given_to_a_command_with_p(bad):
+    """The same refusals through -p (in process; the bomb is the subprocess test's)."""
+    for case, (path, named, why) in bad.items():
+        if case == "billion-laughs.yaml":
+            continue
+        res = run(["caption", "x.png", "-p", str(path), "--dry-run"])
+        line = one_error_line(res.stderr)
+        assert res.exit_code == 2 and f"{named}: " in line and why in line, (case, line)
+
+
+def test_a_bad_file_in_the_profile_folder_is_listed_not_fatal(bad, tmp_path):
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    for case, (path, _, _) in bad.items():
+        if case != "includer.yaml":
+            (folder / Path(case).with_suffix(".yaml").name).write_bytes(path.read_bytes())
+    (folder / "good.yaml").write_text("name: good\ndescription: a good one\n")
+    os.mkfifo(folder / "fifo.yaml")
+    os.symlink("/dev/zero", folder / "zero.yaml")
+    before = md5s(folder)
+    env = dict(os.environ, VLMSPEC_PROFILES=str(folder))
+
+    proc = vlmspec("profiles", env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    listed = proc.stdout.split()
+    assert {"good", "fifo", "zero", "latin1", "billion-laughs", "deep-flow-lists"} <= set(listed)
+    rows = {line.split("│")[1].strip(): line for line in proc.stderr.splitlines()
+            if line.count("│") >= 3}
+    assert "a good one" in rows["good"]
+    for name, why in (("fifo", "is a FIFO"), ("zero", "is a character device"),
+                      ("latin1", "not UTF-8 text"), ("billion-laughs", "aliases expand"),
+                      ("deep-flow-maps", "nested more than 64"), ("huge", "over the 1.0 MiB")):
+        assert "unreadable: " in rows[name] and why in rows[name], rows[name]
+
+    # the did-you-mean hint reads no profile; a name that is a FIFO is refused, not read
+    for args, message in ((["profiles", "goood"], "unknown profile 'goood' (did you mean 'good'?)"),
+                          (["profiles", "fifo"], f"{folder / 'fifo.yaml'}: is a FIFO"),
+                          (["profiles", "zero"], f"{folder / 'zero.yaml'}: is a character device")):
+        proc = vlmspec(*args, env=env)
+        assert proc.returncode == 2 and message in one_error_line(proc.stderr), proc.stderr
+    assert md5s(folder) == before
+
+
+def test_profile_search_path_naming_a_device_or_a_fifo(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    for target in ("/dev/zero", str(tmp_path / "fifo")):
+        env = dict(os.environ, VLMSPEC_PROFILES=target)
+        proc = vlmspec("profiles", env=env)
+        assert proc.returncode == 0 and "tinyworld-caption" in proc.stdout.split(), proc.stderr
+        proc = vlmspec("profiles", "nosuch", env=env)
+        assert proc.returncode == 2 and "unknown profile 'nosuch'" in one_error_line(proc.stderr)
+
+
+def test_deep_or_exploding_set_values():
+    deep = "[" * corpus.DEEP + "]" * corpus.DEEP
+    with pytest.raises(ProfileError, match="cannot parse value: nested more than 64 levels"):
+        load_profile(None, ["drafting.inputs=" + deep])
+    # a text key takes what YAML cannot parse as the text itself
+    assert load_profile(None, ["generation.prompt=" + deep]).generation.prompt == deep
+    # the anchors inside one flow list: [&l0 [lol, ...], &l1 [*l0, ...], ...]
+    bomb = "[" + ", ".join(line.split(": ", 1)[1] for line in
+                           corpus.billion_laughs().splitlines()[:-1]) + "]"
+    proc = vlmspec("profiles", "--set", "drafting.inputs=" + bomb)
+    line = one_error_line(proc.stderr)
+    assert proc.returncode == 2 and "--set drafting.inputs=" in line and "aliases expand" in line
