@@ -133,3 +133,32 @@ def test_deep_or_exploding_set_values():
     proc = vlmspec("profiles", "--set", "drafting.inputs=" + bomb)
     line = one_error_line(proc.stderr)
     assert proc.returncode == 2 and "--set drafting.inputs=" in line and "aliases expand" in line
+
+
+@pytest.mark.parametrize("setting, bound", [
+    ("runtime.threads=100000", "<= 1024"),
+    ("runtime.prefill_threads=5000", "<= 1024"),
+    ("hardware.threads=100000", "<= 1024"),
+    ("hardware.prefill_threads=2000", "<= 1024"),
+    ("drafting.gamma=100000", "<= 64"),
+    ("tree.total_tokens=10000000", "<= 512"),
+    ("tree.depth=100000", "<= 64"),
+    ("tree.top_k=100000", "<= 64"),
+    ("adaptive_tree.max_depth=100000", "<= 64"),
+    ("adaptive_tree.max_top_k=100000", "<= 64"),
+])
+def test_sizes_past_their_bound_are_profile_errors(setting, bound):
+    key = setting.split("=")[0]
+    res = run(["profiles", "--set", setting])
+    line = one_error_line(res.stderr)
+    assert res.exit_code == 2 and f"key '{key}' must be >= 1 and {bound}" in line, line
+
+
+def test_a_thread_count_as_text_is_bounded_too(tmp_path):
+    path = tmp_path / "threads.yaml"
+    path.write_text('runtime:\n  threads: "100000"\n')
+    res = run(["profiles", str(path)])
+    line = one_error_line(res.stderr)
+    assert res.exit_code == 2 and "key 'runtime.threads' must be >= 1 and <= 1024" in line
+    assert load_profile(None, ["runtime.threads=1024"]).runtime.threads == "1024"
+    assert load_profile(None, ["drafting.gamma=64", "tree.total_tokens=512"]).drafting.gamma == 64

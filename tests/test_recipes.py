@@ -66,7 +66,7 @@ GOOD_STEP = '  - caption: {inputs: [imgs], out: caps.jsonl, max_new_tokens: 8, q
     (GOOD_STEP + "  - caption: {inputs: [imgs], temperature: .inf}\n",
      "r.yaml:5: step 2: invalid value for 'temperature' of caption: 'inf' is not a finite number"),
     (GOOD_STEP + "  - calibrate: {samples: [imgs], gammas: '0,2'}\n",
-     "r.yaml:5: step 2: invalid value for 'gammas' of calibrate: 0 is not in the range x>=1"),
+     "r.yaml:5: step 2: invalid value for 'gammas' of calibrate: 0 is not in the range 1<=x<=64"),
     (GOOD_STEP + "  - caption: {inputs: [imgs], json: yes please}\n",
      "r.yaml:5: step 2: option 'json' of caption is a flag"),
     (GOOD_STEP + "  - caption: {inputs: [imgs], out: [a, b]}\n",

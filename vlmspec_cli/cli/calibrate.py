@@ -37,8 +37,9 @@ deterministic (the latency model then comes from it instead of a fresh measureme
 @click.argument("samples", nargs=-1, metavar="SAMPLES...")
 @profile_option()
 @set_option
-@click.option("--gammas", type=IntList(min=1), default="1,2,3,4,5,6,8", show_default=True,
-              metavar="G,G,...", help="Draft lengths γ to consider.")
+@click.option("--gammas", type=IntList(min=1, max=64),   # 64: profile.schema.MAX_GAMMA
+              default="1,2,3,4,5,6,8", show_default=True, metavar="G,G,...",
+              help="Draft lengths γ to consider (1 to 64).")
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
               help="Modelled-best candidates decoded for real (plus the profile's own).")
 @click.option("--budget", type=FiniteFloat(min=1), default=120, show_default=True,

@@ -44,7 +44,8 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
                    "compile warm-up; runtime.compile: auto decides from these numbers.")
 @click.option("--frames", type=IntList(min=1), metavar="N,N,...",
               help="Video profiles: the video lengths (frames) to time [4,8,16,32].")
-@click.option("--threads", type=IntList(min=1), metavar="N,N,...",
+@click.option("--threads", type=IntList(min=1, max=1024),   # profile.schema.MAX_THREADS
+              metavar="N,N,...",
               help="CPU thread counts to try (default 1, 2, 4, … up to the cores); the fastest "
                    "for the rounds and for the prefill are recorded as hardware.threads and "
                    "hardware.prefill_threads, which runtime.threads / prefill_threads: auto use.")

@@ -15,6 +15,16 @@ from typing import Any
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
 
 
+# Upper bounds of sizes (a profile error names the key and the range): a round past them
+# would allocate gigabytes and decode no faster. The fast path's compiled steps take up to
+# 64 new tokens (runtime/compiled_step.py BUCKETS); a draft tree of more than a few
+# hundred nodes costs more to verify than it can save; torch cannot start 10^5 threads.
+MAX_GAMMA = 64             # drafting.gamma: draft tokens per round
+MAX_TREE_SIDE = 64         # tree.depth / tree.top_k, adaptive_tree's depth and top_k bounds
+MAX_TREE_TOKENS = 512      # tree.total_tokens: nodes verified per round
+MAX_THREADS = 1024         # runtime.threads / prefill_threads, hardware's measured counts
+
+
 def _rule(*, choices=None, pattern=None, allowed=None, ge=None, gt=None, le=None,
           nonempty=False) -> dict:
     """Field metadata describing value constraints (applied to each list item)."""
@@ -42,7 +52,7 @@ class ModelSpec:
 
 @dataclass
 class DraftingSpec:
-    gamma: int = field(default=5, metadata=_rule(ge=1))
+    gamma: int = field(default=5, metadata=_rule(ge=1, le=MAX_GAMMA))
     inputs: list[str] = field(default_factory=lambda: ["multimodal"], metadata=_rule(
         choices=DRAFTING_INPUTS, nonempty=True))
 
@@ -51,9 +61,10 @@ class DraftingSpec:
 class TreeSpec:
     """method: tree — EAGLE-2 dynamic draft trees (runtime/tree.py)."""
 
-    depth: int = field(default=5, metadata=_rule(ge=1))          # expansion levels
-    top_k: int = field(default=4, metadata=_rule(ge=1))          # children per node, frontier size
-    total_tokens: int = field(default=20, metadata=_rule(ge=1))  # nodes verified per round
+    depth: int = field(default=5, metadata=_rule(ge=1, le=MAX_TREE_SIDE))  # expansion levels
+    top_k: int = field(default=4, metadata=_rule(ge=1, le=MAX_TREE_SIDE))  # children per node
+    # nodes verified per round
+    total_tokens: int = field(default=20, metadata=_rule(ge=1, le=MAX_TREE_TOKENS))
     # dynamic: EAGLE-2 (expand the best-scoring nodes, rerank at T = 0); static: a fixed
     # shape (a spine of depth nodes, top_k - 1 alternatives per level)
     policy: str = field(default="dynamic", metadata=_rule(choices=("dynamic", "static")))
@@ -71,10 +82,10 @@ class AdaptiveTreeSpec:
     beta: float = field(default=1.0, metadata=_rule(gt=0))
     step_depth: int = field(default=1, metadata=_rule(ge=0))
     step_top_k: int = field(default=2, metadata=_rule(ge=0))
-    min_depth: int = field(default=1, metadata=_rule(ge=1))
-    max_depth: int = field(default=8, metadata=_rule(ge=1))
-    min_top_k: int = field(default=1, metadata=_rule(ge=1))
-    max_top_k: int = field(default=10, metadata=_rule(ge=1))
+    min_depth: int = field(default=1, metadata=_rule(ge=1, le=MAX_TREE_SIDE))
+    max_depth: int = field(default=8, metadata=_rule(ge=1, le=MAX_TREE_SIDE))
+    min_top_k: int = field(default=1, metadata=_rule(ge=1, le=MAX_TREE_SIDE))
+    max_top_k: int = field(default=10, metadata=_rule(ge=1, le=MAX_TREE_SIDE))
 
 
 @dataclass
@@ -209,9 +220,9 @@ class RuntimeSpec:
     # count is never changed. A small model's steps take microseconds per operator,
     # which threads can slow down; a long prompt's prefill gains from every core
     threads: int | str = field(default="auto", metadata=_rule(
-        pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count"))
+        pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count", ge=1, le=MAX_THREADS))
     prefill_threads: int | str = field(default="auto", metadata=_rule(
-        pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count"))
+        pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count", ge=1, le=MAX_THREADS))
     # a prompt of at least this many positions (a long video) decodes at prefill_threads:
     # its rounds' attention over the whole context is compute enough for every core.
     # null: rounds always at threads
@@ -242,8 +253,8 @@ class HardwareSpec:
     compile_warmup_s: float | None = field(default=None, metadata=_rule(ge=0))
     # the CPU thread counts that ran the sample requests' rounds and their prefills
     # fastest (runtime.threads / prefill_threads: auto use them)
-    threads: int | None = field(default=None, metadata=_rule(ge=1))
-    prefill_threads: int | None = field(default=None, metadata=_rule(ge=1))
+    threads: int | None = field(default=None, metadata=_rule(ge=1, le=MAX_THREADS))
+    prefill_threads: int | None = field(default=None, metadata=_rule(ge=1, le=MAX_THREADS))
     # the full tables: target_verify_ms[S][k], draft_step_ms[B][S], remarks
     measurements: Any = None
 
