@@ -294,7 +294,7 @@ def billion_laughs(key: str = "generation", leaf: str = "prompt", levels: int = 
     """A YAML mapping whose aliases expand ``key.leaf`` to 9**levels strings ("lol"),
     in well under a kilobyte."""
     names = [f"l{i}" for i in range(levels)]
-    lines = [f'{names[0]}: &{names[0]} ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines = [f"{names[0]}: &{names[0]} [" + ", ".join(['"lol"'] * 9) + "]"]
     for prev, name in zip(names, names[1:]):
         lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
     lines.append(f"{key}: {{{leaf}: *{names[-1]}}}")
@@ -325,8 +325,8 @@ def make_bad_profiles(root: Path) -> dict[str, tuple[Path, Path, str]]:
         "nested more than 64 levels deep")
     add("deep-block-lists.yaml", b"hardware:\n  measurements:\n    " + b"- " * DEEP + b"x\n",
         "nested more than 64 levels deep")
-    add("deep-block-maps.yaml",
-        "".join("  " * i + f"k{i}:\n" for i in range(200)).encode(), "nested more than 64 levels deep")
+    add("deep-block-maps.yaml", "".join("  " * i + f"k{i}:\n" for i in range(200)).encode(),
+        "nested more than 64 levels deep")
     add("billion-laughs.yaml", billion_laughs().encode(), "aliases expand it past")
     add("huge.yaml", b"# " + b"x" * (2 * 1024 ** 2) + b"\nname: huge\n", "over the 1.0 MiB")
     (root / "includer.yaml").write_bytes(b"include: latin1.yaml\nname: x\n")

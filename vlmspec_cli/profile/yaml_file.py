@@ -8,8 +8,9 @@ does not recurse) is checked: collections nested at most :data:`MAX_DEPTH` deep 
 composer recurses once per level) and aliases adding at most :data:`MAX_ALIAS_SIZE` to the
 document in all (a "billion laughs" document is a few hundred bytes whose aliases name a
 billion nodes). An alias adds the size of what its anchor names, aliases inside it
-included: a node counts 1 and a scalar its length too. Every refusal is a :class:`YamlFileError` whose
-message is one line, without the file's name (the caller adds it).
+included: a node counts 1 and a scalar its length too. Every refusal is a
+:class:`YamlFileError` whose message is one line, without the file's name (the caller
+adds it).
 
 No click or rich here.
 """
