@@ -101,6 +101,32 @@ def test_bad_outputs_refused_in_one_line_before_any_model_loads(tmp_path, image,
     assert snapshot(tmp_path) == before  # not a byte of any of them changed
 
 
+@pytest.mark.parametrize("args, option", [
+    (["caption", "{image}", "--out", "", "--dry-run"], "--out"),
+    (["caption", "{image}", "-o", "", "--dry-run"], "--out"),
+    (["caption", "{image}", "--trace", "", "--dry-run"], "--trace"),
+    (["describe-video", str(VIDEO), "--out", "", "--dry-run"], "--out"),
+    (["generate-image", "a red circle", "--out-dir", "", "--dry-run"], "--out-dir"),
+    (["profile", "--write", "", "-p", "/no/such.yaml"], "--write"),
+    (["profile", "--plot", "", "-p", "/no/such.yaml"], "--plot"),
+    (["calibrate", "{image}", "--write", "", "-p", "/no/such.yaml"], "--write"),
+    (["run", "{recipe}", "--state", "", "--dry-run"], "--state"),
+])
+def test_an_empty_output_name_is_refused_not_taken_as_none(tmp_path, image, no_models,
+                                                           monkeypatch, args, option):
+    """``--out ''`` (an unset shell variable) is no "no --out": one line, exit 2, before
+    anything is read or written (the cwd stays empty but for the test's own files)."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"steps:\n  - caption: {{inputs: [{image}]}}\n")
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    res = run([a.format(image=image, recipe=recipe) for a in args])
+    lines = error_lines(res.stderr)
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert lines[0] == f"error: {option} '': an empty file name; name a file or leave {option} out"
+    assert snapshot(tmp_path) == before
+
+
 def test_an_output_is_never_an_input(tmp_path, image, no_models, monkeypatch):
     monkeypatch.chdir(tmp_path)
     os.symlink(image, tmp_path / "link.png")

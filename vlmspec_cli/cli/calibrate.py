@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import fail, load_profile, profile_option, set_option
+from vlmspec_cli.cli.common import fail, load_profile, nonempty_path, profile_option, set_option
 from vlmspec_cli.cli.types import FiniteFloat, IntList, Seed
 
 
@@ -55,7 +55,7 @@ deterministic (the latency model then comes from it instead of a fresh measureme
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per sample.")
 @click.option("--seed", type=Seed(), help="Sampling seed [profile: sampling.seed].")
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps.")
-@click.option("--write", "write_name", metavar="NAME|FILE.yaml",
+@click.option("--write", "write_name", metavar="NAME|FILE.yaml", callback=nonempty_path,
               help="Write the winner as a profile including the base one (NAME -> profiles/NAME.yaml).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --write profile (only a vlmspec "
                                             "profile, never the base or one it includes).")

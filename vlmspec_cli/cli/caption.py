@@ -7,9 +7,9 @@ import sys
 import click
 
 from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_interrupt, fail,
-                                    finish_batch, load_profile, method_option, parse_inputs,
-                                    print_plan, profile_option, record_printer, records_sink,
-                                    set_option, start_decoding)
+                                    finish_batch, load_profile, method_option, nonempty_path,
+                                    parse_inputs, print_plan, profile_option, record_printer,
+                                    records_sink, set_option, start_decoding)
 
 EPILOG_CAPTION = """\b
 Examples:
@@ -45,7 +45,7 @@ done and written), 2 usage, profile, model-loading or output error (--out or
               help="Conversations (JSONL, one per line; see README) instead of INPUTS: "
                    "write each one's next assistant turn.")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False, writable=True),
-              metavar="FILE.jsonl", help="tabed: append one line per drafting block "
+              callback=nonempty_path, metavar="FILE.jsonl", help="tabed: append one line per drafting block "
                                          "(weights, drafted, accepted) for plots.")
 @set_option
 @click.option("--batch-size", "-b", type=click.IntRange(min=1),

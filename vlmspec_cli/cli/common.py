@@ -33,6 +33,16 @@ def fail(message: str, code: int = 2):
     sys.exit(code)
 
 
+def nonempty_path(ctx, param, value):
+    """Callback of an option naming a file or folder to write: an empty name (``--out ''``,
+    e.g. an unset shell variable) is refused in one line, never taken as the option left
+    out (no output) or as the current folder."""
+    if value is not None and value == "":
+        opt = param.opts[0]
+        fail(f"{opt} '': an empty file name; name a file or leave {opt} out")
+    return value
+
+
 def load_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task: str | None = None):
     """The resolved profile (exit 2 on a profile error); with ``task``, it must be for it."""
     from vlmspec_cli.profile import ProfileError, load_profile
@@ -102,7 +112,7 @@ def decode_options(noun: str, column: str):
                      help="Compile the fast path's steps with torch.compile (auto: only where "
                           "`vlmspec profile --compile` measured that it pays; default)."),
         click.option("--out", "-o", type=click.Path(dir_okay=False, writable=True),
-                     metavar="FILE.jsonl", help=f"Append one JSON record per {noun}; a rerun "
+                     callback=nonempty_path, metavar="FILE.jsonl", help=f"Append one JSON record per {noun}; a rerun "
                                                 f"skips {noun}s already recorded."),
         click.option("--json", "as_json", is_flag=True,
                      help=f"Write JSONL records to stdout instead of {column}<TAB>OUTPUT lines "

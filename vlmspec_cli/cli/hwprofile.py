@@ -6,7 +6,7 @@ import json
 
 import click
 
-from vlmspec_cli.cli.common import fail, load_profile, profile_option, set_option
+from vlmspec_cli.cli.common import fail, load_profile, nonempty_path, profile_option, set_option
 from vlmspec_cli.cli.types import FiniteFloat, IntList
 
 
@@ -30,8 +30,10 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 @set_option
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
 @click.option("--write", "write_path", type=click.Path(dir_okay=False), metavar="FILE.yaml",
+              callback=nonempty_path,
               help="Write the hardware profile here (atomically) instead of to stdout.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png",
+              callback=nonempty_path,
               help="Draw T vs tokens verified, context length S and batch rows B.")
 @click.option("--contexts", type=IntList(min=1), metavar="S,S,...",
               help="Extra context lengths S to time, positive integers [256,512].")

@@ -7,8 +7,9 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (TSV_HELP, fail, load_profile, method_option, print_plan,
-                                    profile_option, set_option, start_decoding, tsv_field)
+from vlmspec_cli.cli.common import (TSV_HELP, fail, load_profile, method_option, nonempty_path,
+                                    print_plan, profile_option, set_option, start_decoding,
+                                    tsv_field)
 from vlmspec_cli.cli.types import FiniteFloat, Seed
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
@@ -37,7 +38,8 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 @click.option("-n", "--images-per-prompt", "n", type=click.IntRange(min=1),
               help="Images per prompt [profile: image.images_per_prompt, default 1].")
 @click.option("--out-dir", "-o", default="images", show_default=True,
-              type=click.Path(file_okay=False), help="Folder for the PNG files (created).")
+              type=click.Path(file_okay=False), callback=nonempty_path,
+              help="Folder for the PNG files (created).")
 @profile_option(DEFAULT_IMAGE_PROFILE)
 @set_option
 @method_option("image")

@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from vlmspec_cli.cli.common import nonempty_path
+
 
 EPILOG_RUN = """\b
 Examples:
@@ -24,7 +26,7 @@ steps still ran), 2 invalid recipe, or a step's usage, profile or model error
 @click.argument("recipe", type=click.Path(exists=True, dir_okay=False), metavar="RECIPE.yaml")
 @click.option("--var", "var_pairs", multiple=True, metavar="KEY=VALUE",
               help="Set a recipe variable, used as ${KEY} (repeatable; overrides vars:).")
-@click.option("--state", type=click.Path(dir_okay=False), metavar="PATH",
+@click.option("--state", type=click.Path(dir_okay=False), metavar="PATH", callback=nonempty_path,
               help="State file of finished steps [default: ./RECIPE-STEM.state.json].")
 @click.option("--restart", is_flag=True, help="Ignore the state file: run every step again.")
 @click.option("--dry-run", is_flag=True, help="Check the recipe and print each step's command; run nothing.")
