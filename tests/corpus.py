@@ -152,6 +152,20 @@ def make_bad_outputs(root: Path) -> dict[str, tuple[Path, str]]:
     add("pretty.json", b'{\n  "task": "caption",\n  "input": "a.png"\n}\n', "line 1 is not JSON")
     add("unterminated-object.json", b'{"name": "not a record"', "line 1 is not JSON")
     add("blank-lines.txt", b"\n\n  \n", "only blank lines")
+    # JSON nested past json.loads' recursion limit (a first, a middle or a torn last line)
+    # or just past what a record nests: not vlmspec's, and no torn record of its either
+    deep = b"[" * 100_000 + b"]" * 100_000
+    deep_record = b'{"task": "caption", "input": "d.png", "x": ' + deep + b"}"
+    add("deep-first-line.jsonl", deep_record + b"\n" + rec + b"\n", "line 1 is JSON nested")
+    add("deep-array-first-line.jsonl", deep + b"\n", "line 1 is JSON nested")
+    add("deep-middle-line.jsonl", rec + b"\n" + deep_record + b"\n" + rec + b"\n",
+        "line 2 is JSON nested")
+    add("deep-torn-last-line.jsonl", rec + b"\n" + deep_record[:150_000], "line 2 is JSON nested")
+    add("nested-100-levels.jsonl", rec + b"\n" + rec[:-1] + b', "x": ' + b"[" * 100 + b"]" * 100
+        + b"}\n", "line 2 is JSON nested more than 64 levels deep")
+    # a crash never leaves a broken line that ends in a newline (one write puts both)
+    add("broken-last-line.jsonl", rec + b"\n" + rec[:40] + b"\n", "line 2 is not JSON")
+    add("zeros-only.jsonl", b"\0" * 4096, "line 1 is not JSON")  # zeros and no record
     (root / "folder.jsonl").mkdir(exist_ok=True)
     cases["folder.jsonl"] = (root / "folder.jsonl", "directory")
 

@@ -104,13 +104,16 @@ def test_trailing_partial_line_dropped_and_file_repaired(tmp_path):
     assert len(again.done_keys()) == 3 and again.warnings == []
 
 
-def test_trailing_invalid_json_with_newline_dropped(tmp_path):
+def test_trailing_invalid_json_with_newline_refused_untouched(tmp_path):
+    # one os.write puts a record and its newline: a crash never leaves a broken line that
+    # ends in a newline, so such a line is not ours to cut (it was repaired, cut, before)
     path = tmp_path / "out.jsonl"
     good = (json.dumps(rec("a.png")) + "\n").encode()
     path.write_bytes(good + b'{"task": "capt\n')
-    sink = JsonlSink(path)
-    assert sink.done_keys() == {record_key(rec("a.png"))}
-    assert sink.repaired and path.read_bytes() == good
+    with pytest.raises(OutputError, match="line 2 is not JSON"):
+        JsonlSink(path).done_keys()
+    assert path.read_bytes() == good + b'{"task": "capt\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]  # no .torn copy either
 
 
 def test_append_without_done_keys_never_glues_onto_partial_line(tmp_path):

@@ -76,6 +76,42 @@ def test_torn_first_record_is_ours(tmp_path, tail):
     assert path.read_bytes() == b""
 
 
+@pytest.mark.parametrize("tail", [b"\0" * 4096, b'{"input": "c.p' + b"\0" * 300])
+def test_zeros_after_the_last_record_are_repaired_like_a_torn_record(tmp_path, tail):
+    """A crash on a filesystem that grew the file but never wrote the data leaves zeros
+    after the complete records: repaired, a copy kept, not refused as the user's file."""
+    good, _ = torn_jsonl_bytes()
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(good + tail)
+    with JsonlSink(path) as sink:
+        assert len(sink.done_keys()) == 2 and sink.repaired
+    assert path.read_bytes() == good
+    (copy,) = tmp_path.glob("out.jsonl.torn-*")
+    assert copy.read_bytes() == tail and str(copy) in sink.warnings[0]
+    assert ("zero bytes after its last record" if not tail.strip(b"\0") else
+            "torn last record") in sink.warnings[0]
+
+
+def test_a_large_output_is_indexed_as_a_stream(tmp_path):
+    """A 31 MiB --out is scanned line by line, keeping only the resume keys: its open
+    peaks at a few MiB (it read and parsed it whole before: over 64 MiB here)."""
+    import tracemalloc
+
+    path = tmp_path / "big.jsonl"
+    with open(path, "wb") as fh:
+        for i in range(4000):
+            fh.write((json.dumps(vlmspec_record(f"{i}.png", output="x" * 8000)) + "\n").encode())
+    assert path.stat().st_size > 30 * 1024 ** 2
+    tracemalloc.start()
+    try:
+        with JsonlSink(path) as sink:
+            assert len(sink.done_keys()) == 4000 and not sink.warnings
+            _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * 1024 ** 2, f"{peak / 1024 ** 2:.1f} MiB"
+
+
 def test_complete_last_record_without_newline_is_kept(tmp_path):
     path = tmp_path / "out.jsonl"
     line = json.dumps(vlmspec_record("a.png")).encode()

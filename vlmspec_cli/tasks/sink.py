@@ -5,13 +5,16 @@ repaired and appended to without ever losing a byte.
 :class:`OutputError`, whose message is the one line to show) an output that names an
 input, a directory, a file vlmspec cannot create or open for appending, a file another
 vlmspec run is writing (an advisory ``flock`` held until the sink is closed), and any
-existing file that is not recognisably vlmspec's own JSONL (records.scan_jsonl): vlmspec
-appends to and repairs only its own files.
+existing file that is not recognisably vlmspec's own JSONL (records.scan_fd, which reads
+it as a stream of lines; only the resume keys are kept): vlmspec appends to and repairs
+only its own files.
 
 Each record is one line written with one ``os.write`` on an ``O_APPEND`` descriptor, then
 ``fsync``; a failed or interrupted write is truncated back to the size before it, so the
-file never holds a torn record from this run. A torn last record left by a crash is
-repaired in place when the sink opens: the torn bytes are first saved to
+file never holds a torn record from this run. A torn last record left by a crash (an
+unterminated start of a record, or zero bytes after the last record: a filesystem that
+grew the file but lost the data) is repaired in place when the sink opens: the torn bytes
+are first saved to
 ``FILE.torn-YYYYmmddTHHMMSS`` (fsynced, never overwriting an existing copy), then the
 file is truncated -- the same inode, so the lock stays valid and a symbolic link stays a
 link. A non-regular output (``/dev/null``, a pipe) is a write-only stream: no scan, no
@@ -32,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from vlmspec_cli.tasks.records import (RECORD_KEYS, fsync_dir, write_all, quick_foreign,
-                                       record_key, scan_jsonl)
+from vlmspec_cli.tasks.records import (RECORD_KEYS, fsync_dir, quick_foreign, record_key,
+                                       scan_fd, write_all)
 
 try:
     import fcntl
@@ -78,14 +81,6 @@ def _fsync(fd: int) -> None:
     except OSError as exc:
         if exc.errno not in _FSYNC_UNSUPPORTED:
             raise
-
-
-def _read_all(fd: int) -> bytes:
-    chunks, pos = [], 0
-    while chunk := os.pread(fd, 1 << 20, pos):
-        chunks.append(chunk)
-        pos += len(chunk)
-    return b"".join(chunks)
 
 
 def _encode(record: dict) -> bytes:
@@ -187,28 +182,32 @@ class JsonlSink:
         why = quick_foreign(os.pread(fd, _HEAD, 0), self.kind.required)
         if why:
             raise self._foreign(why)
-        data = _read_all(fd)
-        scan = scan_jsonl(data, self.kind.required, self.kind.first_key)
+        done: set[tuple] = set()
+        old = 0
+
+        def index(rec: dict) -> None:  # only the resume keys are kept, not the records
+            nonlocal old
+            key = record_key(rec)
+            old += key is None
+            if key is not None and rec.get("error") is None:
+                done.add(key)
+
+        scan = scan_fd(fd, self.kind.required, self.kind.first_key,
+                       index if self.kind.keyed else None)
         if scan.foreign:
             raise self._foreign(scan.foreign)
         if scan.tail_at is not None:
-            self._drop_torn_tail(fd, data[scan.tail_at:], scan.tail_at)
+            size = os.fstat(fd).st_size
+            self._drop_torn_tail(fd, os.pread(fd, size - scan.tail_at, scan.tail_at), scan.tail_at)
         elif scan.unterminated:
             write_all(fd, b"\n")
             _fsync(fd)
             self.warnings.append(f"{self.path}: added the missing newline after its last record")
-        if self.kind.keyed:
-            self._done = set()
-            old = 0
-            for rec in scan.records:
-                key = record_key(rec)
-                old += key is None
-                if key is not None and rec.get("error") is None:
-                    self._done.add(key)
-            if old:
-                self.warnings.append(
-                    f"{self.path}: {old} record(s) have no source/settings (written by an "
-                    "older vlmspec): their inputs are decoded again")
+        self._done = done
+        if old:
+            self.warnings.append(
+                f"{self.path}: {old} record(s) have no source/settings (written by an "
+                "older vlmspec): their inputs are decoded again")
 
     def _drop_torn_tail(self, fd: int, torn: bytes, at: int) -> None:
         """Save the torn bytes next to the real file, then truncate the file in place."""
@@ -240,8 +239,10 @@ class JsonlSink:
         os.ftruncate(fd, at)
         _fsync(fd)
         self.repaired = True
-        self.warnings.append(f"{self.path}: dropped a torn last record ({len(torn)} bytes, an "
-                             f"interrupted write?); kept a copy in {copy}")
+        what = (f"{len(torn)} zero bytes after its last record (left by a crash?)"
+                if not torn.strip(b"\0") else
+                f"a torn last record ({len(torn)} bytes, an interrupted write?)")
+        self.warnings.append(f"{self.path}: dropped {what}; kept a copy in {copy}")
 
     # -- reading ---------------------------------------------------------------
 
@@ -259,7 +260,7 @@ class JsonlSink:
             fd = self._ensure_open()
             if self.stream:
                 return []
-            return scan_jsonl(_read_all(fd), self.kind.required, self.kind.first_key).records
+            return scan_fd(fd, self.kind.required, self.kind.first_key, collect=True).records
 
     # -- writing ---------------------------------------------------------------
 
@@ -329,10 +330,13 @@ def read_records(path: str | os.PathLike, kind: LineKind = RESULTS) -> list[dict
     """The records of a vlmspec JSONL file, read only: no lock, a torn last record skipped
     (not repaired). Raises OutputError for a file that is not vlmspec's."""
     try:
-        data = Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            scan = scan_fd(fd, kind.required, kind.first_key, collect=True)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise OutputError(f"{path}: cannot read it: {_strerror(exc)}") from None
-    scan = scan_jsonl(data, kind.required, kind.first_key)
     if scan.foreign:
         raise OutputError(f"{path}: not a vlmspec {kind.noun} JSONL file ({scan.foreign})")
     return scan.records
