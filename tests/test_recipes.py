@@ -84,6 +84,43 @@ def test_invalid_recipe_exits_2_and_runs_nothing(tmp_path, monkeypatch, body, ex
     assert "step 1 (caption)" not in res.stderr  # step 1 is valid but was not started
 
 
+def test_hostile_recipe_and_state_files_are_one_line_errors(tmp_path, monkeypatch):
+    """A recipe nested 100k deep, an alias bomb, a Latin-1 recipe, a FIFO as the recipe
+    (a subprocess: the old read blocked), a state file of 100k-deep JSON: one line, exit
+    2, no traceback, nothing changed."""
+    import corpus
+
+    monkeypatch.chdir(tmp_path)
+    deep = write(tmp_path / "deep.yaml", "steps: " + "[" * corpus.DEEP + "]" * corpus.DEEP + "\n")
+    bomb = write(tmp_path / "bomb.yaml", corpus.billion_laughs().replace(
+        "generation: {prompt: *l8}", "steps: [{caption: {inputs: *l8}}]"))
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("name: caf\u00e9\nsteps: []\n".encode("latin-1"))
+    good = write(tmp_path / "r.yaml", "steps:\n" + GOOD_STEP)
+    state = tmp_path / "deep.state.json"
+    state.write_text("[" * corpus.DEEP + "]" * corpus.DEEP)
+    os.mkfifo(tmp_path / "fifo.yaml")
+    before = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in tmp_path.glob("*")
+              if p.is_file()}
+    for args, expected in (
+            ([str(deep)], f"{deep}: nested more than 64 levels deep"),
+            ([str(bomb)], f"{bomb}: its aliases expand it past 1.0 MiB"),
+            ([str(latin1)], f"{latin1}: not UTF-8 text"),
+            ([str(good), "--state", str(state)],
+             f"state file {state}: exists and is not a vlmspec recipe state file")):
+        res = run([*args, "--dry-run"])
+        errors = [line for line in res.stderr.splitlines() if line.strip()]
+        assert res.exit_code == 2 and len(errors) == 1, res.stderr[-2000:]
+        assert errors[0].startswith(f"error: {expected}"), errors[0]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "run", "fifo.yaml", "--dry-run"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "error: fifo.yaml: is a FIFO (named pipe), not a recipe"
+    assert {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in tmp_path.glob("*")
+            if p.is_file()} == before
+
+
 def test_unused_var_and_bad_var_syntax(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "r.yaml", "vars: {folder: imgs}\nsteps:\n" + GOOD_STEP.replace("[imgs]", "['${folder}']"))

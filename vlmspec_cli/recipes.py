@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import click
 import yaml
 
+from vlmspec_cli.profile.yaml_file import YamlFileError, check_events, read_text
 from vlmspec_cli.recipe_paths import state_collision
 from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.tasks.output_files import (MAX_OWN_BYTES, OutputRefused, check_output,
@@ -197,10 +198,13 @@ def _step_argv(command: click.Command, name: str, options: dict, err) -> list[st
 
 def _compose(path: Path):
     shown = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError([f"{shown}: cannot read recipe: {exc}"]) from exc
+    try:  # a regular UTF-8 file of at most 1 MiB, nesting and aliases bounded
+        text = read_text(path, "recipe")
+        check_events(text)
+    except YamlFileError as exc:
+        raise RecipeError([f"{shown}: {exc}"]) from None
+    except yaml.YAMLError:
+        pass  # the same error again, with its place, from the load below
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -318,7 +322,7 @@ def is_state_file(path: Path) -> bool:
         if path.stat().st_size > MAX_OWN_BYTES:
             return False
         state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):   # RecursionError: JSON nested 100k deep
         return False
     return isinstance(state, dict) and "version" in state and isinstance(state.get("steps"), dict)
 
@@ -344,8 +348,9 @@ def _read_state(path: Path, ui) -> dict:
         return state["steps"]
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    except (OSError, ValueError, RecursionError) as exc:
+        why = (exc.strerror if isinstance(exc, OSError) and exc.strerror else
+               "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc))
         ui.warning(f"{path}: not a vlmspec recipe state file ({why}); a run would refuse it")
         return {}
 
