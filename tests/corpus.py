@@ -210,6 +210,86 @@ def make_broken_model_dir(root: Path) -> Path:
     return root
 
 
+def _model_copy(root: Path, zoo: str = "tinyworld/llava-draft") -> Path:
+    import shutil
+
+    from vlmspec_cli.runtime.models import resolve_model_source
+
+    source = Path(resolve_model_source(f"zoo:{zoo}"))
+    root = Path(root)
+    shutil.copytree(source, root, ignore=shutil.ignore_patterns("*.md", "*.json.*"),
+                    dirs_exist_ok=True)
+    return root
+
+
+def _header(data: bytes) -> tuple[int, dict]:
+    import json
+
+    (n,) = struct.unpack("<Q", data[:8])
+    return n, json.loads(data[8:8 + n])
+
+
+def _with_header(data: bytes, header: dict) -> bytes:
+    """The file with ``header`` in place of its own, padded with spaces to the same length
+    (so the data offsets stay where they were)."""
+    import json
+
+    n, _ = _header(data)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    assert len(raw) <= n
+    return data[:8] + raw.ljust(n) + data[8 + n:]
+
+
+def _bad_offsets(data: bytes) -> bytes:
+    n, header = _header(data)
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["data_offsets"] = [0, len(data) * 4]
+    return _with_header(data, header)
+
+
+# what each corrupt weights file is, and a part of the reason vlmspec gives
+CORRUPT_WEIGHTS = {
+    "header-length-2**63": (lambda d: struct.pack("<Q", 2 ** 63) + d[8:], "more than the"),
+    "header-past-end": (lambda d: struct.pack("<Q", len(d)) + d[8:], "past the end of the file"),
+    "header-not-json": (lambda d: d[:8] + b"\xff" * _header(d)[0] + d[8 + _header(d)[0]:],
+                        "header is not JSON"),
+    "bad-offsets": (_bad_offsets, "outside the"),
+    "truncated": (lambda d: d[:len(d) // 2], "outside the"),
+    "empty": (lambda d: b"", "empty file (0 bytes)"),
+    "seven-bytes": (lambda d: d[:7], "truncated (7 bytes"),
+}
+# config.json edits that no model's weights fit, and a part of the reason
+CORRUPT_CONFIGS = {
+    "nested-100k": (None, "nested too deeply"),
+    "vocab_size-2**31": ({"vocab_size": 2 ** 31}, "vocab_size is 2,147,483,648"),
+    "million-layers": ({"num_hidden_layers": 10 ** 6}, "num_hidden_layers is 1,000,000"),
+}
+
+
+def make_corrupt_model(root: Path, case: str, zoo: str = "tinyworld/llava-draft") -> Path:
+    """A copy of a zoo model whose model.safetensors (a CORRUPT_WEIGHTS case, or
+    "link-to-text": a symbolic link to a text file) or config.json (a CORRUPT_CONFIGS
+    case: its text_config's sizes, or JSON nested 100,000 deep) is corrupt."""
+    import json
+
+    root = _model_copy(root, zoo)
+    weights, config = root / "model.safetensors", root / "config.json"
+    if case in CORRUPT_WEIGHTS:
+        weights.write_bytes(CORRUPT_WEIGHTS[case][0](weights.read_bytes()))
+    elif case == "link-to-text":
+        weights.unlink()
+        write_user_notes(root / "notes.txt")
+        os.symlink(root / "notes.txt", weights)
+    elif case == "nested-100k":
+        config.write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        data = json.loads(config.read_text())
+        section = data.get("text_config", data)
+        section.update(CORRUPT_CONFIGS[case][0])
+        config.write_text(json.dumps(data))
+    return root
+
+
 # ------------------------------------------------- files that are not vlmspec's to overwrite
 def write_user_notes(path: Path) -> bytes:
     """A user's text file (not YAML mapping, not PNG, not JSON) at an output path; returns

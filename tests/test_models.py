@@ -10,7 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from corpus import make_broken_model_dir, make_pickle_only_model
+from corpus import (CORRUPT_CONFIGS, CORRUPT_WEIGHTS, make_broken_model_dir,
+                    make_corrupt_model, make_pickle_only_model)
 from vlmspec_cli.profile import ModelSpec
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
 from vlmspec_cli.runtime.models import (
@@ -146,3 +147,65 @@ def test_cli_pickle_only_draft_refused_before_any_model_loads(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr and "weights_only" not in proc.stderr
     assert str(pickled) in lines[0] and "pytorch_model.bin" in lines[0] and "safetensors" in lines[0]
+
+
+# ------------------------------------------------------------ corrupt model files (issue 40)
+def _md5s(folder) -> dict:
+    import hashlib
+
+    return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("case", [*CORRUPT_WEIGHTS, "link-to-text"])
+def test_corrupt_safetensors_is_one_line_naming_the_file(tmp_path, case):
+    """A safetensors header that lies (length 2**63, past the end, not JSON, offsets out of
+    the file), a truncated or empty file, a link to a text file: "corrupt safetensors file:
+    PATH: reason" from the check every model gets before any loads, not a SafetensorError."""
+    from vlmspec_cli.runtime.models import require_safetensors
+
+    folder = make_corrupt_model(tmp_path / case, case)
+    before = _md5s(folder)
+    reason = CORRUPT_WEIGHTS[case][1] if case in CORRUPT_WEIGHTS else "more than the"
+    with pytest.raises(ModelLoadError) as err:
+        require_safetensors(str(folder), "draft")
+    msg = str(err.value)
+    assert msg.startswith(f"corrupt safetensors file: {folder / 'model.safetensors'}: ")
+    assert reason in msg and "\n" not in msg
+    assert _md5s(folder) == before
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT_CONFIGS))
+def test_config_that_does_not_fit_its_weights_is_refused_before_building(tmp_path, monkeypatch,
+                                                                         case):
+    """config.json nested 100k deep, vocab_size 2**31, a million layers: one ModelLoadError
+    naming the folder before transformers builds anything (it recursed, built a
+    mismatched model, or built layers for minutes)."""
+    import transformers
+
+    folder = make_corrupt_model(tmp_path / case, case)
+    before = _md5s(folder)
+
+    def never(*_a, **_k):
+        raise AssertionError("the model was built from a config that does not fit")
+    monkeypatch.setattr(transformers.LlavaForConditionalGeneration, "from_pretrained", never)
+    with pytest.raises(ModelLoadError) as err:
+        load_model(ModelSpec(model=str(folder), device="cpu"), "draft")
+    msg = str(err.value)
+    assert str(folder) in msg and CORRUPT_CONFIGS[case][1] in msg and "\n" not in msg
+    assert _md5s(folder) == before
+
+
+def test_cli_corrupt_draft_weights_and_config_exit_2_in_one_line(tmp_path):
+    image = tmp_path / "a.png"
+    Image.new("RGB", (16, 16), "red").save(image)
+    for case in ("header-length-2**63", "million-layers"):
+        folder = make_corrupt_model(tmp_path / case, case)
+        proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "caption", str(image), "-q",
+                               "--set", f"draft.model={folder}", "--max-new-tokens", "2",
+                               "--device", "cpu"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert "Traceback" not in proc.stderr and str(folder) in line, line
+        assert proc.stdout == ""
+

@@ -70,11 +70,16 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 def require_safetensors(name: str | None, role: str) -> None:
     """A local model directory must hold safetensors weights: vlmspec never unpickles, so a
     directory with only pickle weights (pytorch_model.bin …) is refused before anything of
-    it loads. Hub ids are loaded with use_safetensors=True, which refuses them as well."""
+    it loads. Hub ids are loaded with use_safetensors=True, which refuses them as well.
+    Its safetensors headers and config.json are checked here too (runtime/weights_check.py:
+    "corrupt safetensors file: PATH: reason" rather than a traceback from the loader)."""
     if not name:
         return
     path = Path(resolve_model_source(name))
-    if not path.is_dir() or any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json")):
+    if not path.is_dir():
+        return
+    if any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json")):
+        _checked_files(path)
         return
     pickles = sorted(p.name for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if pickles:
@@ -83,6 +88,34 @@ def require_safetensors(name: str | None, role: str) -> None:
             "*.safetensors; vlmspec loads safetensors only (it never unpickles): convert it "
             "where you trust it (save_pretrained(..., safe_serialization=True)) and point "
             f"'{role}.model' at the result")
+
+
+def _checked_files(path: Path):
+    """(config.json's object or None, the tensors' shapes) of a local model folder, each
+    file checked bounded; ModelLoadError naming the file that is corrupt."""
+    from vlmspec_cli.runtime.weights_check import CorruptModelFile, folder_shapes, read_json
+
+    try:
+        config = read_json(path / "config.json", "config.json") if (path / "config.json").exists() else None
+        return config, folder_shapes(path)
+    except CorruptModelFile as exc:
+        raise ModelLoadError(f"corrupt {exc.kind}: {exc}") from None
+
+
+def require_config_fits(source: str, role: str) -> None:
+    """A local model folder's config.json must describe its weights (layer counts, vocab
+    and hidden sizes against the tensor shapes) before transformers builds the model from
+    it: a config asking for a million layers builds for minutes before any check."""
+    from vlmspec_cli.runtime.weights_check import config_problem
+
+    path = Path(source)
+    if not path.is_dir():
+        return
+    config, shapes = _checked_files(path)
+    problem = config_problem(config, shapes) if isinstance(config, dict) else None
+    if problem:
+        raise ModelLoadError(f"{role} model {path}: config.json does not fit its weights: "
+                             f"{problem}")
 
 
 def pick_device(spec: str = "auto") -> torch.device:
@@ -162,6 +195,7 @@ def load_model(spec, role: str = "target", fast_path: str = "auto") -> LoadedMod
     decodes on runtime/fast_decoder.py where the family supports it, on requires it, off
     keeps transformers' own forward."""
     import transformers
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 
     from vlmspec_cli.runtime.adapters import adapter_for
@@ -173,6 +207,8 @@ def load_model(spec, role: str = "target", fast_path: str = "auto") -> LoadedMod
     require_safetensors(spec.model, role)
     source = resolve_model_source(spec.model)
     is_local = Path(source).is_dir()
+    if is_local:
+        require_config_fits(source, role)
     common: dict[str, Any] = {"trust_remote_code": bool(spec.trust_remote_code)}
     if spec.revision:
         common["revision"] = spec.revision
@@ -211,8 +247,10 @@ def load_model(spec, role: str = "target", fast_path: str = "auto") -> LoadedMod
             processor = None
     except ModelLoadError:
         raise
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load {role} model '{spec.model}': {exc}") from exc
+    except (OSError, ValueError, RuntimeError, RecursionError, SafetensorError) as exc:
+        # RuntimeError: a size mismatch, a SafetensorError the header checks did not foresee
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot load {role} model '{spec.model}': {first}") from exc
     if qconf is None:
         model.to(device)
     model.eval()
