@@ -8,6 +8,12 @@ of the target and of every model that reads the same positions (a draft fed the
 multimodal prompt or an image grid, a twig on the target's layers). A hidden-state head
 reads text positions only and a text / caption / pooled draft reads a different sequence,
 so their limits are not the target's to check.
+
+Two checks come before any tokenizing: a prompt holding the model's image or video
+placeholder (``<image>``) is refused (the processor would take it for an image), and a
+prompt's characters are checked against the positions first: a token covers at most the
+longest token's characters, so a prompt that needs far more tokens than there are
+positions (a 50 MB one: tokenizing it took 7.6 GB and 48 s) is refused untokenized.
 """
 
 from __future__ import annotations
@@ -17,8 +23,16 @@ from vlmspec_cli.runtime.request import Message, Request
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
 
 
-class ContextLimitError(ValueError):
+class PromptError(ValueError):
+    """A prompt the model cannot take as it is; the message says why."""
+
+
+class ContextLimitError(PromptError):
     """A request does not fit in a model's positions; the message names both numbers."""
+
+
+class PlaceholderError(PromptError):
+    """A prompt's text holds the model's image or video placeholder."""
 
 
 def position_limit(model) -> int | None:
@@ -58,24 +72,79 @@ def prompt_tokens(lm, messages: list[Message]) -> int:
     return lm.adapter.prompt_length(lm, lm.adapter.prompt_text(lm, messages), images, videos)
 
 
+def placeholders(lm) -> tuple[str, ...]:
+    """The strings the model's processor expands into image or video tokens."""
+    token = lm.adapter.image_token(lm)
+    tokens = (*(token if isinstance(token, tuple) else (token,)),
+              getattr(lm.processor, "video_token", None))
+    return tuple(sorted({t for t in tokens if isinstance(t, str) and t}))
+
+
+def check_text(lm, messages: list[Message]) -> None:
+    """Raise PlaceholderError when a message's text holds an image or video placeholder:
+    the processor would expand it as one, and every input would fail on the count."""
+    for m in messages:
+        for token in placeholders(lm):
+            if token in m.text:
+                raise PlaceholderError(f"prompt holds {token!r}, this model's image or video "
+                                       "placeholder, which the processor would take for an "
+                                       "image; rephrase it without that text")
+
+
+def max_token_chars(tokenizer) -> int:
+    """The characters of the longest token (added tokens included), cached on the tokenizer:
+    no token covers more of a text, so a text of C characters is >= C / this many tokens."""
+    cached = getattr(tokenizer, "_vlmspec_max_token_chars", None)
+    if cached is None:
+        cached = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
+        try:
+            tokenizer._vlmspec_max_token_chars = cached
+        except AttributeError:
+            pass
+    return cached
+
+
+def _check_chars(lm, messages: list[Message], new: int, limit: tuple[str, int],
+                 generated: str, note: str = "") -> None:
+    """Refuse, without tokenizing, a text whose characters alone need more than twice the
+    tokens the positions hold (one that is nearer is tokenized, for the exact count)."""
+    chars = sum(len(m.text) for m in messages)
+    least = -(-chars // max_token_chars(lm.tokenizer))
+    role, positions = limit
+    if least + new > 2 * positions:
+        added = (f"max_new_tokens {new:,}" if generated == "max_new_tokens"
+                 else f"{new:,} {generated}")
+        raise ContextLimitError(f"prompt is {chars:,} characters{note}: at least {least:,} "
+                                f"tokens + {added} > {positions:,} positions of the {role} "
+                                "(not tokenized)")
+
+
 def check_fits(session, request: Request, generated: str = "max_new_tokens") -> None:
     """Raise ContextLimitError when the request's prompt + max_new_tokens exceed the
-    positions of the target (or of a model reading its positions). ``generated`` names
-    what max_new_tokens is in the message ("image tokens" for an image grid)."""
+    positions of the target (or of a model reading its positions), PlaceholderError when
+    its text holds an image placeholder. ``generated`` names what max_new_tokens is in
+    the message ("image tokens" for an image grid)."""
+    check_text(session.target, request.messages)
     limits = position_limits(session)
     if not limits:
         return
+    _check_chars(session.target, request.messages, request.max_new_tokens, limits[0], generated)
     tokens = prompt_tokens(session.target, request.messages)
     _raise_past(tokens, request.max_new_tokens, limits[0], generated)
 
 
 def check_prompt_fits(session, prompt: str, generated: str = "max_new_tokens") -> None:
     """For a prompt shared by every input: raise ContextLimitError when it cannot fit
-    even without images (inputs add their image / video tokens to this)."""
+    even without images (inputs add their image / video tokens to this), PlaceholderError
+    when it holds an image placeholder."""
+    messages = [Message("user", prompt)]
+    check_text(session.target, messages)
     limits = position_limits(session)
     if not limits:
         return
-    tokens = prompt_tokens(session.target, [Message("user", prompt)])
+    new = session.profile.generation.max_new_tokens
+    _check_chars(session.target, messages, new, limits[0], generated, " without images")
+    tokens = prompt_tokens(session.target, messages)
     _raise_past(tokens, session.profile.generation.max_new_tokens, limits[0], generated,
                 " without images")
 
@@ -91,5 +160,6 @@ def _raise_past(tokens: int, new: int, limit: tuple[str, int], generated: str,
                                 f"{positions:,} positions of the {role}")
 
 
-__all__ = ["ContextLimitError", "check_fits", "check_prompt_fits", "position_limit",
-           "position_limits", "prompt_tokens"]
+__all__ = ["ContextLimitError", "PlaceholderError", "PromptError", "check_fits",
+           "check_prompt_fits", "check_text", "max_token_chars", "placeholders",
+           "position_limit", "position_limits", "prompt_tokens"]
