@@ -81,6 +81,37 @@ def images(tmp_path):
     return corpus.make_good_images(tmp_path / "good", 3)
 
 
+# ------------------------------------------------------------------ 2: stdout that fails
+def test_stdout_full_with_out_finishes_the_batch_into_out(images, tmp_path):
+    out = tmp_path / "caps.jsonl"
+    with open("/dev/full", "w") as full:
+        proc = vlmspec("caption", *map(str, images), "--out", str(out), *FAST, stdout=full)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("warning: stdout: cannot write (No space left on device) after 0 "
+                           f"record(s); the batch goes on, its records to --out {out} only")
+    assert len(records(out.read_text())) == 3
+
+
+def test_stdout_closed_without_out_stops_in_one_line(tmp_path):
+    """vlmspec caption DIR | head -1: the reader is gone; nothing else gets the records."""
+    shots = corpus.make_good_images(tmp_path / "many", 6)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "vlmspec_cli", "caption", str(shots[0].parent),
+                             "--max-new-tokens", "16", "-q", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    err = err.decode()
+    assert first.startswith(str(shots[0]).encode())
+    assert proc.returncode == 2, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: stdout: the reader closed the pipe after 1 record(s); "
+                           "stopping"), line
+
+
 # ------------------------------------------------------------------ 6: placeholders
 def test_image_placeholder_in_the_prompt_is_refused_up_front(images, tmp_path):
     res = run(["caption", *map(str, images), "--prompt", "what is in <image>?", *FAST])

@@ -111,7 +111,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
                 + draft_summary(prof))
     with (records_sink(out, input_files(items), trace_file) as (sink, trace_sink),
-          exit_130_on_interrupt(sink, record_printer(as_json)) as emit):
+          exit_130_on_interrupt(sink, record_printer(as_json, sink)) as emit):
         try:
             session = (build_session(prof, trace=trace_sink and trace_sink.append)
                        if executor == "local" else None)

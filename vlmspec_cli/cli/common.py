@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 
 import click
@@ -189,15 +190,79 @@ def exit_130_on_interrupt(sink, emit):
         fail(f"interrupted: {finished} input(s) finished{saved}", 130)
 
 
-def record_printer(as_json: bool):
+def record_printer(as_json: bool, sink=None):
     """stdout for each finished record: JSONL, or "input<TAB>output" for the good ones
-    (both columns escaped: tsv_field)."""
+    (both columns escaped: tsv_field). When stdout fails (a closed pipe, a full disk),
+    the batch goes on into ``sink`` (--out) or stops: :func:`stdout_guard`."""
     def emit(record: dict) -> None:
         if as_json:
-            click.echo(json.dumps(record, ensure_ascii=False))
+            click.echo(json_line(record))
         elif record["error"] is None:
-            click.echo(f"{tsv_field(record['input'])}\t{tsv_field(record['output'])}")
-    return emit
+            click.echo(stdout_bytes(f"{tsv_field(record['input'])}\t{tsv_field(record['output'])}"))
+    return stdout_guard(emit, None if sink is None else f"--out {sink.path}")
+
+
+def json_line(record: dict) -> str:
+    """A record as one JSON line: UTF-8 text, or ASCII with escapes when it holds a file
+    name's undecodable bytes (lone surrogates, which no UTF-8 stdout can write; the same
+    rule as the --out file's)."""
+    line = json.dumps(record, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(record, ensure_ascii=True)
+    return line
+
+
+def stdout_bytes(text: str) -> bytes:
+    """A text line for stdout as bytes: a file name's undecodable bytes written back as the
+    bytes they were (as ls does), whatever stdout's encoding and error handler."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:   # a surrogate no file name holds
+        return text.encode("utf-8", "backslashreplace")
+
+
+def stdout_guard(emit, goes_on_to: str | None):
+    """``emit`` (printing one record on stdout), made safe against a stdout that fails:
+    ``vlmspec ... | head -1`` (the reader closed the pipe) or ``> /dev/full``. The first
+    failure ends the stdout stream (stdout goes to /dev/null from then on, so nothing
+    is retried at exit); with ``goes_on_to`` (where the records still go: --out, the
+    images' folder) one warning says the batch goes on there, otherwise the batch stops
+    with one error line (exit 2)."""
+    state = {"closed": False, "printed": 0}
+
+    def guarded(record: dict) -> None:
+        if state["closed"]:
+            return
+        try:
+            emit(record)
+        except OSError as exc:
+            state["closed"] = True
+            reason = stdout_failed(exc)
+            if goes_on_to is None:
+                fail(f"stdout: {reason} after {state['printed']} record(s); stopping, as "
+                     "nothing else receives the records (--out FILE keeps a batch going)")
+            from vlmspec_cli import ui
+            ui.warning(f"stdout: {reason} after {state['printed']} record(s); the batch goes "
+                       f"on, its records to {goes_on_to} only")
+            return
+        state["printed"] += 1
+    return guarded
+
+
+def stdout_failed(exc: OSError) -> str:
+    """After a write to stdout failed: point stdout at /dev/null (the interpreter's flush at
+    exit would fail again and print a traceback-like message), and say why it failed."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (tests)
+        pass
+    if isinstance(exc, BrokenPipeError):
+        return "the reader closed the pipe"
+    return f"cannot write ({exc.strerror or exc})"
 
 
 def finish_batch(prof, summary, quiet: bool) -> None:
@@ -219,11 +284,14 @@ def print_plan(prof, noun: str, rows: list[tuple[str, str | None]]) -> None:
     """--dry-run: the resolved profile, then one comment line per planned item."""
     from vlmspec_cli.profile import profile_to_yaml
 
-    click.echo(f"# profile from {prof.source}")
-    click.echo(profile_to_yaml(prof), nl=False)
-    click.echo(f"# {len(rows)} {noun}")
-    for name, error in rows:
-        click.echo(f"# {tsv_field(name)}" + (f"  ({tsv_field(error)})" if error else ""))
+    try:
+        click.echo(f"# profile from {prof.source}")
+        click.echo(profile_to_yaml(prof), nl=False)
+        click.echo(f"# {len(rows)} {noun}")
+        for name, error in rows:
+            click.echo(f"# {tsv_field(name)}" + (f"  ({tsv_field(error)})" if error else ""))
+    except OSError as exc:
+        fail(f"stdout: {stdout_failed(exc)}; the plan was cut short")
 
 
 def draft_summary(prof) -> str:

@@ -92,7 +92,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
                 + draft_summary(prof) + f", {sampling} per video")
     with (records_sink(out, input_files(items)) as (sink, _),
-          exit_130_on_interrupt(sink, record_printer(as_json)) as emit):
+          exit_130_on_interrupt(sink, record_printer(as_json, sink)) as emit):
         try:
             session = build_session(prof)
             check_prompt_fits(session, prof.generation.prompt)  # before the videos' own tokens
