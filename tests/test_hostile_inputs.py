@@ -112,6 +112,115 @@ def test_stdout_closed_without_out_stops_in_one_line(tmp_path):
                            "stopping"), line
 
 
+# ------------------------------------------------------------------ 3: generate-image plans
+def test_image_plan_is_generated_lazily():
+    """-n 1000000000 built the whole plan before the first image (RSS grew, no image in a
+    minute): a million jobs now cost no memory until they are iterated."""
+    from vlmspec_cli.tasks.imagegen import plan_jobs
+
+    tracemalloc.start()
+    try:
+        plan = plan_jobs(["a red circle", "  "], 1_000_000, 7, "out")
+        total = len(plan)
+        first = [job for _, job in zip(range(3), plan)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert total == 1_000_001
+    assert [(j.path, j.seed) for j in first] == [(f"out/000-a-red-circle-{k}.png", 7 + k)
+                                                for k in range(3)]
+    assert peak < 1 * MiB, peak
+
+
+def test_images_per_prompt_is_capped_and_dry_run_bounded():
+    res = run(["generate-image", "a red circle", "-n", "20000", "--dry-run"])
+    assert res.exit_code == 2 and res.stdout == ""
+    (line,) = error_lines(res.stderr)
+    assert "20,000 is more than 10,000 images per prompt" in line
+    res = run(["generate-image", "a red circle", "--set", "image.images_per_prompt=20000",
+               "--dry-run"])
+    assert res.exit_code == 2 and "images_per_prompt 20,000" in res.stderr
+    res = run(["generate-image", "a red circle", "-n", "5000", "--dry-run"])
+    assert res.exit_code == 0
+    planned = [line for line in res.stdout.splitlines() if line.endswith(tuple(
+        f"seed={k}" for k in range(5000)))]
+    assert len(planned) == 1000 and "# ... and 4,000 more" in res.stdout
+    assert "# 5000 image(s)" in res.stdout
+
+
+def test_prompts_file_latin1_and_long_line(tmp_path):
+    latin1 = tmp_path / "prompts.txt"
+    latin1.write_bytes("a red circle\nun carr\u00e9 bleu\n".encode("latin-1"))
+    before = md5(latin1)
+    res = run(["generate-image", "--prompts-file", str(latin1), "--dry-run"])
+    assert res.exit_code == 2 and res.stdout == ""
+    (line,) = error_lines(res.stderr)
+    assert line == (f"error: --prompts-file {latin1}: not UTF-8 text (line 2, invalid byte at "
+                    "offset 7)")
+    assert md5(latin1) == before
+    long = tmp_path / "long.txt"
+    long.write_bytes(b"a red circle\n" + b"x" * (2 * MiB) + b"\na blue square\n")
+    res = run(["generate-image", "--prompts-file", str(long), "--dry-run"])
+    assert res.exit_code == 0
+    assert "# prompt 2  seed=0  (line 2 is longer than 1 MiB; not read)" in res.stdout
+    assert "002-a-blue-square-0.png" in res.stdout
+
+
+def test_prompts_file_fifo_and_device_refused_not_read(tmp_path):
+    """A FIFO with no writer blocked forever (--chat refuses non-regular files); /dev/zero
+    was read without bound."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/zero"):
+        proc = vlmspec("generate-image", "--prompts-file", str(path), "--dry-run", timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        (line,) = error_lines(proc.stderr)
+        assert line.startswith(f"error: --prompts-file {path}: not a regular file"), line
+
+
+def test_prompts_on_endless_stdin_are_bounded():
+    stream = Endless(b"a red circle ")
+    res = run(["generate-image", "--prompts-file", "-", "--dry-run"], input=stream)
+    assert res.exit_code == 2 and res.stdout == ""
+    (line,) = error_lines(res.stderr)
+    assert line == "error: --prompts-file stdin: more than 64 MiB of lines; the rest is not read"
+    assert stream.read_bytes <= 65 * MiB
+
+
+# ------------------------------------------------------------------ 4: --skip-existing
+def test_skip_existing_keeps_only_whole_pngs(tmp_path):
+    """A truncated PNG at an image's name was kept as done (the name was all that was
+    checked): now the job fails alone, the file untouched; a whole one is still kept."""
+    from vlmspec_cli.tasks.imagegen import files_to_write, plan_jobs
+    from vlmspec_cli.tasks.output_files import OutputRefused
+
+    whole, cut = list(plan_jobs(["a red circle"], 2, 0, tmp_path))
+    Image.new("RGB", (32, 32), "red").save(whole.path)
+    data = Path(whole.path).read_bytes()
+    Path(cut.path).write_bytes(data[: len(data) // 2])
+    before = md5(cut.path)
+    assert files_to_write(whole, False, force=False, skip_existing=True) == []
+    with pytest.raises(OutputRefused, match="exists but does not decode .*--force replaces it"):
+        files_to_write(cut, False, force=False, skip_existing=True)
+    assert md5(cut.path) == before
+
+
+def test_cli_skip_existing_truncated_png_fails_alone(tmp_path):
+    out = tmp_path / "imgs"
+    first = run(["generate-image", "a red circle", "-n", "2", "-t", "1", "-o", str(out), "-q",
+                 "--device", "cpu"])
+    assert first.exit_code == 0, first.output
+    whole, cut = sorted(out.glob("*.png"))
+    cut.write_bytes(cut.read_bytes()[:100])
+    before = {p: md5(p) for p in (whole, cut)}
+    res = run(["generate-image", "a red circle", "-n", "2", "-t", "1", "-o", str(out), "-q",
+               "--device", "cpu", "--skip-existing"])
+    assert res.exit_code == 1 and res.stdout == ""
+    (line,) = error_lines(res.stderr)
+    assert line.startswith(f"error: {cut}: exists but does not decode"), line
+    assert {p: md5(p) for p in before} == before
+
+
 # ------------------------------------------------------------------ 6: placeholders
 def test_image_placeholder_in_the_prompt_is_refused_up_front(images, tmp_path):
     res = run(["caption", *map(str, images), "--prompt", "what is in <image>?", *FAST])

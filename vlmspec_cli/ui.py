@@ -72,6 +72,11 @@ class BatchUI:
             self.items_task = self.progress.add_task(self.label, total=total, note="")
             self.tokens_task = self.progress.add_task("tokens", total=1, note="")
 
+    def item_skipped(self, item) -> None:
+        """Skipped as it came up (generate-image --skip-existing: its files are there)."""
+        if self.progress is not None:
+            self.progress.advance(self.items_task)
+
     def item_started(self, item) -> None:
         if self.progress is not None:
             self.progress.update(self.items_task, note=escape(one_line(item.path)))

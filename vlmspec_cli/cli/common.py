@@ -280,15 +280,21 @@ def finish_batch(prof, summary, quiet: bool) -> None:
     sys.exit(1 if summary.failures or summary.mismatches else 0)
 
 
-def print_plan(prof, noun: str, rows: list[tuple[str, str | None]]) -> None:
-    """--dry-run: the resolved profile, then one comment line per planned item."""
+def print_plan(prof, noun: str, rows, total: int | None = None, limit: int | None = None) -> None:
+    """--dry-run: the resolved profile, then one comment line per planned item (``rows``:
+    (name, error) pairs, ``total`` of them; with ``limit``, the first ``limit`` and a line
+    saying how many more: generate-image's plan can be millions of files)."""
     from vlmspec_cli.profile import profile_to_yaml
 
+    total = len(rows) if total is None else total
     try:
         click.echo(f"# profile from {prof.source}")
         click.echo(profile_to_yaml(prof), nl=False)
-        click.echo(f"# {len(rows)} {noun}")
-        for name, error in rows:
+        click.echo(f"# {total} {noun}")
+        for shown, (name, error) in enumerate(rows):
+            if limit is not None and shown >= limit:
+                click.echo(f"# ... and {total - shown:,} more")
+                break
             click.echo(f"# {tsv_field(name)}" + (f"  ({tsv_field(error)})" if error else ""))
     except OSError as exc:
         fail(f"stdout: {stdout_failed(exc)}; the plan was cut short")

@@ -9,7 +9,7 @@ import click
 
 from vlmspec_cli.cli.common import (TSV_HELP, fail, load_profile, method_option, nonempty_path,
                                     print_plan, profile_option, set_option, start_decoding,
-                                    tsv_field)
+                                    stdout_guard, tsv_field)
 from vlmspec_cli.cli.types import FiniteFloat, Seed
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
@@ -33,10 +33,12 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 
 @click.command("generate-image", epilog=EPILOG_IMAGE)
 @click.argument("prompts", nargs=-1, metavar="PROMPT...")
-@click.option("--prompts-file", type=click.File("r", encoding="utf-8"), metavar="FILE",
-              help="More prompts, one per line (- for stdin; blank and # lines skipped).")
+@click.option("--prompts-file", type=click.Path(allow_dash=True), metavar="FILE",
+              help="More prompts, one per line of UTF-8 text (- for stdin; blank and # lines "
+                   "skipped; a regular file, at most 64 MiB, lines up to 1 MiB).")
 @click.option("-n", "--images-per-prompt", "n", type=click.IntRange(min=1),
-              help="Images per prompt [profile: image.images_per_prompt, default 1].")
+              help="Images per prompt, at most 10,000 [profile: image.images_per_prompt, "
+                   "default 1].")
 @click.option("--out-dir", "-o", default="images", show_default=True,
               type=click.Path(file_okay=False), callback=nonempty_path,
               help="Folder for the PNG files (created).")
@@ -75,12 +77,11 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session, tree_methods, validate_method
-    from vlmspec_cli.tasks.imagegen import (check_out_dir, heatmap_path, plan_jobs, read_prompts,
-                                            run_images)
+    from vlmspec_cli.tasks.imagegen import check_out_dir, plan_jobs, run_images
 
     if force and skip_existing:
         raise click.UsageError("--force and --skip-existing contradict each other; pick one")
-    texts = list(prompts) + (read_prompts(prompts_file) if prompts_file else [])
+    texts = list(prompts) + _read_prompts(prompts_file)
     if not texts:
         raise click.UsageError("no PROMPT given (arguments or --prompts-file)")
     cli_values = {"method": method, "image.cfg": cfg, "image.images_per_prompt": n,
@@ -92,12 +93,9 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         method_cls = validate_method(prof)
     except SessionError as exc:
         fail(str(exc))
-    jobs = plan_jobs(texts, prof.image.images_per_prompt, prof.sampling.seed, out_dir)
+    jobs = plan_jobs(texts, _images_per_prompt(prof), prof.sampling.seed, out_dir)
     if dry_run:
-        with_map = heatmap and prof.method in tree_methods()
-        print_plan(prof, "image(s)", [(f"{j.path}  seed={j.seed}" + (
-            f"  + {heatmap_path(j.path).name}" if with_map and not j.error else ""), j.error)
-            for j in jobs])
+        _print_plan(prof, jobs, heatmap and prof.method in tree_methods())
         return
     problem = check_out_dir(out_dir)
     if problem:
@@ -121,10 +119,15 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         trees = (record.get("stats") or {}).get("trees")
         if trees and trees.get("depths"):
             depths.extend(trees["depths"])
+        printed(record)
+
+    def print_record(record: dict) -> None:
         if as_json:
             click.echo(json.dumps(record, ensure_ascii=False))
         elif record["error"] is None:
             click.echo(f"{tsv_field(record['file'])}\t{tsv_field(record['prompt'])}")
+    # the images are this command's output: when stdout fails, they are still written
+    printed = stdout_guard(print_record, f"the images' folder {out_dir} (not their records)")
 
     with ui.BatchUI(quiet=quiet, label="images") as events:
         summary = run_images(session, jobs, events, force=force, skip_existing=skip_existing,
@@ -137,4 +140,37 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     if summary.mismatches:
         ui.error(f"{summary.mismatches} image(s) differ from target-only greedy decoding")
     sys.exit(1 if summary.failures or summary.mismatches else 0)
+
+
+def _read_prompts(path: str | None) -> list:
+    """--prompts-file's prompts (exit 2 with one line when the file cannot be read)."""
+    from vlmspec_cli.tasks.imagegen import PromptsFileError, read_prompts
+
+    try:
+        return read_prompts(path, sys.stdin) if path else []
+    except PromptsFileError as exc:
+        fail(str(exc))
+
+
+def _images_per_prompt(prof) -> int:
+    """-n / image.images_per_prompt, at most MAX_IMAGES_PER_PROMPT (exit 2 past it)."""
+    from vlmspec_cli.tasks.imagegen import MAX_IMAGES_PER_PROMPT
+
+    n = prof.image.images_per_prompt
+    if n > MAX_IMAGES_PER_PROMPT:
+        fail(f"-n / image.images_per_prompt {n:,} is more than {MAX_IMAGES_PER_PROMPT:,} "
+             "images per prompt; run the rest as another batch (--seed picks up where it ended)")
+    return n
+
+
+DRY_RUN_LINES = 1000   # planned files shown by --dry-run; the rest are counted
+
+
+def _print_plan(prof, jobs, with_map: bool) -> None:
+    from vlmspec_cli.tasks.imagegen import heatmap_path
+
+    rows = ((f"{j.path}  seed={j.seed}" + (
+        f"  + {heatmap_path(j.path).name}" if with_map and not j.error else ""), j.error)
+        for j in jobs)
+    print_plan(prof, "image(s)", rows, total=len(jobs), limit=DRY_RUN_LINES)
 

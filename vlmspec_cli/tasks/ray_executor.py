@@ -117,6 +117,7 @@ class _Silent:
 
     def batch_started(self, total, skipped): pass
     def item_started(self, item): pass
+    def item_skipped(self, item): pass
     def tokens(self, item, generated, limit): pass
     def item_done(self, record): pass
     def item_failed(self, item, reason, record): pass
