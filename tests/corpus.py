@@ -85,6 +85,14 @@ def make_bad_corpus(root: Path) -> dict[str, str]:
     _bomb_png(root / "bomb.png")
     expected["bomb.png"] = "image too large"
 
+    # decoded sizes out of proportion to the file, refused from the header (issue 40):
+    # 178 bytes declaring a 100,000 x 1 strip (a processor scaling the short side up took
+    # 2.66 GB), and 12,000 x 12,000 grey pixels (under PIL's own limit; 2.4 GB decoded)
+    _bomb_png(root / "strip.png", 100_000, 1)
+    expected["strip.png"] = "image out of proportion (100,000 x 1 pixels"
+    _bomb_png(root / "grey-12k.png", 12_000, 12_000)
+    expected["grey-12k.png"] = "image too large (12,000 x 12,000 pixels"
+
     return expected
 
 

@@ -258,3 +258,18 @@ def test_huge_prompt_is_refused_before_it_is_tokenized(images, tmp_path, monkeyp
     assert huge["error"].startswith("prompt is 5,000,000 characters: at least ")
     assert huge["error"].endswith("> 1,024 positions of the target (not tokenized)")
     assert short["error"] is None
+
+
+# ------------------------------------------------------------------ 7: decoded sizes
+def test_dimension_limits_are_checked_from_the_header(tmp_path):
+    from vlmspec_cli.tasks.image_header import MAX_ASPECT_RATIO, dimension_problem
+    from vlmspec_cli.tasks.inputs import InputError, load_image
+
+    assert dimension_problem(50 * 7, 7) is None and dimension_problem(8192, 8192) is None
+    assert "out of proportion" in dimension_problem(51 * 7, 7)
+    assert "too large" in dimension_problem(8193, 8192)
+    Image.new("RGB", (MAX_ASPECT_RATIO * 2, 2), "red").save(tmp_path / "wide.png")
+    assert load_image(str(tmp_path / "wide.png")).size == (100, 2)
+    Image.new("L", (102, 2)).save(tmp_path / "wider.png")
+    with pytest.raises(InputError, match="wider.png: image out of proportion"):
+        load_image(str(tmp_path / "wider.png"))

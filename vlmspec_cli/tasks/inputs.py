@@ -18,10 +18,12 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TextIO
 
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile
 
-from vlmspec_cli.tasks.image_header import (HeaderReader, HeaderTooLong, header_problem,
-                                            looks_like_image_magic, looks_like_text)
+from vlmspec_cli.tasks.image_header import (REASON_TEXT, REASON_TOO_LARGE, REASON_TRUNCATED,
+                                            REASON_UNRECOGNIZED, HeaderReader, ImageRefused,
+                                            decode_pixels, dimension_problem, header_problem,
+                                            open_header, upright_rgb)
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -54,10 +56,6 @@ REASON_BROKEN_LINK = "no such file or directory (broken symbolic link)"
 REASON_IS_DIR = "is a directory"
 REASON_PERMISSION = "permission denied"
 REASON_EMPTY = "empty file (0 bytes)"
-REASON_TEXT = "not an image (text file?)"
-REASON_UNRECOGNIZED = "unsupported or unrecognized image format"
-REASON_TRUNCATED = "truncated or corrupt image"  # + " (<PIL message>)"
-REASON_TOO_LARGE = "image too large"
 REASON_NOT_REGULAR = "not a regular file"
 REASON_NO_MATCH = "no files match this pattern"
 REASON_EMPTY_DIR = "directory holds no image files"
@@ -322,37 +320,6 @@ def _os_reason(e: OSError) -> str:
     return f"cannot read file ({e.strerror or e})"
 
 
-def _to_rgb(im: Image.Image) -> Image.Image:
-    """Convert any decoded mode to RGB; alpha is composited on white."""
-    mode = im.mode
-    has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
-        mode in ("P", "L", "RGB", "1") and "transparency" in im.info
-    )
-    if mode == "RGB" and not has_alpha:
-        return im
-    if has_alpha:
-        rgba = im.convert("RGBA")
-        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        bg.alpha_composite(rgba)
-        return bg.convert("RGB")
-    if mode.startswith("I;16") or mode in ("I", "F"):
-        # High bit depth grayscale: plain convert() clips to 255 (all white).
-        f = im.convert("F") if mode != "F" else im
-        lo, hi = f.getextrema()
-        if hi is None or hi <= 255:
-            scale = 1.0
-        elif hi <= 65535:
-            scale = 255.0 / 65535.0
-        else:
-            scale = 255.0 / float(hi)
-        if lo is not None and lo < 0:
-            f = f.point(lambda v: v - lo)  # type: ignore[operator]
-        if scale != 1.0:
-            f = f.point(lambda v: v * scale)  # type: ignore[operator]
-        return f.convert("L").convert("RGB")
-    return im.convert("RGB")
-
-
 def _stat_regular(path: str) -> os.stat_result:
     """``os.stat`` of a regular, non-empty file; InputError naming why not otherwise."""
     try:
@@ -409,8 +376,11 @@ def load_image(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
 
     A file larger than ``max_bytes`` is refused unread. Otherwise the header is checked
     from the first bytes, PIL identifies the file reading at most a header budget
-    (image_header.py), and only then is the rest read, for the pixels: a 200 MB
-    non-image is rejected after a few KB or MB. No file handle outlives the call.
+    (image_header.py), the width and height it declares are checked (a pixel limit and
+    an aspect-ratio limit: image_header.dimension_problem), and only then is the rest
+    read, for the pixels: a 200 MB non-image is rejected after a few KB or MB, a
+    200-byte PNG declaring 12,000 x 12,000 pixels is never decoded. No file handle
+    outlives the call.
     The image is fully decoded with ``.load()`` and converted to RGB. EXIF orientation
     is applied (best effort). Animated images yield their first frame.
     """
@@ -432,63 +402,14 @@ def load_image(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
                 raise InputError(path, f"{REASON_TRUNCATED} ({problem})")
             fh.seek(0)
             reader = HeaderReader(fh)
-            im = _open_header(path, reader, head)
+            im = open_header(reader, head)
+            problem = dimension_problem(*im.size)
+            if problem:
+                raise InputError(path, problem)
             reader.lift()
-            _decode_pixels(path, im)
-            return _upright_rgb(path, im)
-    except OSError as e:  # open / read errors (PIL's own are InputErrors by now)
+            decode_pixels(im)
+            return upright_rgb(im)
+    except ImageRefused as e:
+        raise InputError(path, str(e)) from None
+    except OSError as e:  # open / read errors (PIL's own are ImageRefused by now)
         raise InputError(path, _os_reason(e)) from None
-
-
-def _open_header(path: str, fh, head: bytes) -> Image.Image:
-    """Identify the image from its header (PIL reads only the first bytes here)."""
-    try:
-        return Image.open(fh)
-    except HeaderTooLong as e:
-        kind = REASON_TRUNCATED if looks_like_image_magic(head) else REASON_UNRECOGNIZED
-        raise InputError(path, f"{kind} ({e}; the rest is not read)") from None
-    except Image.DecompressionBombError as e:
-        raise InputError(path, f"{REASON_TOO_LARGE} ({e})") from None
-    except UnidentifiedImageError:
-        # Only sniff for text when PIL cannot identify the bytes, so text-based
-        # image formats that PIL reads (e.g. ASCII PPM) still load.
-        if not looks_like_image_magic(head) and looks_like_text(head):
-            raise InputError(path, REASON_TEXT) from None
-        if looks_like_image_magic(head):
-            raise InputError(path, f"{REASON_TRUNCATED} (cannot parse image header)") from None
-        raise InputError(path, REASON_UNRECOGNIZED) from None
-    except MemoryError:
-        raise InputError(path, f"{REASON_TOO_LARGE} (out of memory)") from None
-    except Exception as e:  # header parse errors of a recognized format
-        raise InputError(path, f"{REASON_TRUNCATED} ({_pil_msg(e)})") from None
-
-
-def _decode_pixels(path: str, im: Image.Image) -> None:
-    try:
-        im.load()
-    except Image.DecompressionBombError as e:
-        raise InputError(path, f"{REASON_TOO_LARGE} ({e})") from None
-    except MemoryError:
-        raise InputError(path, f"{REASON_TOO_LARGE} (out of memory)") from None
-    except Exception as e:  # OSError, SyntaxError, ValueError, zlib.error, EOFError, ...
-        raise InputError(path, f"{REASON_TRUNCATED} ({_pil_msg(e)})") from None
-
-
-def _upright_rgb(path: str, im: Image.Image) -> Image.Image:
-    try:
-        if im.getexif().get(0x0112, 1) in (2, 3, 4, 5, 6, 7, 8):  # EXIF Orientation
-            im = ImageOps.exif_transpose(im)
-    except Exception:
-        pass  # bad EXIF never costs the image; keep it unrotated
-
-    try:
-        return _to_rgb(im)
-    except MemoryError:
-        raise InputError(path, f"{REASON_TOO_LARGE} (out of memory)") from None
-    except Exception as e:
-        raise InputError(path, f"{REASON_UNRECOGNIZED} (cannot convert mode {im.mode}: {_pil_msg(e)})") from None
-
-
-def _pil_msg(e: BaseException) -> str:
-    msg = str(e).strip()
-    return msg or type(e).__name__
