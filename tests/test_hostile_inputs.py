@@ -81,6 +81,65 @@ def images(tmp_path):
     return corpus.make_good_images(tmp_path / "good", 3)
 
 
+# ------------------------------------------------------------------ 1: stdin
+def test_stdin_names_with_a_nul_byte_fail_alone_undecodable_names_work(images, tmp_path):
+    """A NUL byte in a listed path was 'ValueError: embedded null byte' and 0 records, even
+    for the good paths before it. Bytes that are not UTF-8 name a real file (as they do
+    from a directory listing), so that file is captioned."""
+    from vlmspec_cli.tasks.inputs import REASON_NUL
+
+    latin1 = tmp_path / os.fsdecode(b"caf\xe9.png")
+    latin1.write_bytes(images[2].read_bytes())
+    before = {p: md5(p) for p in [*images, latin1]}
+    listing = (f"{images[0]}\n".encode() + b"bad\x00name.png\n" + os.fsencode(latin1) + b"\n"
+               + f"{images[1]}\n".encode())
+    res = run(["caption", "-", "--json", *FAST], input=listing)
+    assert res.exit_code == 1, res.output
+    good = [r for r in records(res.stdout) if r["error"] is None]
+    assert [r["input"] for r in good] == [str(images[0]), str(latin1), str(images[1])]
+    (line,) = error_lines(res.stderr)
+    assert line == f"error: bad\\0name.png: {REASON_NUL}"
+    assert {p: md5(p) for p in before} == before
+
+
+def test_image_bytes_on_stdin_are_one_image_and_resume(images, tmp_path):
+    """cat img.png | vlmspec caption -: one image (keyed by its bytes' SHA-256)."""
+    out = tmp_path / "caps.jsonl"
+    data = images[0].read_bytes()
+    res = run(["caption", "-", "--json", "--out", str(out), *FAST], input=data)
+    assert res.exit_code == 0, res.output
+    (rec,) = records(res.stdout)
+    assert rec["input"] == "-" and rec["error"] is None and rec["output"]
+    assert rec["source"] == "stdin:sha256:" + hashlib.sha256(data).hexdigest()
+    written = md5(out)
+    again = run(["caption", "-", "--json", "--out", str(out), *FAST], input=data)
+    assert again.exit_code == 0 and again.stdout == "" and md5(out) == written
+
+
+@pytest.mark.parametrize("unit,reason", [
+    (b"\0", "stdin holds binary data"),
+    (b"a", "stdin: more than 64 MiB of lines; the rest is not read"),
+])
+def test_endless_stdin_is_read_bounded(images, unit, reason):
+    """/dev/zero on stdin was a MemoryError; a line that never ends is cut at 4 KiB and
+    the list at 64 MiB, and the other inputs are still captioned."""
+    stream = Endless(unit)
+    res = run(["caption", str(images[0]), "-", "--json", *FAST], input=stream)
+    assert res.exit_code == 1, res.output
+    assert [r["input"] for r in records(res.stdout) if r["error"] is None] == [str(images[0])]
+    (line,) = error_lines(res.stderr)
+    assert line.startswith(f"error: -: {reason}"), line
+    assert stream.read_bytes <= 65 * MiB
+
+
+def test_stdin_line_too_long_fails_alone(images):
+    from vlmspec_cli.tasks.inputs import expand_inputs
+
+    items = expand_inputs(["-"], stdin=io.BytesIO(b"x" * 10_000 + b"\n" + f"{images[0]}\n".encode()))
+    assert [(it.path, it.error) for it in items] == [
+        ("-:1", "line 1 is longer than 4,096 bytes; not read"), (str(images[0]), None)]
+
+
 # ------------------------------------------------------------------ 2: stdout that fails
 def test_stdout_full_with_out_finishes_the_batch_into_out(images, tmp_path):
     out = tmp_path / "caps.jsonl"
@@ -273,3 +332,24 @@ def test_dimension_limits_are_checked_from_the_header(tmp_path):
     Image.new("L", (102, 2)).save(tmp_path / "wider.png")
     with pytest.raises(InputError, match="wider.png: image out of proportion"):
         load_image(str(tmp_path / "wider.png"))
+
+
+# ------------------------------------------------------------------ conversations
+def test_chat_image_paths_that_name_no_file_fail_alone(images, tmp_path):
+    """A NUL byte (JSON "\\u0000") in an image path made realpath raise: 0 records."""
+    chat = tmp_path / "chat.jsonl"
+    lines = [{"id": "nul", "messages": [{"role": "user", "text": "hi", "images": ["a\u0000b.png"]}]},
+             {"id": "half", "messages": [{"role": "user", "text": "hi", "images": ["a\ud800.png"]}]},
+             {"id": "text", "messages": [{"role": "user", "text": "hi \ud800",
+                                          "images": [str(images[0])]}]},
+             {"id": "good", "messages": [{"role": "user", "text": "hi", "images": [str(images[0])]}]}]
+    chat.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    before = md5(chat)
+    res = run(["caption", "--chat", str(chat), "--json", *FAST])
+    assert res.exit_code == 1, res.output
+    by_id = {r["input"].rsplit(":", 1)[-1]: r for r in records(res.stdout)}
+    assert "image 1 (a\\0b.png): not a file name (it holds a NUL byte)" in by_id["1"]["error"]
+    assert "image 1 (a\\ud800.png): not a file name" in by_id["2"]["error"]
+    assert "text holds a lone surrogate" in by_id["3"]["error"]
+    assert [r["error"] for r in records(res.stdout)][-1] is None
+    assert len(error_lines(res.stderr)) == 3 and md5(chat) == before

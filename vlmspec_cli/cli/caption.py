@@ -66,7 +66,8 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     """Caption images or answer a question about each one, or continue conversations.
 
     INPUTS are image files, directories (searched recursively), glob patterns,
-    or - to read newline-separated paths from stdin. Results go to stdout (text
+    or - to read newline-separated paths from stdin (or one image: cat img.png |
+    vlmspec caption -). Results go to stdout (text
     or --json), progress and the summary table to stderr.
     """
     from vlmspec_cli import ui
@@ -103,7 +104,8 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
         except InputError as exc:
             fail(str(exc))
     else:
-        items = image_jobs(expand_inputs(inputs, stdin=sys.stdin), prof.generation.prompt)
+        items = image_jobs(expand_inputs(inputs, stdin=sys.stdin, stdin_image=executor == "local"),
+                           prof.generation.prompt)
     if dry_run:
         print_plan(prof, "input(s)", [(item.path, item.error) for item in items])
         return

@@ -15,6 +15,7 @@ same input and a run with another model or token limit is not "done". An output 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -108,14 +109,19 @@ def jobs_to_do(profile, jobs: list[Job], done: set) -> tuple[list[Job], int]:
 
 
 def image_jobs(items: list[InputItem], prompt: str) -> list[Job]:
+    """One job per item; an image read from stdin (``item.data``) is keyed by its bytes'
+    SHA-256, so a rerun with the same image on stdin resumes."""
     def loader(item: InputItem) -> Callable[[], list[Message]]:
         def load() -> list[Message]:
             if item.error:
                 raise InputError(item.path, item.error)
-            return [Message("user", prompt, (load_image(item.path),))]
+            return [Message("user", prompt, (load_image(item.path, data=item.data),))]
         return load
 
-    return [Job(item.path, prompt, loader(item), item.error) for item in items]
+    def source(item: InputItem) -> str | None:
+        return None if item.data is None else f"stdin:sha256:{hashlib.sha256(item.data).hexdigest()}"
+
+    return [Job(item.path, prompt, loader(item), item.error, source=source(item)) for item in items]
 
 
 def chat_jobs(chat_path: str) -> list[Job]:

@@ -40,7 +40,8 @@ from typing import Any
 from PIL import Image
 
 from vlmspec_cli.suggest import did_you_mean
-from vlmspec_cli.tasks.inputs import InputError, load_image, read_regular_file
+from vlmspec_cli.tasks.inputs import (InputError, load_image, name_problem, read_regular_file,
+                                      shown_name)
 
 __all__ = ["ChatTurn", "Conversation", "ChatLineError", "read_chat_file", "load_conversation_images"]
 
@@ -125,6 +126,9 @@ def _parse_message(i: int, msg: Any, base_dir: str) -> ChatTurn:
         raise _LineError(f"message {i}: text must be a string, got {_type_name(text)}")
     if not text.strip():
         raise _LineError(f"message {i} has empty text")
+    if not _is_unicode(text):  # a JSON escape of half a surrogate pair: no tokenizer takes it
+        raise _LineError(f"message {i}: text holds a lone surrogate (an escape like \\ud800), "
+                         "not Unicode text")
     images = msg.get("images", [])
     if "images" in msg and role != "user":
         raise _LineError(f"message {i}: images are only allowed on user messages")
@@ -134,8 +138,29 @@ def _parse_message(i: int, msg: Any, base_dir: str) -> ChatTurn:
     for j, p in enumerate(images, 1):
         if not isinstance(p, str) or not p:
             raise _LineError(f"message {i}: image {j} must be a non-empty path string")
+        p = _fs_name(p)
+        if name_problem(p):
+            raise _LineError(f"message {i}: image {j} ({shown_name(p)}): {name_problem(p)}")
         paths.append(p if os.path.isabs(p) else os.path.join(base_dir, p))
     return ChatTurn(role=role, text=text, image_paths=tuple(paths))
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _fs_name(path: str) -> str:
+    """A path written in the (UTF-8) file as the file system names it, whatever the locale's
+    encoding (under LC_ALL=C, "café.png" is the bytes c3 a9); unchanged when it cannot be
+    (name_problem then says why)."""
+    try:
+        return os.fsdecode(path.encode("utf-8", "surrogateescape"))
+    except UnicodeError:
+        return path
 
 
 def _parse_conversation(conv: Any, base_dir: str) -> list[ChatTurn]:

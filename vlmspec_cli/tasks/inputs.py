@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import errno
 import glob
+import io
 import os
 import stat
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence, TextIO
 
 from PIL import Image, ImageFile
@@ -24,6 +25,7 @@ from vlmspec_cli.tasks.image_header import (REASON_TEXT, REASON_TOO_LARGE, REASO
                                             REASON_UNRECOGNIZED, HeaderReader, ImageRefused,
                                             decode_pixels, dimension_problem, header_problem,
                                             open_header, upright_rgb)
+from vlmspec_cli.tasks.text_lists import MAX_PATH_LINE, ListTooLong, bounded_lines, sniff_stdin
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -33,6 +35,8 @@ __all__ = [
     "read_stdin_paths",
     "load_image",
     "check_image_size",
+    "name_problem",
+    "shown_name",
     "MAX_IMAGE_BYTES",
     "REASON_MISSING",
     "REASON_BROKEN_LINK",
@@ -59,6 +63,9 @@ REASON_EMPTY = "empty file (0 bytes)"
 REASON_NOT_REGULAR = "not a regular file"
 REASON_NO_MATCH = "no files match this pattern"
 REASON_EMPTY_DIR = "directory holds no image files"
+REASON_NUL = "not a file name (it holds a NUL byte)"
+REASON_NOT_UNICODE = "not a file name (it holds a lone surrogate, not text)"
+STDIN = "-"
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -82,6 +89,7 @@ class InputItem:
 
     path: str
     error: str | None = None
+    data: bytes | None = field(default=None, repr=False, compare=False)  # an image on stdin
 
     @property
     def ok(self) -> bool:
@@ -103,6 +111,60 @@ class InputError(Exception):
 # --------------------------------------------------------------------------
 # expansion
 # --------------------------------------------------------------------------
+
+
+def name_problem(path: str) -> str | None:
+    """Why ``path`` can name no file (a NUL byte, a character the file system encoding
+    cannot hold), or None. Undecodable bytes of a real name (surrogateescape) are fine."""
+    if "\0" in path:
+        return REASON_NUL
+    try:
+        os.fsencode(path)
+    except UnicodeError:
+        return REASON_NOT_UNICODE
+    return None
+
+
+def shown_name(path: str) -> str:
+    """``path`` as messages and records show it: a NUL as ``\\0``, a lone surrogate that
+    no file name can hold as ``\\udXXX`` (undecodable bytes of real names stay as they
+    are: the records keep them)."""
+    if name_problem(path) is None:
+        return path
+    return path.replace("\0", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _checked_name(item: InputItem) -> InputItem:
+    problem = name_problem(item.path)
+    return item if problem is None else InputItem(shown_name(item.path), problem)
+
+
+def _stdin_items(stream, exts: tuple[str, ...], image_ok: bool) -> Iterable[InputItem]:
+    """The items ``-`` stands for: one image (its bytes on stdin), or a path per line
+    (read bounded: text_lists.py); an error item for what cannot be read."""
+    kind, value = sniff_stdin(stream, MAX_IMAGE_BYTES if image_ok else None)
+    if kind == "image":
+        yield InputItem(STDIN, data=value)
+        return
+    if kind == "error":
+        yield InputItem(STDIN, value)
+        return
+    try:
+        for n, raw, problem in bounded_lines(value, MAX_PATH_LINE):
+            if problem is not None:
+                yield InputItem(f"{STDIN}:{n}", problem)
+                continue
+            line = os.fsdecode(raw).strip()   # undecodable bytes kept: the name's own
+            if not line or line.startswith("#"):
+                continue
+            if line == STDIN:
+                yield InputItem(STDIN, "'-' (stdin) cannot be listed inside a stdin list")
+                continue
+            yield from _expand_one(line, exts)
+    except ListTooLong as exc:
+        yield InputItem(STDIN, f"stdin: {exc}")
+    except OSError as exc:
+        yield InputItem(STDIN, f"cannot read stdin ({exc.strerror or exc})")
 
 
 def read_stdin_paths(stream: TextIO | Iterable[str]) -> list[str]:
@@ -234,6 +296,8 @@ def _expand_glob(pattern: str, exts: tuple[str, ...]) -> list[InputItem]:
 
 
 def _expand_one(arg: str, exts: tuple[str, ...]) -> list[InputItem]:
+    if name_problem(arg):
+        return [InputItem(arg, name_problem(arg))]
     if os.path.isdir(arg):
         top = arg.rstrip("/\\" if os.sep == "\\" else "/") or arg
         # a directory named on the command line that yields nothing is worth a line
@@ -253,15 +317,18 @@ def expand_inputs(
     args: Sequence[str],
     stdin: TextIO | None = None,
     extensions: Sequence[str] = IMAGE_EXTENSIONS,
+    stdin_image: bool = False,
 ) -> list[InputItem]:
     """Expand CLI arguments into an ordered, de-duplicated list of inputs.
 
     Each arg is a file, a directory (recursive), a glob pattern (only when it
     is not an existing path) or ``"-"`` (read paths from ``stdin``, default
     ``sys.stdin``; read at most once, a later ``"-"`` adds nothing; a ``"-"``
-    line inside the stdin list becomes an error item).  Never raises for bad
-    paths: they come back as items with ``error`` set.  Duplicates (same
-    absolute normalized path) are dropped, keeping the first occurrence.
+    line inside the stdin list becomes an error item; read as a bounded stream, and with
+    ``stdin_image`` an image's bytes on stdin are one item, ``"-"``, holding them).
+    Never raises for bad paths: they come back as items with ``error`` set (a name with
+    a NUL byte too, shown with ``\\0``).  Duplicates (same absolute normalized path)
+    are dropped, keeping the first occurrence.
     """
     exts = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
     out: list[InputItem] = []
@@ -269,8 +336,8 @@ def expand_inputs(
     stdin_read = False
 
     def add(items: Iterable[InputItem]) -> None:
-        for it in items:
-            key = _norm_key(it.path)
+        for it in map(_checked_name, items):
+            key = "-stdin-" if it.data is not None else _norm_key(it.path)
             if key in seen:
                 continue
             seen.add(key)
@@ -282,12 +349,7 @@ def expand_inputs(
             if stdin_read:
                 continue
             stdin_read = True
-            stream = stdin if stdin is not None else sys.stdin
-            for line in read_stdin_paths(stream):
-                if line == "-":
-                    add([InputItem("-", "'-' (stdin) cannot be listed inside a stdin list")])
-                    continue
-                add(_expand_one(line, exts))
+            add(_stdin_items(stdin if stdin is not None else sys.stdin, exts, stdin_image))
             continue
         if arg == "":
             add([InputItem(arg, REASON_MISSING)])
@@ -322,6 +384,8 @@ def _os_reason(e: OSError) -> str:
 
 def _stat_regular(path: str) -> os.stat_result:
     """``os.stat`` of a regular, non-empty file; InputError naming why not otherwise."""
+    if name_problem(path):
+        raise InputError(shown_name(path), name_problem(path))
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -371,8 +435,9 @@ def read_regular_file(path: str, check_head: Callable[[bytes], str | None] | Non
     return data
 
 
-def load_image(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
-    """Fully decode ``path`` into an RGB image or raise :class:`InputError`.
+def load_image(path: str, max_bytes: int = MAX_IMAGE_BYTES, data: bytes | None = None) -> Image.Image:
+    """Fully decode ``path`` (or, given ``data``, those bytes, named ``path``: an image
+    read from stdin) into an RGB image or raise :class:`InputError`.
 
     A file larger than ``max_bytes`` is refused unread. Otherwise the header is checked
     from the first bytes, PIL identifies the file reading at most a header budget
@@ -385,7 +450,7 @@ def load_image(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
     is applied (best effort). Animated images yield their first frame.
     """
     path = os.fspath(path)
-    check_image_size(path, _stat_regular(path).st_size, max_bytes)
+    check_image_size(path, _stat_regular(path).st_size if data is None else len(data), max_bytes)
 
     # Our contract: truncated images fail.  Something else in the process may
     # have flipped this global; the loader relies on it being False.
@@ -393,7 +458,7 @@ def load_image(path: str, max_bytes: int = MAX_IMAGE_BYTES) -> Image.Image:
         ImageFile.LOAD_TRUNCATED_IMAGES = False
 
     try:
-        with open(path, "rb") as fh:
+        with open(path, "rb") if data is None else io.BytesIO(data) as fh:
             head = fh.read(_SNIFF_BYTES)
             if not head:  # emptied between stat and read
                 raise InputError(path, REASON_EMPTY)
