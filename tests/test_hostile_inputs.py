@@ -280,6 +280,30 @@ def test_cli_skip_existing_truncated_png_fails_alone(tmp_path):
     assert {p: md5(p) for p in before} == before
 
 
+# ------------------------------------------------------------------ 5: the locale
+def test_utf8_names_and_prompts_under_the_c_locale(images, tmp_path):
+    """LC_ALL=C, UTF-8 mode off: "qué" reached the tokenizer as lone surrogates (TypeError).
+    Records are UTF-8 whatever the locale, so a UTF-8 locale resumes the same records."""
+    cafe = tmp_path / "café.png"
+    cafe.write_bytes(images[0].read_bytes())
+    out = tmp_path / "caps.jsonl"
+    c_locale = {k: v for k, v in os.environ.items() if not k.startswith("LC_")}
+    c_locale.update(LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    proc = vlmspec("caption", str(cafe), "--prompt", "qué color", "--out", str(out), *FAST,
+                   env=c_locale)
+    assert proc.returncode == 0, proc.stderr
+    (rec,) = records(out.read_text(encoding="utf-8"))
+    assert rec["input"] == str(cafe) and rec["prompt"] == "qué color" and rec["error"] is None
+    again = vlmspec("caption", str(cafe), "--prompt", "qué color", "--out", str(out), "--json",
+                    *FAST)
+    assert again.returncode == 0 and again.stdout == "", again.stderr   # resumed
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "caption", str(cafe),
+                           "--prompt", b"qu\xe9"], capture_output=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 2 and b"not UTF-8 text (byte 0xe9 at offset 2)" in proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
 # ------------------------------------------------------------------ 6: placeholders
 def test_image_placeholder_in_the_prompt_is_refused_up_front(images, tmp_path):
     res = run(["caption", *map(str, images), "--prompt", "what is in <image>?", *FAST])

@@ -10,6 +10,7 @@ from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_i
                                     finish_batch, load_profile, method_option, nonempty_path,
                                     parse_inputs, print_plan, profile_option, record_printer,
                                     records_sink, set_option, start_decoding)
+from vlmspec_cli.cli.types import Utf8Text
 
 EPILOG_CAPTION = """\b
 Examples:
@@ -35,7 +36,7 @@ done and written), 2 usage, profile, model-loading or output error (--out or
 
 @click.command(epilog=EPILOG_CAPTION)
 @click.argument("inputs", nargs=-1, metavar="INPUTS...")
-@click.option("--prompt", help="Question or instruction for every image [profile: generation.prompt].")
+@click.option("--prompt", type=Utf8Text(), help="Question or instruction for every image [profile: generation.prompt].")
 @profile_option()
 @method_option("caption")
 @click.option("--inputs", "drafting_inputs", metavar="LIST",

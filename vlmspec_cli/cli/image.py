@@ -10,7 +10,7 @@ import click
 from vlmspec_cli.cli.common import (TSV_HELP, fail, load_profile, method_option, nonempty_path,
                                     print_plan, profile_option, set_option, start_decoding,
                                     stdout_guard, tsv_field)
-from vlmspec_cli.cli.types import FiniteFloat, Seed
+from vlmspec_cli.cli.types import FiniteFloat, Seed, Utf8Text
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
 
@@ -32,7 +32,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 
 
 @click.command("generate-image", epilog=EPILOG_IMAGE)
-@click.argument("prompts", nargs=-1, metavar="PROMPT...")
+@click.argument("prompts", nargs=-1, metavar="PROMPT...", type=Utf8Text())
 @click.option("--prompts-file", type=click.Path(allow_dash=True), metavar="FILE",
               help="More prompts, one per line of UTF-8 text (- for stdin; blank and # lines "
                    "skipped; a regular file, at most 64 MiB, lines up to 1 MiB).")

@@ -5,6 +5,7 @@ of every input at decode time."""
 from __future__ import annotations
 
 import math
+import os
 
 import click
 
@@ -64,3 +65,25 @@ class IntList(click.ParamType):
 
 
 __all__ = ["FiniteFloat", "IntList", "Seed", "SEED_MIN", "SEED_MAX"]
+
+
+class Utf8Text(click.ParamType):
+    """Text from the command line as UTF-8 whatever the locale: under LC_ALL=C with UTF-8
+    mode off, Python decodes argv as ASCII with surrogateescape, and a tokenizer refuses
+    the lone surrogates that "qué" becomes (a TypeError at decode time). The bytes the
+    shell passed are decoded as UTF-8 again; bytes that are not UTF-8 are a usage error."""
+
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        try:
+            raw = os.fsencode(value)   # the bytes of argv, as the shell passed them
+        except UnicodeError:
+            return value
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.fail(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                      param, ctx)

@@ -11,7 +11,7 @@ from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_i
                                     finish_batch, load_profile, method_option, parse_inputs,
                                     print_plan, profile_option, record_printer, records_sink,
                                     set_option, start_decoding)
-from vlmspec_cli.cli.types import FiniteFloat
+from vlmspec_cli.cli.types import FiniteFloat, Utf8Text
 
 DEFAULT_VIDEO_PROFILE = "tinyworld-video"
 
@@ -35,7 +35,7 @@ loads), 130 interrupted (Ctrl-C).
 
 @click.command("describe-video", epilog=EPILOG_VIDEO)
 @click.argument("inputs", nargs=-1, metavar="VIDEOS...")
-@click.option("--prompt", help="Question or instruction for every video [profile: generation.prompt].")
+@click.option("--prompt", type=Utf8Text(), help="Question or instruction for every video [profile: generation.prompt].")
 @profile_option(DEFAULT_VIDEO_PROFILE)
 @method_option("video")
 @click.option("--inputs", "drafting_inputs", metavar="LIST",

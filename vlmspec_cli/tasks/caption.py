@@ -26,7 +26,7 @@ from vlmspec_cli.tasks.chat import ChatLineError, load_conversation_images, read
 from vlmspec_cli.runtime.limits import PromptError, check_fits
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.stats import SpecStats
-from vlmspec_cli.tasks.inputs import InputError, InputItem, load_image
+from vlmspec_cli.tasks.inputs import InputError, InputItem, load_image, utf8_name
 from vlmspec_cli.tasks.records import record_key
 from vlmspec_cli.tasks.sink import JsonlSink, OutputError
 
@@ -87,7 +87,7 @@ def output_settings(profile, job: Job) -> dict:
 def job_identity(profile, job: Job) -> dict:
     """The record fields :func:`records.record_key` reads."""
     return {"task": getattr(profile, "task", TASK),
-            "source": job.source if job.source is not None else os.path.realpath(job.path),
+            "source": utf8_name(job.source if job.source is not None else os.path.realpath(job.path)),
             "prompt": job.prompt, "settings": output_settings(profile, job)}
 
 
@@ -186,7 +186,7 @@ def base_record(session, item: Job, prompt: str) -> dict:
     identity = job_identity(p, item) | {"prompt": prompt}
     fields = session.method.record_fields(p, identity["task"])
     return {
-        "input": item.path,
+        "input": utf8_name(item.path),
         "task": identity["task"],
         "prompt": prompt,
         "source": identity["source"],

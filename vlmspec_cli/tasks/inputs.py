@@ -37,6 +37,7 @@ __all__ = [
     "check_image_size",
     "name_problem",
     "shown_name",
+    "utf8_name",
     "MAX_IMAGE_BYTES",
     "REASON_MISSING",
     "REASON_BROKEN_LINK",
@@ -132,6 +133,17 @@ def shown_name(path: str) -> str:
     if name_problem(path) is None:
         return path
     return path.replace("\0", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def utf8_name(name: str) -> str:
+    """A file name as records show it: its bytes decoded as UTF-8 whatever the locale (under
+    LC_ALL=C "café.png" is "caf\\udcc3\\udca9.png" to Python; bytes that are not UTF-8 stay
+    surrogate escapes, as in a UTF-8 locale), so records and resume keys do not depend on
+    the locale."""
+    try:
+        return os.fsencode(name).decode("utf-8", "surrogateescape")
+    except UnicodeError:
+        return name
 
 
 def _checked_name(item: InputItem) -> InputItem:
