@@ -61,7 +61,7 @@ class Endless(io.RawIOBase):
     """A stdin that never ends (``/dev/zero``, ``yes | tr -d '\\n'``): repeats ``unit``; a
     reader that takes more than ``most`` bytes fails the test instead of filling memory."""
 
-    def __init__(self, unit: bytes, most: int = 200 * MiB) -> None:
+    def __init__(self, unit: bytes, most: int = 80 * MiB) -> None:
         self.unit, self.most, self.read_bytes = unit, most, 0
 
     def readable(self) -> bool:
