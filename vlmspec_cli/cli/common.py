@@ -199,7 +199,7 @@ def record_printer(as_json: bool, sink=None):
             click.echo(json_line(record))
         elif record["error"] is None:
             click.echo(stdout_bytes(f"{tsv_field(record['input'])}\t{tsv_field(record['output'])}"))
-    return stdout_guard(emit, None if sink is None else f"--out {sink.path}")
+    return stdout_guard(emit, None if sink is None else f"its records to --out {sink.path} only")
 
 
 def json_line(record: dict) -> str:
@@ -223,12 +223,12 @@ def stdout_bytes(text: str) -> bytes:
         return text.encode("utf-8", "backslashreplace")
 
 
-def stdout_guard(emit, goes_on_to: str | None):
+def stdout_guard(emit, goes_on: str | None):
     """``emit`` (printing one record on stdout), made safe against a stdout that fails:
     ``vlmspec ... | head -1`` (the reader closed the pipe) or ``> /dev/full``. The first
     failure ends the stdout stream (stdout goes to /dev/null from then on, so nothing
-    is retried at exit); with ``goes_on_to`` (where the records still go: --out, the
-    images' folder) one warning says the batch goes on there, otherwise the batch stops
+    is retried at exit); with ``goes_on`` (what the batch still writes: "its records to
+    --out FILE only") one warning says the batch goes on so, otherwise the batch stops
     with one error line (exit 2)."""
     state = {"closed": False, "printed": 0}
 
@@ -240,12 +240,12 @@ def stdout_guard(emit, goes_on_to: str | None):
         except OSError as exc:
             state["closed"] = True
             reason = stdout_failed(exc)
-            if goes_on_to is None:
+            if goes_on is None:
                 fail(f"stdout: {reason} after {state['printed']} record(s); stopping, as "
                      "nothing else receives the records (--out FILE keeps a batch going)")
             from vlmspec_cli import ui
             ui.warning(f"stdout: {reason} after {state['printed']} record(s); the batch goes "
-                       f"on, its records to {goes_on_to} only")
+                       f"on, {goes_on}")
             return
         state["printed"] += 1
     return guarded

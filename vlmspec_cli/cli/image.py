@@ -127,7 +127,8 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         elif record["error"] is None:
             click.echo(f"{tsv_field(record['file'])}\t{tsv_field(record['prompt'])}")
     # the images are this command's output: when stdout fails, they are still written
-    printed = stdout_guard(print_record, f"the images' folder {out_dir} (not their records)")
+    printed = stdout_guard(print_record, f"writing its images to {out_dir} (their records "
+                                         "are not printed)")
 
     with ui.BatchUI(quiet=quiet, label="images") as events:
         summary = run_images(session, jobs, events, force=force, skip_existing=skip_existing,
