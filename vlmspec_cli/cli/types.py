@@ -67,11 +67,12 @@ class IntList(click.ParamType):
 __all__ = ["FiniteFloat", "IntList", "Seed", "SEED_MIN", "SEED_MAX"]
 
 
-class Utf8Text(click.ParamType):
+class Utf8Text(click.types.StringParamType):
     """Text from the command line as UTF-8 whatever the locale: under LC_ALL=C with UTF-8
     mode off, Python decodes argv as ASCII with surrogateescape, and a tokenizer refuses
     the lone surrogates that "qué" becomes (a TypeError at decode time). The bytes the
-    shell passed are decoded as UTF-8 again; bytes that are not UTF-8 are a usage error."""
+    shell passed are decoded as UTF-8 again; bytes that are not UTF-8 are a usage error.
+    (A string type still: recipe_paths.py counts any string a step is given as a path.)"""
 
     name = "text"
 
