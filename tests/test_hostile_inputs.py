@@ -377,3 +377,13 @@ def test_chat_image_paths_that_name_no_file_fail_alone(images, tmp_path):
     assert "text holds a lone surrogate" in by_id["3"]["error"]
     assert [r["error"] for r in records(res.stdout)][-1] is None
     assert len(error_lines(res.stderr)) == 3 and md5(chat) == before
+
+
+def test_utf8_text_options_still_count_as_paths_for_recipe_state_checks():
+    """recipe_paths.py takes any string a step is given for a possible path (so a recipe's
+    state file never collides with one); Utf8Text must stay a string type for that."""
+    from vlmspec_cli.cli.caption import caption
+    from vlmspec_cli.cli.image import generate_image
+    from vlmspec_cli.recipe_paths import path_params
+
+    assert "prompts" in path_params(generate_image) and "prompt" in path_params(caption)
