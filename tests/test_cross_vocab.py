@@ -164,10 +164,14 @@ def test_reversed_ids_are_accepted_like_the_same_tokenizer(drafts):
     (["drafting.inputs=[multimodal]"], r"inputs \['multimodal'\]"),
 ])
 def test_other_methods_are_refused_before_the_draft_loads(drafts, tmp_path, sets, match):
-    """Refused from the tokenizer alone: the draft's weights file is not even readable."""
+    """Refused from the tokenizer alone: the draft's weights are not its model's (one dummy
+    tensor in a well-formed file, which the checks before loading accept), so loading it
+    would fail."""
+    from safetensors.torch import save_file
+
     folder = tmp_path / "draft"
     shutil.copytree(drafts["reversed"], folder)
-    (folder / "model.safetensors").write_bytes(b"not weights")
+    save_file({"dummy": torch.zeros(1)}, str(folder / "model.safetensors"))
     with pytest.raises(ModelLoadError, match=match):
         _session(folder, *sets)
 
