@@ -12,6 +12,7 @@ from families import (DRAFTED, TWIG, check_cli_compare, check_first_token_law, c
                       check_offline_profile, family_session, image_requests, llava_next)
 from test_lossless import reference
 from vlmspec_cli.runtime.request import Request
+from vlmspec_cli.session import SessionError
 
 IMAGES = [((50, 30), (200, 30, 30)), ((40, 70), (20, 160, 60)), ((64, 64), (30, 40, 220))]
 
@@ -59,9 +60,8 @@ def test_methods_equal_target_only(models, method, sets, same_draft):
 
 def test_pooled_drafting_is_refused_with_a_reason(models):
     target, _ = models
-    session = _session(target, target, "chain", "drafting.inputs=[pooled]")
-    with pytest.raises(ValueError, match="anyres"):
-        session.engine.generate(_requests()[0])
+    with pytest.raises(SessionError, match="anyres"):   # from its config, before loading
+        _session(target, target, "chain", "drafting.inputs=[pooled]")
 
 
 def test_first_token_follows_the_target_law_at_t_above_0(models):

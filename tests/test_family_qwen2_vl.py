@@ -79,9 +79,8 @@ def test_methods_equal_target_only(models, method, sets, same_draft):
 
 def test_what_cannot_be_exact_is_refused(models):
     _, target, draft = models
-    session = _session(target, draft, "tabed", "drafting.inputs=[multimodal,text]")
-    with pytest.raises(ValueError, match="one input at a time"):
-        session.engine.generate(_requests()[0])
+    with pytest.raises(SessionError, match="one drafting input at a time"):   # before loading
+        _session(target, draft, "tabed", "drafting.inputs=[multimodal,text]")
     with pytest.raises(SessionError, match="one request at a time"):
         _session(target, draft, "chain", "generation.batch_size=2")
 

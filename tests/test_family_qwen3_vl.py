@@ -188,12 +188,12 @@ def test_first_token_follows_target_distribution_at_t1(models):
 
 def test_what_cannot_be_exact_is_refused(models):
     target, draft = models
-    session = _session(target, draft, "tabed", "drafting.inputs=[multimodal,text]")
-    with pytest.raises(ValueError, match="one input at a time"):
-        session.engine.generate(_requests()[0])
-    session = _session(target, target, "chain", "drafting.inputs=[pooled]")
-    with pytest.raises(ValueError, match="Qwen3-VL.*not embeddings"):
-        session.engine.generate(_requests()[0])
+    # refused from the draft's config, before anything loads
+    with pytest.raises(SessionError, match="one drafting input at a time"):
+        _session(target, draft, "tabed", "drafting.inputs=[multimodal,text]")
+    with pytest.raises(SessionError, match="not as embeddings.*Qwen3-VL"):
+        _session(target, target, "chain", "drafting.inputs=[pooled]")
+    session = _session(target, target, "chain", "drafting.inputs=[multimodal]")
     one_frame = Request([Message("user", "what?", videos=(_clip(1),))], max_new_tokens=2)
     with pytest.raises(ValueError, match="at least 2 frames"):
         session.engine.generate(one_frame)

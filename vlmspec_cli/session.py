@@ -14,8 +14,8 @@ from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime.batch import BatchedEngine
 from vlmspec_cli.runtime.engine import SpeculativeEngine
-from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, require_safetensors,
-                                       use_fast_path)
+from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, peek_adapter,
+                                       require_safetensors, use_fast_path)
 from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
@@ -216,6 +216,10 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     method = validate_method(profile)
     for role, name in [("target", profile.target.model), *method.models(profile)]:
         require_safetensors(name, role)  # pickle-only weights: refused before any model loads
+    try:   # what the models' families cannot do: refused from their configs, before loading
+        method.check_models(profile, lambda role: peek_adapter(getattr(profile, role), role))
+    except ValueError as exc:
+        raise SessionError(str(exc)) from None
     sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
     if target is None:
         target = load_model(profile.target, "target")

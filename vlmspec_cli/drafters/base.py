@@ -8,6 +8,8 @@ classmethods that need no model:
   ``prunes`` (prune:), ``relaxes`` (acceptance: relaxed), ``trees``; whether it
   ``drafts`` at all (``none`` does not) and ``uses_draft`` (a separate draft model);
 - ``check(profile)``: its own profile checks, run before any model loads;
+  ``check_models(profile, adapter_of)``: those that need the models' families (their
+  configs, not their weights), run by the session before anything loads;
 - ``models(profile)`` and ``from_profile(profile, target, sampling, trace)``: what it
   loads next to the loaded target, and building itself;
 - ``gamma(profile)``: the most tokens one round can accept (the engine's γ), the one
@@ -52,6 +54,18 @@ class DraftingMethod(Drafter):
     @classmethod
     def check(cls, profile) -> None:
         """Profile checks that need no model; raise ValueError with the user's message."""
+
+    @classmethod
+    def check_models(cls, profile, adapter_of) -> None:
+        """Checks that need the families of its models but none of their weights, run
+        before anything loads; raise ValueError with the user's message. ``adapter_of(role)``:
+        the family adapter (runtime/adapters/) of the model in that profile section, read
+        from its config, or None where the config is not on this machine. A method with a
+        separate draft model refuses the drafting inputs the draft's family cannot build."""
+        if cls.uses_draft and profile.task != "image":
+            from vlmspec_cli.drafters.inputs import check_family
+
+            check_family(cls.drafting_inputs(profile), adapter_of("draft"), profile.draft.model)
 
     @classmethod
     def from_profile(cls, profile, target, sampling, trace=None) -> "DraftingMethod":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlmspec_cli.drafters.inputs import check_family
 from vlmspec_cli.runtime.captioner import Captioner
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible, load_model,
                                         load_tokenizer, tokenizer_mismatch)
@@ -37,6 +38,8 @@ def load_draft(profile, target: LoadedModel) -> DraftModels:
     tokenizer = load_tokenizer(profile.draft, "draft")
     retokenized = tokenizer is not None and _retokenized(profile, target, inputs, tokenizer)
     draft = load_model(profile.draft, "draft")
+    if not image:   # checked from its config before loading where it was on this machine
+        check_family(inputs, draft.adapter, profile.draft.model)
     if tokenizer is None:
         retokenized = _retokenized(profile, target, inputs, draft.tokenizer)
     if image:

@@ -38,6 +38,33 @@ def check_inputs(inputs: list[str], draft, captioner) -> None:
         raise ValueError(f"drafting.inputs lists an input twice: {inputs}")
 
 
+def check_family(inputs: list[str], adapter, name: str) -> None:
+    """Refuse the drafting inputs a draft's family cannot build, before it loads.
+    ``adapter``: the draft's family adapter (None: not known yet, nothing refused). A family
+    whose images take 3-D positions (``embeds_images`` False, the Qwen2-VL family) reads
+    them through its own inputs, one drafting input at a time: never pooled, nor
+    multimodal beside other rows of an ensemble; a family with a ``pool_refusal`` never
+    pools."""
+    if adapter is None:
+        return
+    family = getattr(adapter, "family", None) or "its family"
+    if "pooled" in inputs and getattr(adapter, "pool_refusal", None):
+        raise ValueError(f"draft '{name}' cannot be drafted through input pooled, which averages "
+                         f"a square patch grid: it is {adapter.pool_refusal} (use inputs "
+                         "multimodal, text or caption)")
+    if adapter.embeds_images:
+        return
+    if "pooled" in inputs:
+        raise ValueError(f"draft '{name}' reads images with 3-D positions, not as embeddings: "
+                         f"input pooled cannot average them ({family}; use drafting.inputs "
+                         "[multimodal], [text] or [caption])")
+    if "multimodal" in inputs and len(inputs) > 1:
+        raise ValueError(f"draft '{name}' reads images with 3-D positions, one drafting input "
+                         f"at a time: an ensemble of multimodal with {len(inputs) - 1} other "
+                         f"input(s) cannot share its rows ({family}; use drafting.inputs "
+                         "[multimodal] or [text])")
+
+
 def replace_images(prompt: str, image_token: str | tuple[str, ...] | None,
                    replacements: list[str]) -> str:
     """Replace the i-th image placeholder by ``replacements[i]``. ``image_token``: the

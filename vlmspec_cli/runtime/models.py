@@ -344,6 +344,26 @@ def load_tokenizer(spec, role: str):
         return None
 
 
+def peek_adapter(spec, role: str):
+    """The family adapter of a model spec from its config alone (no weights), from a local
+    directory or the local hub cache; None where only ``load_model`` can tell (not on this
+    machine, no adapter, an unreadable config)."""
+    from transformers import AutoConfig
+
+    from vlmspec_cli.runtime.adapters import adapter_for
+
+    if not getattr(spec, "model", None):
+        return None
+    try:
+        source = resolve_model_source(spec.model)
+        config = AutoConfig.from_pretrained(source, local_files_only=True,
+                                            trust_remote_code=bool(spec.trust_remote_code),
+                                            **({"revision": spec.revision} if spec.revision else {}))
+        return adapter_for(config, role)
+    except (OSError, ValueError, TypeError, KeyError, ModelLoadError):
+        return None
+
+
 def check_compatible(target: LoadedModel, draft: LoadedModel, needs_images: bool,
                      retokenized: bool = False) -> None:
     """Fail before decoding when draft and target cannot speculate together.

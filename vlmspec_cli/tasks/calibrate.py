@@ -283,7 +283,9 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
         try:
             candidates += probe_candidates(base, probe, requests, gammas, model, reference,
                                            greedy, session.target)
-        except (ModelLoadError, SessionError) as exc:   # e.g. a draft of another tokenizer
+        except (ModelLoadError, SessionError, ValueError) as exc:
+            # a draft of another tokenizer, a family refusing the probe's inputs (Qwen's
+            # 3-D positions: no ensemble with M, no P), a model refusing it as it decodes
             cannot.setdefault(str(exc).split(": ")[0].split(" (")[0], []).append(probe.label)
     skipped += [f"{', '.join(labels)} ({reason})" for reason, labels in cannot.items()]
     candidates.sort(key=lambda c: (-c.predicted, c.label))
@@ -303,8 +305,13 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     batching = base.task == "caption" and method_class(winner.method).batches
     if len(requests) > 1 and batching and not over():
         say("batch sizes")
-        for cand in _batch_candidates(base, winner, requests, base_wall, reference, greedy,
-                                      target=session.target):
+        try:
+            batched = _batch_candidates(base, winner, requests, base_wall, reference, greedy,
+                                        target=session.target)
+        except (ModelLoadError, SessionError, ValueError) as exc:   # Qwen: one at a time
+            batched = []
+            skipped.append(f"batch sizes ({exc})")
+        for cand in batched:
             candidates.append(cand)
             if cand.mismatches == 0 and cand.speedup > winner.speedup * (1 + margin):
                 winner = cand
