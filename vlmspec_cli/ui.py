@@ -1,15 +1,24 @@
 """Rich rendering of progress, errors and summaries — the only module that uses rich.
 
-Everything here goes to stderr; results go to stdout (cli.py prints them).
+Everything here goes to stderr; results go to stdout (the CLI prints them), except while a
+progress display shares the terminal with stdout: rich's live display redraws itself by
+moving the cursor up over its own lines, so a line written to stdout in between is glued
+to a bar and then partly erased. Results are then printed through the display's console
+(``result``), which erases the bars, writes the line as it is and draws them again below.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.segment import Segment
 from rich.table import Table
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+_shared: Progress | None = None    # the live progress display, while stdout shares its terminal
 
 
 def error(message: str) -> None:
@@ -40,9 +49,40 @@ def escape(text: str) -> str:
     return _escape(str(text))
 
 
+def same_terminal() -> bool:
+    """Whether stdout and stderr are one terminal (a shell without redirection)."""
+    try:
+        out, err = sys.stdout, sys.stderr
+        return bool(out.isatty() and err.isatty()
+                    and os.path.samestat(os.fstat(out.fileno()), os.fstat(err.fileno())))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+class _Verbatim:
+    """A line written as it is: no markup, tab expansion, wrapping or cropping."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __rich_console__(self, console, options):
+        yield Segment(self.text + "\n")
+
+
+def result(line: str) -> bool:
+    """Print one result line above the live progress display when it shares the terminal
+    with stdout, byte for byte as stdout would get it; False when no display shares the
+    terminal: the caller writes the line to stdout itself."""
+    if _shared is None:
+        return False
+    _shared.console.print(_Verbatim(line), crop=False, soft_wrap=True)
+    return True
+
+
 class BatchUI:
-    """Implements tasks.caption.CaptionEvents: a progress bar over inputs with a token
-    counter for the current one; failures are printed as one line each."""
+    """Implements tasks.caption.CaptionEvents: a progress bar over inputs and a token bar
+    for the input being decoded (in a batch, the oldest row's); failures are printed as
+    one line each. Results printed with ``result`` go above the bars."""
 
     def __init__(self, quiet: bool = False, label: str = "captioning") -> None:
         self.quiet = quiet
@@ -50,19 +90,25 @@ class BatchUI:
         self.progress: Progress | None = None
         self.items_task = None
         self.tokens_task = None
+        self.decoding = None      # the job the token bar follows
 
     def __enter__(self) -> "BatchUI":
+        global _shared
         if not self.quiet:
+            shared = same_terminal()
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
-                console=stderr, transient=True,
+                console=stderr, transient=True, redirect_stdout=shared,
             )
             self.progress.start()
+            _shared = self.progress if shared else None
         return self
 
     def __exit__(self, *exc) -> None:
+        global _shared
         if self.progress is not None:
+            _shared = None
             self.progress.stop()
 
     def batch_started(self, total: int, skipped: int) -> None:
@@ -70,7 +116,8 @@ class BatchUI:
             info(f"skipping {skipped} input(s) already recorded")
         if self.progress is not None:
             self.items_task = self.progress.add_task(self.label, total=total, note="")
-            self.tokens_task = self.progress.add_task("tokens", total=1, note="")
+            # shown from the first token count (a Ray run's driver hears none)
+            self.tokens_task = self.progress.add_task("tokens", total=None, note="", visible=False)
 
     def item_skipped(self, item) -> None:
         """Skipped as it came up (generate-image --skip-existing: its files are there)."""
@@ -78,23 +125,38 @@ class BatchUI:
             self.progress.advance(self.items_task)
 
     def item_started(self, item) -> None:
+        """A job starts (in a batch: joins while older rows decode, whose count stays)."""
         if self.progress is not None:
             self.progress.update(self.items_task, note=escape(one_line(item.path)))
-            self.progress.reset(self.tokens_task, total=1, note="")
+            if self.decoding is None:
+                self.progress.reset(self.tokens_task, total=None, note="",
+                                    visible=self.progress.tasks[self.tokens_task].visible)
 
     def tokens(self, item, generated: int, limit: int) -> None:
-        if self.progress is not None:
+        if self.progress is None:
+            return
+        if item is not self.decoding:   # another job: the bar follows it from here
+            self.decoding = item
+            self.progress.reset(self.tokens_task, total=limit, completed=generated, note="",
+                                visible=True)
+        else:
             self.progress.update(self.tokens_task, total=limit, completed=generated)
+
+    def _finished(self, path: str, note: str = "") -> None:
+        if self.decoding is not None and self.decoding.path == path:
+            self.decoding = None
+            if note:
+                self.progress.update(self.tokens_task, note=note)
+        self.progress.advance(self.items_task)
 
     def item_done(self, record: dict) -> None:
         if self.progress is not None:
             s = record["stats"]
-            self.progress.update(self.tokens_task, note=f"τ={s['mean_accept_len']:.2f}")
-            self.progress.advance(self.items_task)
+            self._finished(record["input"], f"τ={s['mean_accept_len']:.2f}")
 
     def item_failed(self, item, reason: str, record: dict) -> None:
         if self.progress is not None:
-            self.progress.advance(self.items_task)
+            self._finished(item.path)
         error(f"{item.path}: {reason}")
 
 

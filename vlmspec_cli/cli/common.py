@@ -190,15 +190,26 @@ def exit_130_on_interrupt(sink, emit):
         fail(f"interrupted: {finished} input(s) finished{saved}", 130)
 
 
+def echo_result(line: str | bytes) -> None:
+    """One result line on stdout; above the progress bars while they share its terminal
+    (ui.result), so neither is cut or glued to the other (there, a file name's
+    undecodable bytes, kept by stdout_bytes, are shown as stderr shows them)."""
+    from vlmspec_cli import ui
+
+    text = line.decode("utf-8", "surrogateescape") if isinstance(line, bytes) else line
+    if not ui.result(text):
+        click.echo(line)
+
+
 def record_printer(as_json: bool, sink=None):
     """stdout for each finished record: JSONL, or "input<TAB>output" for the good ones
     (both columns escaped: tsv_field). When stdout fails (a closed pipe, a full disk),
     the batch goes on into ``sink`` (--out) or stops: :func:`stdout_guard`."""
     def emit(record: dict) -> None:
         if as_json:
-            click.echo(json_line(record))
+            echo_result(json_line(record))
         elif record["error"] is None:
-            click.echo(stdout_bytes(f"{tsv_field(record['input'])}\t{tsv_field(record['output'])}"))
+            echo_result(stdout_bytes(f"{tsv_field(record['input'])}\t{tsv_field(record['output'])}"))
     return stdout_guard(emit, None if sink is None else f"its records to --out {sink.path} only")
 
 

@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (TSV_HELP, fail, load_profile, method_option, nonempty_path,
-                                    print_plan, profile_option, set_option, start_decoding,
-                                    stdout_guard, tsv_field)
+from vlmspec_cli.cli.common import (TSV_HELP, echo_result, fail, load_profile, method_option,
+                                    nonempty_path, print_plan, profile_option, set_option,
+                                    start_decoding, stdout_guard, tsv_field)
 from vlmspec_cli.cli.types import FiniteFloat, Seed, Utf8Text
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
@@ -123,9 +123,9 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
 
     def print_record(record: dict) -> None:
         if as_json:
-            click.echo(json.dumps(record, ensure_ascii=False))
+            echo_result(json.dumps(record, ensure_ascii=False))
         elif record["error"] is None:
-            click.echo(f"{tsv_field(record['file'])}\t{tsv_field(record['prompt'])}")
+            echo_result(f"{tsv_field(record['file'])}\t{tsv_field(record['prompt'])}")
     # the images are this command's output: when stdout fails, they are still written
     printed = stdout_guard(print_record, f"writing its images to {out_dir} (their records "
                                          "are not printed)")

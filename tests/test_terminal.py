@@ -1,0 +1,147 @@
+"""Results and live progress sharing one terminal (issue 36): in a real terminal each stdout
+result was glued to the end of the progress bar's line, then partly erased when the bars
+redrew themselves (captions cut, stale bars piling up); the batch's token bar sat at 0/1.
+
+The command runs in a pseudo-terminal (stdout and stderr both on it, a fixed width); its
+whole output is replayed on a small screen model (text, CR, LF, cursor up, erase line) and
+every result must stand whole on a line of its own, as the same command writes it to a
+pipe."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDTH = 100
+COMMAND = [sys.executable, "-m", "vlmspec_cli", "caption", "examples/images/", "--max-new-tokens", "8"]
+BAR = "━"
+
+
+def _env() -> dict:
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS=str(WIDTH), LINES="30",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for name in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        env.pop(name, None)
+    return env
+
+
+def run_in_pty(argv: list[str], timeout: float = 180.0) -> tuple[int, str]:
+    """(exit code, everything written to the terminal), stdin/stdout/stderr on one pty."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, WIDTH, 0, 0))
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, env=_env(),
+                            close_fds=True)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:       # the child closed the terminal (EIO)
+                    break
+                if not data:
+                    break
+                out += data
+            elif proc.poll() is not None:
+                break
+        else:
+            raise AssertionError(f"no end after {timeout} s: {out[-2000:]!r}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        os.close(master)
+    return proc.returncode, out.decode("utf-8", "replace")
+
+
+_CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])")
+
+
+def screen(text: str) -> list[str]:
+    """The terminal's lines after ``text``: printable text overwrites at the cursor, CR goes
+    to column 0, LF to the next line, ESC[nA moves up, ESC[2K erases the line; other
+    escape sequences change nothing here (colours, the cursor's visibility)."""
+    lines, row, col, i = [""], 0, 0, 0
+    while i < len(text):
+        m = _CSI.match(text, i)
+        if m:
+            arg, op = m.groups()
+            if op == "A":
+                row = max(row - int(arg or 1), 0)
+            elif op == "K" and arg == "2":
+                lines[row] = ""
+            i = m.end()
+            continue
+        ch = text[i]
+        i += 1
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            row += 1
+            if row == len(lines):
+                lines.append("")
+        else:
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + ch + line[col + 1:]
+            col += 1
+    return lines
+
+
+def test_results_stand_whole_on_their_own_lines_above_the_bars():
+    piped = subprocess.run(COMMAND, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
+    assert piped.returncode == 0, piped.stderr
+    results = piped.stdout.splitlines()
+    assert len(results) == 6 and all("\t" in r for r in results), piped.stdout
+    code, raw = run_in_pty(COMMAND)
+    assert code == 0, raw[-3000:]
+    assert BAR in raw, "no progress bar was drawn: not a terminal to rich?"
+    lines = screen(raw)
+    for result in results:
+        assert result in lines, f"{result!r} is not whole on a line of its own:\n" + "\n".join(lines)
+    glued = [line for line in lines if BAR in line and ".png\t" in line]
+    assert not glued, glued
+    assert not any(BAR in line for line in lines), "a stale bar was left on the screen"
+    # the bytes of each result reach the terminal as they reach a pipe (no tab expansion)
+    for result in results:
+        assert result + "\r\n" in raw
+
+
+class _Job:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+def test_the_token_bar_follows_the_oldest_row_of_a_batch():
+    """A job joining a batch (item_started) no longer resets the bar of the row it follows;
+    the bar moves to the next row when that one finishes."""
+    from vlmspec_cli import ui
+
+    events = ui.BatchUI(quiet=False)
+    with events:
+        events.batch_started(3, 0)
+        a, b, c = _Job("a.png"), _Job("b.png"), _Job("c.png")
+        events.item_started(a)
+        events.item_started(b)
+        events.tokens(a, 5, 16)
+        events.item_started(c)                    # b finished; c joins while a decodes
+        task = events.progress.tasks[events.tokens_task]
+        assert (task.completed, task.total, task.visible) == (5, 16, True)
+        events.tokens(a, 9, 16)
+        assert events.progress.tasks[events.tokens_task].completed == 9
+        events.item_done({"input": "a.png", "stats": {"mean_acceptance_length": 3.0,
+                                                      "mean_accept_len": 3.0}})
+        events.tokens(c, 2, 16)                   # the oldest row now
+        task = events.progress.tasks[events.tokens_task]
+        assert (task.completed, task.total) == (2, 16)
