@@ -184,9 +184,22 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
     if summary.speedup is not None:
         note = f" ({summary.mismatches} mismatching!)" if summary.mismatches else ""
         table.add_row("speedup vs target-only", f"{summary.speedup:.2f}x{note}")
+    if summary.compared:
+        table.add_row("identical to target-only", identical_note(summary),
+                      style="red" if summary.mismatches else None)
     for name, value in (extra or {}).items():
         table.add_row(name, str(value))
     stderr.print(table)
+
+
+def identical_note(summary) -> str:
+    """--compare's verdict: "6/6 (0 mismatches)"; outputs that may differ (sampled at
+    T > 0, or a lossy option) are not mismatches."""
+    n = summary.mismatches
+    verdict = f"{summary.identical}/{summary.compared}"
+    if summary.must_match:
+        return f"{verdict} ({n} mismatch{'' if n == 1 else 'es'})"
+    return f"{verdict} (may differ: sampled at T > 0, or lossy)"
 
 
 def profiles_table(rows) -> None:

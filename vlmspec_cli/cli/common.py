@@ -276,6 +276,20 @@ def stdout_failed(exc: OSError) -> str:
     return f"cannot write ({exc.strerror or exc})"
 
 
+def lossy_row(prof) -> dict:
+    """The summary's "lossless: no (why)" row when an option changes the output from the
+    target's own (profile.lossless); {} when lossless."""
+    t = prof.target
+    reasons = [why for lossy, why in (
+        (prof.prune.active, "visual-token pruning"),
+        (prof.acceptance == "relaxed", "relaxed acceptance"),
+        (t.quantize == "int8" and t.int8_threshold > 0, "int8 outlier decomposition"))
+        if lossy]
+    if prof.lossless and not reasons:
+        return {}
+    return {"lossless": f"no ({', '.join(reasons) or 'a lossy option'})"}
+
+
 def finish_batch(prof, summary, quiet: bool) -> None:
     """The summary table, a line if outputs differ from target-only, and the exit code:
     1 if any input failed or differed, else 0."""
@@ -285,7 +299,7 @@ def finish_batch(prof, summary, quiet: bool) -> None:
         from vlmspec_cli.drafters import method_class
 
         method = method_class(prof.method)
-        ui.summary_table(summary, method.label(prof), method.drafts)
+        ui.summary_table(summary, method.label(prof), method.drafts, lossy_row(prof))
     if summary.mismatches:
         ui.error(f"{summary.mismatches} output(s) differ from target-only greedy decoding")
     sys.exit(1 if summary.failures or summary.mismatches else 0)

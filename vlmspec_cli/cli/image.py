@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (TSV_HELP, echo_result, fail, load_profile, method_option,
-                                    nonempty_path, print_plan, profile_option, set_option,
-                                    start_decoding, stdout_guard, tsv_field)
+from vlmspec_cli.cli.common import (TSV_HELP, echo_result, fail, load_profile, lossy_row,
+                                    method_option, nonempty_path, print_plan, profile_option,
+                                    set_option, start_decoding, stdout_guard, tsv_field)
 from vlmspec_cli.cli.types import FiniteFloat, Seed, Utf8Text
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
@@ -135,8 +135,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
                              heatmap=heatmap, compare=compare, emit=emit)
     if not quiet:
         extra = {"mean tree depth d̄": f"{sum(depths) / len(depths):.2f}"} if depths else {}
-        if not session.lossless:
-            extra["lossless"] = "no (relaxed acceptance)"
+        extra |= lossy_row(prof)
         ui.summary_table(summary, session.method.label(prof), session.method.drafts, extra)
     if summary.mismatches:
         ui.error(f"{summary.mismatches} image(s) differ from target-only greedy decoding")

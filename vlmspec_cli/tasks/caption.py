@@ -158,7 +158,9 @@ class BatchSummary:
     stats: SpecStats = field(default_factory=SpecStats)
     baseline_wall_s: float = 0.0
     compared: int = 0
-    mismatches: int = 0
+    identical: int = 0        # compared outputs equal to target-only decoding's
+    mismatches: int = 0       # ... differing where they must not (greedy, lossless)
+    must_match: bool = True   # greedy and lossless: every compared output must be identical
     batch_size: int = 1
     batched_s: float | None = None   # wall time of batched decoding (rows overlap in time)
 
@@ -283,7 +285,8 @@ def run_batch(session, items: list[Job], events: CaptionEvents,
               emit: Callable[[dict], None] | None = None) -> BatchSummary:
     """Caption every job not yet in ``sink``: one at a time, or ``generation.batch_size``
     together (runtime/batch.py); records come out as jobs finish."""
-    summary = BatchSummary(items=len(items))
+    summary = BatchSummary(items=len(items),
+                           must_match=session.sampling.greedy and session.lossless)
     done = sink.done_keys() if sink is not None else set()
     todo, summary.skipped = jobs_to_do(session.profile, items, done)
     events.batch_started(len(todo), summary.skipped)
@@ -305,7 +308,9 @@ def run_batch(session, items: list[Job], events: CaptionEvents,
         if "compare" in record:
             summary.compared += 1
             summary.baseline_wall_s += record["compare"]["target_only_wall_s"]
-            if session.sampling.greedy and not record["compare"]["identical"]:
+            if record["compare"]["identical"]:
+                summary.identical += 1
+            elif summary.must_match:
                 summary.mismatches += 1
         if sink is not None:
             sink.append(record)

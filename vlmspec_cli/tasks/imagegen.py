@@ -253,7 +253,8 @@ def run_images(session, jobs, events: CaptionEvents, *, force: bool = False,
     from vlmspec_cli.session import tree_methods
 
     heatmap = heatmap and session.profile.method in tree_methods()   # trees have accept lengths
-    summary = BatchSummary(items=len(jobs))
+    summary = BatchSummary(items=len(jobs),
+                           must_match=session.sampling.greedy and session.lossless)
     events.batch_started(len(jobs), 0)
     if compare:
         firsts = itertools.islice((job for job in jobs if job.error is None), 3)
@@ -322,9 +323,10 @@ def _generate(session, job: ImageJob, writes: list[Path], record: dict, events, 
         summary.baseline_wall_s += base_s
         summary.compared += 1
         same = base.tokens == result.tokens
-        if not same and session.sampling.greedy and session.lossless:
-            summary.mismatches += 1
-        record["compare"] = {"target_only_s": round(base_s, 4), "identical": same,
+        summary.identical += same
+        summary.mismatches += not same and summary.must_match
+        # the names caption's and video's records use
+        record["compare"] = {"target_only_wall_s": round(base_s, 4), "identical": same,
                              "speedup": round(base_s / stats.wall_s, 3) if stats.wall_s else None}
 
 

@@ -1,0 +1,57 @@
+"""What --compare promises, in the summary (issue 36): "whether the outputs are identical"
+is a row of the summary table (identical n/N and the mismatches), not only a field of
+--json; every task's records name target-only's time the same way; a lossy option (twig
+pruning) says "lossless: no (why)" in the summary, as relaxed acceptance does for images."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from conftest import fresh_scenes
+from vlmspec_cli.cli import cli
+
+
+def run(args):
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def _row(stderr: str, name: str) -> str:
+    """The value of the summary row ``name`` (the table is drawn with box characters)."""
+    line = next((line for line in stderr.splitlines() if name in line), None)
+    assert line is not None, f"no '{name}' row in:\n{stderr}"
+    return line.split(name, 1)[1].strip(" │|")
+
+
+def _shots(folder, n: int, seed: int):
+    for i, (_, image) in enumerate(fresh_scenes(n, seed=seed)):
+        image.save(folder / f"s{i}.png")
+    return str(folder)
+
+
+def test_caption_compare_summary_says_whether_outputs_are_identical(tmp_path):
+    res = run(["caption", _shots(tmp_path, 2, 77), "--compare", "--max-new-tokens", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    records = [json.loads(line) for line in res.stdout.splitlines()]
+    assert all(r["compare"]["identical"] for r in records)
+    assert _row(res.stderr, "identical to target-only") == "2/2 (0 mismatches)"
+    assert "lossless" not in res.stderr
+
+
+def test_twig_pruning_says_lossless_no_and_its_differences_are_no_mismatches(tmp_path):
+    res = run(["caption", _shots(tmp_path, 2, 78), "--profile", "tinyworld-twig", "--compare",
+               "--max-new-tokens", "8", "--set", "prune.keep=3", "--set", "prune.final_wipe=6"])
+    assert res.exit_code == 0, res.output   # lossy: an output may differ without failing
+    assert _row(res.stderr, "lossless") == "no (visual-token pruning)"
+    assert _row(res.stderr, "identical to target-only").endswith("(may differ: sampled at T > 0, or lossy)")
+
+
+def test_image_compare_records_use_caption_names_and_the_summary_row(tmp_path):
+    res = run(["generate-image", "a red circle on a blue background", "--compare", "--json",
+               "-o", str(tmp_path / "imgs"), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    record, = [json.loads(line) for line in res.stdout.splitlines()]
+    assert set(record["compare"]) == {"target_only_wall_s", "identical", "speedup"}
+    assert record["compare"]["identical"] is True
+    assert _row(res.stderr, "identical to target-only") == "1/1 (0 mismatches)"
