@@ -30,7 +30,7 @@ from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
-from vlmspec_cli.runtime.adapters.base import TextStack
+from vlmspec_cli.runtime.adapters.base import TextStack, cache_arg
 from vlmspec_cli.runtime.trunk import chunk_mask
 
 
@@ -113,7 +113,8 @@ class HiddenDraftHead(PreTrainedModel):
         pe = self.rotary(z, positions)
         for layer in self.layers:
             z = layer(z, attention_mask=attention_mask, position_ids=positions,
-                      past_key_values=cache, use_cache=cache is not None, position_embeddings=pe)
+                      **cache_arg(layer, cache), use_cache=cache is not None,
+                      position_embeddings=pe)
         return z
 
     def inputs(self, token_embeds: torch.Tensor, hidden: torch.Tensor,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vlmspec_cli.runtime.adapters.base import TextStack
+from vlmspec_cli.runtime.adapters.base import TextStack, cache_arg
 
 
 def chunk_mask(q: int, past: int, dtype: torch.dtype, device) -> torch.Tensor | None:
@@ -78,7 +78,7 @@ def run_layers(layers, rotary, hidden: torch.Tensor, positions: torch.Tensor, ca
         # 3-D positions go in through cos/sin only (as the model's own decoder passes them)
         hidden = layer(hidden, attention_mask=masks[past],
                        position_ids=positions if positions.dim() == 2 else None,
-                       past_key_values=cache, use_cache=True, position_embeddings=pe)
+                       **cache_arg(layer, cache), use_cache=True, position_embeddings=pe)
         if add_after and i in add_after:
             hidden = hidden + add_after[i].to(hidden.device, hidden.dtype)[:, rows]
     return hidden

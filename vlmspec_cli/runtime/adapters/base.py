@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,9 +165,9 @@ class ModelAdapter:
     def _model_forward(self, lm, inputs: dict, cache, **kwargs):
         """The model's own forward; a static cache gets the result copied in."""
         if not isinstance(cache, StaticKVCache):
-            return lm.model(**inputs, past_key_values=cache, use_cache=True, **kwargs)
+            return lm.model(**inputs, **cache_arg(lm.model, cache), use_cache=True, **kwargs)
         eager = DynamicCache(config=lm.model.config)
-        out = lm.model(**inputs, past_key_values=eager, use_cache=True, **kwargs)
+        out = lm.model(**inputs, **cache_arg(lm.model, eager), use_cache=True, **kwargs)
         cache.load(eager)
         return out
 
@@ -184,7 +186,8 @@ class ModelAdapter:
         if isinstance(cache, StaticKVCache):
             hidden, _ = lm.fast.run(lm.fast.embed(input_ids), cache, **extra)
             return lm.fast.logits(hidden)
-        return lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, **extra).logits
+        return lm.model(input_ids=input_ids, **cache_arg(lm.model, cache), use_cache=True,
+                        **extra).logits
 
     def greedy_chain(self, lm, first: torch.Tensor, cache, steps: int) -> torch.Tensor | None:
         """``steps`` greedy proposals in one compiled call (runtime/compiled_step.py):
@@ -218,9 +221,25 @@ class ModelAdapter:
             hidden, chosen = lm.fast.run(lm.fast.embed(input_ids), cache, hidden_layer=layer,
                                          **extra)
             return lm.fast.logits(hidden), chosen
-        out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+        out = lm.model(input_ids=input_ids, **cache_arg(lm.model, cache), use_cache=True,
                        output_hidden_states=True, **extra)
         return out.logits, out.hidden_states[layer]
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(forward) -> str:
+    try:
+        parameters = inspect.signature(forward).parameters   # through its decorators
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_arg(module, cache) -> dict:
+    """The keyword argument that hands ``cache`` to ``module``'s forward: ``cache=`` where
+    the installed transformers names it so (5.2x: ``past_key_values`` still works there
+    but warns, deprecated until its removal in 5.40), ``past_key_values=`` before (5.17)."""
+    return {_cache_keyword(type(module).forward): cache}
 
 
 def cache_length(cache) -> int:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, Emu3ForConditionalGeneration
 
-from vlmspec_cli.runtime.adapters.base import cache_length
+from vlmspec_cli.runtime.adapters.base import cache_arg, cache_length
 from vlmspec_cli.runtime.adapters.guided import GuidedImageAdapter
 
 # Emu3's published negative prompt (the model card's and transformers' example)
@@ -215,7 +215,7 @@ class Emu3Adapter(GuidedImageAdapter):
         mask = (columns >= pads[:, None].to(embeds.device)).long()
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
         out = lm.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                       past_key_values=cache, use_cache=True, logits_to_keep=1)
+                       **cache_arg(lm.model, cache), use_cache=True, logits_to_keep=1)
         cache.layout = RowLayout((int(pads[0]), int(pads[1])), length)
         first = torch.zeros(1, dtype=torch.long)
         return self._guided(lm, out.logits[:, -1:], first)[:, -1]
@@ -245,7 +245,7 @@ class Emu3Adapter(GuidedImageAdapter):
         additive = additive.masked_fill(~rows, torch.finfo(dtype).min)[:, None]
         out = lm.model(input_ids=input_ids.expand(2, n), attention_mask=additive,
                        position_ids=position_ids.to(lm.device).expand(2, n) - pads[:, None],
-                       past_key_values=cache, use_cache=True)
+                       **cache_arg(lm.model, cache), use_cache=True)
         index = position_ids[0].cpu() + 1 - layout.prompt_len
         return self._guided(lm, out.logits, index)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, JanusForConditionalGeneration
 
+from vlmspec_cli.runtime.adapters.base import cache_arg
 from vlmspec_cli.runtime.adapters.guided import GuidedImageAdapter
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 
@@ -126,8 +127,8 @@ class JanusAdapter(GuidedImageAdapter):
         else:
             embeds = lm.model.get_input_embeddings()(inputs["input_ids"])
         eager = cache if not isinstance(cache, StaticKVCache) else DynamicCache(config=lm.model.config)
-        out = lm.model.model.language_model(inputs_embeds=embeds, past_key_values=eager,
-                                            use_cache=True)
+        language = lm.model.model.language_model
+        out = language(inputs_embeds=embeds, **cache_arg(language, eager), use_cache=True)
         if eager is not cache:
             cache.load(eager)   # the fast path decodes from here (runtime/fast_decoder.py)
         return self._guided(lm, out.last_hidden_state[:, -1:])[:, -1]
@@ -145,6 +146,6 @@ class JanusAdapter(GuidedImageAdapter):
             extra["position_ids"] = position_ids.expand(2, -1)
         if isinstance(cache, StaticKVCache):
             return self._guided(lm, lm.fast.run(embeds, cache, **extra)[0])
-        out = lm.model.model.language_model(inputs_embeds=embeds, past_key_values=cache,
-                                            use_cache=True, **extra)
+        language = lm.model.model.language_model
+        out = language(inputs_embeds=embeds, **cache_arg(language, cache), use_cache=True, **extra)
         return self._guided(lm, out.last_hidden_state)
