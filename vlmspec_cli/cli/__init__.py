@@ -11,6 +11,7 @@ from vlmspec_cli.cli.caption import caption
 from vlmspec_cli.cli.common import fail
 from vlmspec_cli.cli.hwprofile import profile_cmd
 from vlmspec_cli.cli.image import generate_image
+from vlmspec_cli.cli.noise import silence_library_noise
 from vlmspec_cli.cli.profiles import profiles
 from vlmspec_cli.cli.run import run_recipe
 from vlmspec_cli.cli.video import describe_video
@@ -37,6 +38,7 @@ def cli() -> None:
     decoding, at T>0 it follows the target's distribution. Runs offline on the
     embedded tinyworld models by default.
     """
+    silence_library_noise()
 
 
 

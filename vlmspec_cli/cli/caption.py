@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -124,7 +125,10 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
             fail(str(exc))
         if session is not None:
             start_decoding(session, len(items) * prof.generation.max_new_tokens, quiet)
-        with ui.BatchUI(quiet=quiet) as events:
+        from vlmspec_cli.cli.noise import ray_backend_lines_hidden
+
+        quiet_ray = ray_backend_lines_hidden() if executor == "ray" else contextlib.nullcontext()
+        with quiet_ray, ui.BatchUI(quiet=quiet) as events:
             if executor == "ray":  # the workers load the models, not this process
                 from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray
                 try:
