@@ -34,7 +34,6 @@ from vlmspec_cli.drafters.base import DraftingMethod, register
 from vlmspec_cli.runtime.draft import Draft
 from vlmspec_cli.runtime.engine import eos_token_ids
 from vlmspec_cli.runtime.fast_decoder import FastDecoder, follow_target
-from vlmspec_cli.runtime.hidden_head import head_logits, prompt_pairs
 from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.static_cache import StaticKVCache
@@ -175,11 +174,17 @@ class HiddenDrafter(DraftingMethod):
         return out[0]
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        # imported here: the head's module imports transformers' models, which profile
+        # checks and --dry-run (they import every method) need not pay for
+        from vlmspec_cli.runtime.hidden_head import head_logits
+
         with torch.inference_mode():
             return head_logits(self.head, self.lm_head, h).float()
 
     # -- protocol -----------------------------------------------------------------------
     def prefill(self, state: DecodeState) -> None:
+        from vlmspec_cli.runtime.hidden_head import prompt_pairs   # as in _logits
+
         f = state.features
         if f is None or f.ids is None:
             raise RuntimeError("hidden drafter: the engine gave no prefill hidden states")

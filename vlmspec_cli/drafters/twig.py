@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from vlmspec_cli.drafters.base import DraftingMethod, register
 from vlmspec_cli.runtime.adapters.base import TextStack
@@ -193,6 +192,8 @@ class TwigDrafter(DraftingMethod):
         st = TwigState(twig_cache=None, rope_delta=run.rope_delta)
         attention = None
         if self.twig is not None:
+            from transformers import DynamicCache   # (not at import: see adapters/base.py)
+
             st.twig_cache = DynamicCache(config=self.twig.config)
             logits, attention = self._twig_forward(st, hidden_k, positions,
                                                    want_attention=self.prune is not None)

@@ -11,7 +11,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from vlmspec_cli.runtime.adapters.image_to_text import ImageToTextAdapter
 from vlmspec_cli.runtime.models import LoadedModel
 from vlmspec_cli.runtime.request import Message
 
@@ -29,6 +28,9 @@ class Captioner:
     @torch.inference_mode()
     def caption_batch(self, images: list) -> list[str]:
         """Greedy captions of several images in one batched generate() (left padding)."""
+        # (its module imports transformers' model classes: not before a captioner loads)
+        from vlmspec_cli.runtime.adapters.image_to_text import ImageToTextAdapter
+
         lm = self.lm
         tok = lm.tokenizer
         if isinstance(lm.adapter, ImageToTextAdapter):

@@ -18,7 +18,6 @@ enough space is wasted) packs each row's valid slots to the right.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 

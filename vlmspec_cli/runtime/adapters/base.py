@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 
@@ -131,7 +130,7 @@ class ModelAdapter:
         batch, runtime/ragged.py; the twig's split trunk)."""
         if static and lm.fast is not None:
             return lm.fast.new_cache()
-        return DynamicCache(config=lm.model.config)
+        return _dynamic_cache(lm.model.config)
 
     def fast_prompt_embeds(self, lm, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The prompt's input embeddings (1, L, H) where a prompt of token ids can run on the
@@ -166,7 +165,7 @@ class ModelAdapter:
         """The model's own forward; a static cache gets the result copied in."""
         if not isinstance(cache, StaticKVCache):
             return lm.model(**inputs, **cache_arg(lm.model, cache), use_cache=True, **kwargs)
-        eager = DynamicCache(config=lm.model.config)
+        eager = _dynamic_cache(lm.model.config)
         out = lm.model(**inputs, **cache_arg(lm.model, eager), use_cache=True, **kwargs)
         cache.load(eager)
         return out
@@ -224,6 +223,14 @@ class ModelAdapter:
         out = lm.model(input_ids=input_ids, **cache_arg(lm.model, cache), use_cache=True,
                        output_hidden_states=True, **extra)
         return out.logits, out.hidden_states[layer]
+
+
+def _dynamic_cache(config):
+    """transformers' DynamicCache; imported when first needed (importing transformers takes
+    a second that profile checks and --dry-run need not pay)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=config)
 
 
 @functools.lru_cache(maxsize=None)
