@@ -203,13 +203,25 @@ def identical_note(summary) -> str:
 
 
 def profiles_table(rows) -> None:
+    """``rows``: (name, task, path, description). In a terminal long cells wrap (a path
+    folds, never cut short); written to a file or a pipe, the table is as wide as its
+    longest row, so every path stays whole on its line."""
+    from rich.cells import cell_len
+
+    headers = ("name", "task", "description", "path")
+    cells = [(name, task, description, str(path)) for name, task, path, description in rows]
     table = Table(title="profiles", title_justify="left")
-    table.add_column("name", style="bold")
-    table.add_column("description")
-    table.add_column("path", style="dim")
-    for name, path, description in rows:
-        table.add_row(name, escape(description), escape(str(path)))
-    stderr.print(table)
+    table.add_column(headers[0], style="bold", no_wrap=True)
+    table.add_column(headers[1], no_wrap=True)
+    table.add_column(headers[2])
+    table.add_column(headers[3], style="dim", overflow="fold")
+    for row in cells:
+        table.add_row(*(escape(cell) for cell in row))
+    console = stderr
+    if not stderr.is_terminal:
+        widths = [max(cell_len(c) for c in column) for column in zip(headers, *cells)]
+        console = Console(stderr=True, highlight=False, width=sum(widths) + 3 * len(widths) + 1)
+    console.print(table)
 
 
 class Status:

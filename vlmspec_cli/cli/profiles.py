@@ -18,7 +18,7 @@ def profiles(name, sets):
 
     if name is None and not sets:
         rows = list_profiles()
-        ui.profiles_table(rows)
+        ui.profiles_table([(name, _task(path), path, desc) for name, path, desc in rows])
         for row in rows:
             click.echo(row[0])
         return
@@ -26,3 +26,14 @@ def profiles(name, sets):
     click.echo(f"# profile from {prof.source}")
     click.echo(profile_to_yaml(prof), nl=False)
 
+
+
+def _task(path) -> str:
+    """The task a profile file is for (its includes resolved), "?" when it cannot be read
+    as a profile (its description then says why)."""
+    from vlmspec_cli.profile import ProfileError, load_profile
+
+    try:
+        return load_profile(str(path)).task
+    except (ProfileError, OSError, ValueError):
+        return "?"
