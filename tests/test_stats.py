@@ -53,3 +53,22 @@ def test_target_only_has_no_drafted_tokens(zoo_target):
     s = res.state.stats
     assert s.num_draft_tokens == 0 and s.num_accepted_tokens == 0
     assert s.num_drafts == s.new_tokens == len(res.tokens)
+
+
+def test_records_use_vllm_metric_names_and_old_records_still_read():
+    """Records say mean_acceptance_length, draft_acceptance_rate and
+    num_accepted_tokens_per_pos (vLLM's names; issue 36), in the same places the short
+    names were; a record of the short names (an older run's Ray shard) reads the same."""
+    s = SpecStats()
+    for drafted, accepted in ((4, 4), (4, 1), (4, 0)):
+        s.record_round(drafted, accepted, accepted + 1)
+    d = s.to_dict()
+    assert d["mean_acceptance_length"] == pytest.approx(1 + 5 / 3, abs=1e-4)
+    assert d["draft_acceptance_rate"] == pytest.approx(5 / 12, abs=1e-4)
+    assert d["num_accepted_tokens_per_pos"] == [2, 1, 1, 1]
+    assert not {"mean_accept_len", "draft_accept_rate", "accepted_per_pos"} & set(d)
+    keys = list(d)
+    assert keys.index("num_accepted_tokens_per_pos") == keys.index("num_accepted_tokens") + 1
+    old = {("accepted_per_pos" if k == "num_accepted_tokens_per_pos" else k): v for k, v in d.items()}
+    for record in (d, old):
+        assert SpecStats.from_dict(record).to_dict() == d

@@ -162,9 +162,9 @@ def test_cli_every_container_and_a_frame_folder(clips, tmp_path):
         assert s["prefill_s"] > 0 and s["decode_s"] > 0 and 0 < s["prefill_share"] < 1
         # the head's proposals are really accepted (τ is 3.7 on this pair; a head that never
         # drafted, or whose drafts were all rejected, gives exactly 1.0)
-        assert s["mean_accept_len"] > 1.5
-        assert s["mean_accept_len"] == pytest.approx(1 + s["num_accepted_tokens"] / s["num_drafts"],
-                                                     abs=1e-4)
+        assert s["mean_acceptance_length"] > 1.5
+        assert s["mean_acceptance_length"] == pytest.approx(
+            1 + s["num_accepted_tokens"] / s["num_drafts"], abs=1e-4)
         assert s["draft_cache"]["entries"] < s["draft_cache"]["prompt_tokens"]
     # every container decodes to a video the target describes in its grammar
     assert all(world.parse_description(r["output"]) for r in records)

@@ -151,8 +151,8 @@ class BatchUI:
 
     def item_done(self, record: dict) -> None:
         if self.progress is not None:
-            s = record["stats"]
-            self._finished(record["input"], f"τ={s['mean_accept_len']:.2f}")
+            tau = record["stats"]["mean_acceptance_length"]
+            self._finished(record["input"], f"τ={tau:.2f}")
 
     def item_failed(self, item, reason: str, record: dict) -> None:
         if self.progress is not None:

@@ -18,7 +18,7 @@ Examples:
   vlmspec caption examples/images/                     # embedded tinyworld models
   vlmspec caption a.png b.png --prompt "what colour is the circle?"
   vlmspec caption 'shots/**/*.png' --out captions.jsonl   # rerun resumes
-  find . -name '*.png' | vlmspec caption - --json | jq .stats.mean_accept_len
+  find . -name '*.png' | vlmspec caption - --json | jq .stats.mean_acceptance_length
   vlmspec caption img.png --method chain --inputs text --compare
   vlmspec caption imgs/ --method tabed --inputs M,T,C,P --trace weights.jsonl
   vlmspec caption imgs/ --batch-size 8 --out caps.jsonl  # 8 inputs decoded together

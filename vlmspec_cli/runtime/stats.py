@@ -1,8 +1,11 @@
 """Speculative-decoding counters and derived metrics (the records' ``stats``). No formatting here.
 
-Names follow vLLM's spec-decode metrics: a *draft* is one draft→verify round;
-``mean_accept_len`` counts the bonus/correction token (1 + accepted / drafts);
-``accepted_per_pos[i]`` counts rounds whose draft token i+1 was accepted (unconditional).
+Records (``to_dict``) use vLLM's spec-decode metric names: a *draft* is one draft→verify
+round; ``mean_acceptance_length`` counts the bonus/correction token (1 + accepted /
+drafts); ``num_accepted_tokens_per_pos[i]`` counts rounds whose draft token i+1 was
+accepted (unconditional); ``draft_acceptance_rate`` is accepted / drafted. Here the
+attributes keep their short names (``mean_accept_len``, ``draft_accept_rate``,
+``accepted_per_pos``), which records written before used and ``from_dict`` still reads.
 """
 
 from __future__ import annotations
@@ -81,15 +84,17 @@ class SpecStats:
 
     @classmethod
     def from_dict(cls, d: dict) -> "SpecStats":
+        """A record's stats (vLLM's names, or the short ones of older records)."""
+        d = {_SHORT.get(k, k): v for k, v in d.items()}
         names = ("new_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
                  "accepted_per_pos", "accept_len_hist", "prefill_s", "wall_s", "caption_s",
                  "ensemble", "pruning", "trees", "draft_cache")
         return cls(**{k: d[k] for k in names if k in d})
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["mean_accept_len"] = round(self.mean_accept_len, 4)
-        d["draft_accept_rate"] = round(self.draft_accept_rate, 4)
+        d = {_RECORD.get(k, k): v for k, v in asdict(self).items()}
+        d["mean_acceptance_length"] = round(self.mean_accept_len, 4)
+        d["draft_acceptance_rate"] = round(self.draft_accept_rate, 4)
         d["tokens_per_s"] = round(self.tokens_per_s, 2)
         d["wall_s"] = round(self.wall_s, 4)
         d["prefill_s"] = round(self.prefill_s, 4)
@@ -100,6 +105,12 @@ class SpecStats:
             if d[optional] is None:
                 del d[optional]
         return d
+
+
+# attribute -> record name (vLLM's), and back
+_RECORD = {"accepted_per_pos": "num_accepted_tokens_per_pos",
+           "mean_accept_len": "mean_acceptance_length", "draft_accept_rate": "draft_acceptance_rate"}
+_SHORT = {record: short for short, record in _RECORD.items()}
 
 
 def _add_lists(a: list[int], b: list[int]) -> list[int]:
