@@ -43,7 +43,8 @@ from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.tasks.inputs import (InputError, load_image, name_problem, read_regular_file,
                                       shown_name)
 
-__all__ = ["ChatTurn", "Conversation", "ChatLineError", "read_chat_file", "load_conversation_images"]
+__all__ = ["ChatTurn", "Conversation", "ChatLineError", "read_chat_file", "load_conversation_images",
+           "parse_messages", "fs_name"]
 
 ROLES = ("user", "assistant")
 CONVERSATION_KEYS = ("id", "messages")
@@ -138,7 +139,7 @@ def _parse_message(i: int, msg: Any, base_dir: str) -> ChatTurn:
     for j, p in enumerate(images, 1):
         if not isinstance(p, str) or not p:
             raise _LineError(f"message {i}: image {j} must be a non-empty path string")
-        p = _fs_name(p)
+        p = fs_name(p)
         if name_problem(p):
             raise _LineError(f"message {i}: image {j} ({shown_name(p)}): {name_problem(p)}")
         paths.append(p if os.path.isabs(p) else os.path.join(base_dir, p))
@@ -153,7 +154,7 @@ def _is_unicode(text: str) -> bool:
     return True
 
 
-def _fs_name(path: str) -> str:
+def fs_name(path: str) -> str:
     """A path written in the (UTF-8) file as the file system names it, whatever the locale's
     encoding (under LC_ALL=C, "café.png" is the bytes c3 a9); unchanged when it cannot be
     (name_problem then says why)."""
@@ -180,6 +181,15 @@ def _parse_conversation(conv: Any, base_dir: str) -> list[ChatTurn]:
     if turns[-1].role != "user":
         raise _LineError("last message must be from the user")
     return turns
+
+
+def parse_messages(messages: Any, base_dir: str) -> list[ChatTurn]:
+    """A conversation's ``messages`` checked as a --chat line's are (for other files that
+    hold conversations: ``vlmspec bench``); ValueError with the reason otherwise."""
+    try:
+        return _parse_conversation({"messages": messages}, base_dir)
+    except _LineError as e:
+        raise ValueError(str(e)) from None
 
 
 def _read_text(path: str) -> str:
