@@ -22,7 +22,9 @@ classmethods that need no model:
 - ``compile_plan(profile)``, ``plain_draft_steps(profile)``: the steps its decoding
   runs (what ``runtime.compile`` compiles before decoding);
 - ``searched_first``, ``own_probe(profile)``: where ``vlmspec calibrate`` starts and how
-  it replays the profile's own configuration.
+  it replays the profile's own configuration;
+- ``beside(profile, shipped)``: what it needs to run from a profile written for another
+  method (``vlmspec bench`` runs every method from one profile).
 
 A method is one module of this package with a ``@register("name")`` class; the package
 imports every module, so nothing else lists the methods, and nothing outside this package
@@ -133,6 +135,14 @@ class DraftingMethod(Drafter):
         drafts chains of γ to replay, the draft model's rows per level for the latency
         tables (0: time it), a tree's (depth, top_k, total_tokens) or None)."""
         return False, 0, None
+
+    @classmethod
+    def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
+        """Dotted settings (besides ``method``) that run this method from ``profile``,
+        written for another method: ``vlmspec bench`` runs every method from one profile.
+        ``shipped``: the models shipped for the profile's target that this method loads
+        (tasks/calibrate_space.py SHIPPED_COMPANIONS: a hidden-state head, a twig)."""
+        return {}
 
     @classmethod
     def task_error(cls, task: str, methods: list[str]) -> str:

@@ -106,6 +106,15 @@ class EnsembleDrafter(DraftingMethod):
                    temperature=e.temperature, trace=trace)
 
     @classmethod
+    def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
+        """A profile written for a one-input method: ensemble its input with the text-only
+        view (TABED's MT pair; a text-only input stays alone, the draft may take no image)."""
+        inputs = list(profile.drafting.inputs)
+        if len(inputs) == 1 and inputs[0] != "text":
+            return {"drafting.inputs": [*inputs, "text"]}
+        return {}
+
+    @classmethod
     def describe(cls, profile) -> str:
         return draft_line(profile)
 

@@ -118,6 +118,12 @@ class HiddenDrafter(DraftingMethod):
         return cls(target, head, sampling, eos_ids=eos_token_ids(target), tree=tree)
 
     @classmethod
+    def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
+        """The head shipped for this target (the profile's own hidden.model is for another
+        one, or for none), at the layer it was trained on."""
+        return {"hidden.model": shipped[0], "hidden.layer": None} if shipped else {}
+
+    @classmethod
     def gamma(cls, profile) -> int:
         return profile.tree.depth if profile.hidden.tree else profile.drafting.gamma
 

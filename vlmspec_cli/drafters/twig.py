@@ -144,6 +144,11 @@ class TwigDrafter(DraftingMethod):
                    prune=plan)
 
     @classmethod
+    def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
+        """The twig shipped for this target, on the layer it grows from."""
+        return {"twig.model": shipped[0], "twig.layers": None} if shipped else {}
+
+    @classmethod
     def drafting_inputs(cls, profile) -> list[str]:
         return []   # it drafts from the target's own layer-K states
 
