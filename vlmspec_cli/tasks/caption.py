@@ -67,9 +67,9 @@ def input_files(jobs: list[Job]) -> list[str]:
     return list(dict.fromkeys(f for job in jobs for f in (job.files or (job.path,))))
 
 
-def output_settings(profile, job: Job) -> dict:
+def output_settings(profile, job: Job | None = None) -> dict:
     """What besides the input and the prompt changes a job's output: the target, the
-    token limit, the sampling, anything lossy, and the job's own settings."""
+    token limit, the sampling, anything lossy, and the job's own settings (if a job)."""
     p, t = profile, profile.target
     settings: dict = {"target": t.model, "max_new_tokens": p.generation.max_new_tokens,
                       "temperature": p.sampling.temperature}
@@ -81,7 +81,7 @@ def output_settings(profile, job: Job) -> dict:
     if not p.lossless:
         settings["lossy"] = {"prune": [p.prune.keep, p.prune.layer, p.prune.final_wipe],
                              "int8_threshold": t.int8_threshold, "acceptance": p.acceptance}
-    return settings | dict(job.settings)
+    return settings | dict(job.settings if job is not None else ())
 
 
 def job_identity(profile, job: Job) -> dict:
