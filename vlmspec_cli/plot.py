@@ -258,3 +258,123 @@ def grid_heatmap(grid: list[list[float]], image_size: tuple[int, int] = (0, 0),
                 draw.text((box[0] + (cell - w) / 2, box[1] + (cell - h) / 2 - 1), text,
                           fill=ink, font=font)
     return img
+
+
+@dataclass
+class Bars:
+    """One series of a grouped bar chart: a value per group (None: no bar) and a short note
+    drawn above each bar."""
+
+    label: str
+    values: list[float | None]
+    notes: list[str] = field(default_factory=list)
+
+
+def bar_chart_png(groups: list[str], series: list[Bars], title: str = "", ylabel: str = "",
+                  reference: float | None = None, reference_label: str = "",
+                  height: int = 380) -> bytes:
+    """Grouped bars (one group per entry of ``groups``, one bar per series), each note
+    above its bar, a dashed line at ``reference`` and the legend above the axes (the
+    dashed line's entry named ``reference_label``); returns the PNG's bytes."""
+    if not groups or not series:
+        raise ValueError("bar_chart_png needs at least one group and one series")
+    small, big = _font(11), _font(13)
+    bar_w = 18
+    group_w = max(110, bar_w * len(series) + 30)
+    left, right_pad = 62, 16
+    img = Image.new("RGB", (left + group_w * len(groups) + right_pad, height), WHITE)
+    draw = ImageDraw.Draw(img)
+    if title:
+        w, _ = _text_size(draw, title, big)
+        draw.text(((img.width - w) // 2, 4), title, fill=BLACK, font=big)
+    legend = [(s.label, PALETTE[i % len(PALETTE)]) for i, s in enumerate(series)]
+    if reference is not None and reference_label:
+        legend.append((reference_label, None))
+    top = _bar_legend(draw, (left, 26), legend, small, img.width - right_pad) + 8
+    axes = (left, top, img.width - right_pad, height - 44)
+    values = [v for s in series for v in s.values if v is not None and math.isfinite(v)]
+    longest = max((_text_size(draw, n, small)[0] for s in series for n in s.notes), default=0)
+    room = (longest + 8) / max(axes[3] - axes[1], 1)      # the notes' share of the height
+    ticks = nice_ticks(0.0, max(values + [reference or 0.0, 1e-9]) / max(1 - room, 0.3))
+    py = _bar_axes(img, draw, axes, ticks, ylabel, small)
+    if reference is not None:
+        _dashed(draw, axes[0], axes[2], py(reference))
+    for g, name in enumerate(groups):
+        x0 = left + g * group_w + (group_w - bar_w * len(series)) // 2
+        for i, s in enumerate(series):
+            v = s.values[g] if g < len(s.values) else None
+            if v is None or not math.isfinite(v):
+                continue
+            bx = x0 + i * bar_w
+            draw.rectangle((bx, py(v), bx + bar_w - 3, axes[3]), fill=PALETTE[i % len(PALETTE)])
+            note = s.notes[g] if g < len(s.notes) else ""
+            if note:
+                _vertical_text(img, (bx + bar_w // 2 - 1, py(v) - 3), note, small)
+        w, _ = _text_size(draw, name, small)
+        draw.text((left + g * group_w + (group_w - w) / 2, axes[3] + 8), name, fill=BLACK, font=small)
+    buffer = io.BytesIO()
+    img.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _bar_axes(img, draw, axes, ticks, ylabel, small):
+    """Frame, y ticks, grid and y label; returns value -> pixel row."""
+    left, top, right, bottom = axes
+    lo, hi = ticks[0], ticks[-1]
+
+    def py(v: float) -> float:
+        return bottom - (v - lo) / (hi - lo) * (bottom - top)
+
+    for t in ticks:
+        y = py(t)
+        if top < y < bottom:
+            draw.line((left + 1, y, right - 1, y), fill=GRID)
+        draw.line((left - 4, y, left, y), fill=BLACK)
+        w, h = _text_size(draw, _fmt(t), small)
+        draw.text((left - 7 - w, y - h / 2 - 1), _fmt(t), fill=BLACK, font=small)
+    draw.rectangle((left, top, right, bottom), outline=FRAME)
+    if ylabel:
+        w, h = _text_size(draw, ylabel, small)
+        lab = Image.new("RGB", (w + 4, h + 6), WHITE)
+        ImageDraw.Draw(lab).text((2, 0), ylabel, fill=BLACK, font=small)
+        lab = lab.rotate(90, expand=True)
+        img.paste(lab, (4, max(top, (top + bottom - lab.height) // 2)))
+    return py
+
+
+def _dashed(draw, x0: float, x1: float, y: float) -> None:
+    x = x0 + 1
+    while x < x1 - 1:
+        draw.line((x, y, min(x + 6, x1 - 1), y), fill=BLACK)
+        x += 10
+
+
+def _vertical_text(img: Image.Image, bottom_centre: tuple[float, float], text: str, small) -> None:
+    """``text`` turned 90° (reading upwards), its bottom at ``bottom_centre``."""
+    draw = ImageDraw.Draw(img)
+    w, h = _text_size(draw, text, small)
+    lab = Image.new("RGB", (w + 4, h + 6), WHITE)
+    ImageDraw.Draw(lab).text((2, 0), text, fill=BLACK, font=small)
+    lab = lab.rotate(90, expand=True)
+    x, y = bottom_centre
+    img.paste(lab, (round(x - lab.width / 2), max(0, round(y - lab.height))))
+
+
+def _bar_legend(draw, origin: tuple[int, int], entries: list[tuple[str, tuple | None]], small,
+                right: int) -> int:
+    """Legend entries (label, colour; None: the dashed reference line) in rows from
+    ``origin``, wrapped at ``right``; returns the bottom of the last row."""
+    x0, y = origin
+    x = x0
+    for label, colour in entries:
+        w, h = _text_size(draw, label, small)
+        if x + w + 24 > right and x > x0:
+            x, y = x0, y + 18
+        if colour is None:
+            draw.line((x, y + 7, x + 4, y + 7), fill=BLACK)
+            draw.line((x + 8, y + 7, x + 12, y + 7), fill=BLACK)
+        else:
+            draw.rectangle((x, y + 2, x + 12, y + 12), fill=colour)
+        draw.text((x + 16, y), label, fill=BLACK, font=small)
+        x += w + 34
+    return y + 18
