@@ -320,3 +320,53 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
     if skipped:
         stderr.print(f"not tried: {escape('; '.join(skipped))}")
     stderr.print(f"winner: [bold]{escape(winner.label)}[/]")
+
+
+def bench_table(report, title: str = "vlmspec bench") -> None:
+    """``vlmspec bench``'s rows (tasks/bench_report.py BenchReport): per category, then
+    overall, each method by name (its shape listed below); a lossless row that differs
+    from target-only at T = 0 in red. Written whole, wider than 80 columns, when stderr
+    is a file or a pipe."""
+    table = Table(title=escape(title), title_justify="left")
+    for name, justify in (("category", "left"), ("method", "left"), ("n", "right"),
+                          ("MAT", "right"), ("speedup", "right"), ("tok/s", "right"),
+                          ("p50 ms", "right"), ("p90 ms", "right"), ("= target", "right"),
+                          ("accepted at position 1, 2, …", "left")):
+        table.add_column(name, justify=justify, no_wrap=name != "category")
+    last, labels = None, {}
+    for row in report.rows:
+        if last is not None and row.category != last:
+            table.add_section()
+        labels[row.method] = row.label + (f", {row.describe}" if row.describe else "")
+        table.add_row(escape(row.category) if row.category != last else "", escape(row.method),
+                      str(row.samples), f"{row.mat:.2f}",
+                      "-" if row.speedup is None else f"{row.speedup:.2f}x",
+                      f"{row.tokens_per_s:.1f}", _ms(row.p50_s), _ms(row.p90_s),
+                      _same(report, row),
+                      " ".join(f"{r:.2f}" for r in row.accept_per_pos[:6])
+                      + (" …" if len(row.accept_per_pos) > 6 else ""),
+                      style="red" if row.lossless and row.mismatched else None)
+        last = row.category
+    # rich caps a print's width at the console's: a file or pipe gets a console of its own
+    out = stderr if stderr.is_terminal else Console(stderr=True, highlight=False, soft_wrap=True,
+                                                    width=max(stderr.width, 140))
+    out.print(table)
+    for name, label in labels.items():
+        if label != name:
+            out.print(f"{escape(name)}: {escape(label)}", style="dim")
+    out.print("MAT: tokens per verification round, 1 + accepted/rounds (vLLM's "
+              "mean_acceptance_length); speedup: Σ target-only wall / Σ method wall over the "
+              "same samples; p50/p90: per-request latency; = target: samples identical to "
+              "target-only", style="dim")
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def _same(report, row) -> str:
+    if row.method == report.reference:
+        return "ref"
+    if not report.greedy:
+        return "n/a (T > 0)"
+    return f"{row.identical or 0}/{row.compared}"

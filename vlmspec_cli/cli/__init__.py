@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from vlmspec_cli import __version__
+from vlmspec_cli.cli.bench import bench
 from vlmspec_cli.cli.calibrate import calibrate_cmd
 from vlmspec_cli.cli.caption import caption
 from vlmspec_cli.cli.common import fail
@@ -43,7 +44,7 @@ def cli() -> None:
 
 
 for _command in (caption, generate_image, describe_video, profiles, profile_cmd, calibrate_cmd,
-                 run_recipe):
+                 bench, run_recipe):
     cli.add_command(_command)
 
 
