@@ -49,6 +49,11 @@ def test_each_method_gets_what_it_needs_beside_the_profiles_own():
     assert profiles["twig"].twig.model == "zoo:tinyworld/llava-deep-twig"
     assert list(profiles["tabed"].drafting.inputs) == ["multimodal", "text"]
     assert profiles["chain"] == base and profiles["none"].method == "none"
+    ensemble = load_profile(str(ROOT / "profiles" / "tinyworld-tabed.yaml"))    # M, T, C, P
+    profiles = method_profiles(ensemble, method_names(ensemble, ["chain", "tree", "tabed"]))
+    assert list(profiles["chain"].drafting.inputs) == list(profiles["tree"].drafting.inputs) \
+        == ["multimodal"]
+    assert profiles["tabed"] == ensemble
 
 
 def _rec(method, sample, category, wall, tokens, hashes, accepted=0, rounds=None):

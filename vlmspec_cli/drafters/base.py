@@ -179,6 +179,13 @@ def draft_line(profile) -> str:
     return f", draft {profile.draft.model} {list(profile.drafting.inputs)} γ={profile.drafting.gamma}"
 
 
+def first_input(profile) -> dict:
+    """``beside`` of a method that drafts from one input, from a profile with several (an
+    ensemble's): its first."""
+    inputs = list(profile.drafting.inputs)
+    return {"drafting.inputs": inputs[:1]} if len(inputs) > 1 else {}
+
+
 def one_input(profile) -> str:
     """The single drafting input of a method that reads the request one way."""
     inputs = list(profile.drafting.inputs)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmspec_cli.drafters.base import one_input, register
+from vlmspec_cli.drafters.base import first_input, one_input, register
 from vlmspec_cli.drafters.draft_model import load_draft
 from vlmspec_cli.drafters.ensemble import EnsembleDrafter
 from vlmspec_cli.drafters.inputs import prefill_input
@@ -36,6 +36,10 @@ class ChainDrafter(EnsembleDrafter):
     @classmethod
     def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
         return True, 1, None
+
+    @classmethod
+    def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
+        return first_input(profile)   # not the ensemble's pairing: a chain reads one input
 
     def __init__(self, draft, sampling: SamplingParams, drafting_input: str = "multimodal",
                  image_token: str | None = None, captioner=None, trace=None) -> None:

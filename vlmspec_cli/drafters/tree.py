@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from vlmspec_cli.drafters.base import DraftingMethod, draft_line, one_input, register, tree_section
+from vlmspec_cli.drafters.base import (DraftingMethod, draft_line, first_input, one_input, register,
+                                      tree_section)
 from vlmspec_cli.drafters.draft_model import draft_model_names, load_draft
 from vlmspec_cli.drafters.inputs import check_inputs, prefill_input
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
@@ -114,6 +115,10 @@ class TreeDrafter(DraftingMethod):
     def check(cls, profile) -> None:
         if profile.task != "image":
             one_input(profile)
+
+    @classmethod
+    def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
+        return first_input(profile) if profile.task != "image" else {}
 
     @classmethod
     def from_profile(cls, profile, target, sampling, trace=None) -> "TreeDrafter":
