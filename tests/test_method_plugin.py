@@ -94,3 +94,14 @@ def test_the_toy_method_calibrates_and_profiles(tmp_path):
                "--contexts", "32", "--json", "-q")
     rounds = json.loads(res.stdout)["measurements"]["rounds"]
     assert rounds["method"] == "repeat" and rounds["rounds_drafting"] > 0
+
+
+def test_the_toy_method_benches_beside_the_shipped_ones():
+    """vlmspec bench runs it next to chain from the default profile (written for chain), on
+    the shipped MMSpec-format sample, and every reply equals target-only's."""
+    res = _run("bench", str(ROOT / "examples" / "mmspec" / "mmspec.jsonl"), "--methods",
+               "repeat,chain", "--limit", "2", "--max-new-tokens", "8", "--json", "-q")
+    recs = [json.loads(line) for line in res.stdout.splitlines()]
+    assert sorted({r["method"] for r in recs}) == ["chain", "none", "repeat"]
+    ref = {r["sample"]: [t["tokens_sha256"] for t in r["turns"]] for r in recs if r["method"] == "none"}
+    assert all([t["tokens_sha256"] for t in r["turns"]] == ref[r["sample"]] for r in recs)
