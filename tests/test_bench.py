@@ -109,9 +109,8 @@ def test_bar_chart_is_a_png():
 
 
 def test_usage_errors_come_before_any_model_loads(tmp_path, monkeypatch):
-    import vlmspec_cli.tasks.bench as bench
-
-    monkeypatch.setattr(bench, "build_session", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr("vlmspec_cli.session.build_session",
+                        lambda *a, **k: pytest.fail("loaded a model"))
     res = run([SAMPLE, "--methods", "none,chian"])
     assert res.exit_code == 2 and "unknown method 'chian' (did you mean 'chain'?)" in res.stderr
     res = run([SAMPLE, "--methods", "none,tabed", "--batch-size", "2"])

@@ -27,6 +27,7 @@ from vlmspec_cli.cli import cli
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = sorted((ROOT / "examples" / "images").glob("*.png"))
 VIDEO = sorted((ROOT / "examples" / "videos").glob("*.mp4"))[0]
+MMSPEC = ROOT / "examples" / "mmspec" / "mmspec.jsonl"
 FAST = ["--max-new-tokens", "4", "-q"]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
@@ -96,8 +97,9 @@ def test_bad_outputs_refused_in_one_line_before_any_model_loads(tmp_path, image,
         assert expected in res.stderr, (case, res.stderr)
     for case in ("image.png", "notes-no-final-newline.txt", "foreign-middle.jsonl"):
         path, why = cases[case]
-        res = run(["describe-video", str(VIDEO), "--out", str(path), *FAST])
-        assert res.exit_code == 2 and why in res.stderr and len(error_lines(res.stderr)) == 1
+        for args in (["describe-video", str(VIDEO)], ["bench", str(MMSPEC)]):
+            res = run([*args, "--out", str(path), *FAST])
+            assert res.exit_code == 2 and why in res.stderr and len(error_lines(res.stderr)) == 1
     assert snapshot(tmp_path) == before  # not a byte of any of them changed
 
 
@@ -111,6 +113,8 @@ def test_bad_outputs_refused_in_one_line_before_any_model_loads(tmp_path, image,
     (["profile", "--plot", "", "-p", "/no/such.yaml"], "--plot"),
     (["calibrate", "{image}", "--write", "", "-p", "/no/such.yaml"], "--write"),
     (["run", "{recipe}", "--state", "", "--dry-run"], "--state"),
+    (["bench", str(MMSPEC), "--out", "", "--dry-run"], "--out"),
+    (["bench", str(MMSPEC), "--plot", "", "--dry-run"], "--plot"),
 ])
 def test_an_empty_output_name_is_refused_not_taken_as_none(tmp_path, image, no_models,
                                                            monkeypatch, args, option):
@@ -148,6 +152,26 @@ def test_an_output_is_never_an_input(tmp_path, image, no_models, monkeypatch):
         assert "is also an input" in line and "never writes to its inputs" in line, line
     res = run(["caption", "h.png", "--out", "o.jsonl", "--trace", "./o.jsonl", *FAST])
     assert res.exit_code == 2 and "--trace and --out name the same file" in res.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_bench_never_writes_its_workload_or_images(tmp_path, image, no_models, monkeypatch):
+    """Not the DATASET, not an image a sample reads (--out or --plot, even with --force), and
+    --plot and --out never one file; refused before any model loads."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mm.jsonl").write_text(json.dumps({"id": "s", "image": "h.png",
+                                                   "turns": ["what is it?"]}) + "\n")
+    before = snapshot(tmp_path)
+    for args in (["--out", "mm.jsonl"], ["--out", str(image)], ["--out", "./h.png"]):
+        res = run(["bench", "mm.jsonl", *args, *FAST])
+        (line,) = error_lines(res.stderr)
+        assert res.exit_code == 2 and "is also an input" in line, (args, line)
+    for args in (["--plot", "h.png", "--force"], ["--plot", "mm.jsonl"]):
+        res = run(["bench", "mm.jsonl", *args, *FAST])
+        (line,) = error_lines(res.stderr)
+        assert res.exit_code == 2 and "is an input of this run" in line, (args, line)
+    res = run(["bench", "mm.jsonl", "--out", "o.jsonl", "--plot", "./o.jsonl", *FAST])
+    assert res.exit_code == 2 and "is the --out file too" in res.stderr
     assert snapshot(tmp_path) == before
 
 

@@ -27,7 +27,7 @@ from vlmspec_cli.profile import profile_to_dict, with_settings
 from vlmspec_cli.runtime.limits import PromptError, check_fits
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.stats import SpecStats
-from vlmspec_cli.session import ModelLoadError, SessionError, build_session, validate_method
+from vlmspec_cli.session import ModelLoadError, SessionError, validate_method
 from vlmspec_cli.tasks.calibrate_space import SHIPPED_COMPANIONS
 from vlmspec_cli.tasks.caption import output_settings
 from vlmspec_cli.tasks.inputs import InputError, load_image, utf8_name
@@ -138,6 +138,8 @@ def method_profiles(base, names: list[str], batch_size: int = 1) -> dict[str, ob
 
 def build_sessions(plan: BenchPlan, on_built: Callable[[str], None] | None = None) -> dict:
     """One session per method around one loaded target (the first session loads it)."""
+    from vlmspec_cli.session import build_session   # looked up now: tests stand in for it
+
     sessions, target = {}, None
     for name in plan.methods:
         try:
