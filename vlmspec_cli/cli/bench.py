@@ -48,7 +48,8 @@ def _list(ctx, param, value):
                    "profile's method].")
 @click.option("--categories", callback=_list, metavar="LIST",
               help="Only these categories (MMSpec's topic, else category; case, _ and - ignored).")
-@click.option("--limit", type=click.IntRange(min=1), help="Only the first N samples.")
+@click.option("--limit", type=click.IntRange(min=1),
+              help="Only the first N samples (of --categories; a bad line counts as one).")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1),
               help="Decode B samples of a category together (methods that batch only) "
                    "[profile: generation.batch_size, default 1].")
