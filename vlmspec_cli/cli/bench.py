@@ -96,7 +96,7 @@ def bench(dataset, methods, categories, limit, batch_size, profile, sets, max_ne
     _check_plot(plot_path, out, inputs, force)
     if dry_run:
         click.echo("# methods: " + ", ".join(plan.label(m) for m in plan.methods))
-        print_plan(prof, "sample(s)", [(f"{dataset}:{it.line} {it.key} [{it.group}]",
+        print_plan(prof, "sample(s)", [(f"{dataset}:{it.line} {it.key} [{it.group or '?'}]",
                                         getattr(it, "reason", None)) for it in plan.items])
         return
     if not quiet:
