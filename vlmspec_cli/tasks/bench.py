@@ -212,7 +212,8 @@ def turn_entry(question: str, result, latency_s: float | None = None) -> dict:
     st = result.state.stats
     return {"prompt": question, "output": result.text, "new_tokens": len(result.tokens),
             "latency_s": round(st.wall_s if latency_s is None else latency_s, 6),
-            "prefill_s": round(st.prefill_s, 6), "mean_accept_len": round(st.mean_accept_len, 4),
+            "prefill_s": round(st.prefill_s, 6),
+            "mean_acceptance_length": round(st.mean_accept_len, 4),
             "tokens_sha256": tokens_digest(result.tokens)}
 
 
