@@ -172,7 +172,7 @@ def test_prompt_length_counts_what_the_target_sees():
     chain = dict(cpu, method="chain", **{"drafting.inputs": ["multimodal"]})
     video = build_session(load_profile("tinyworld-video", cli=chain))
     lm = video.target
-    assert position_limits(video) == [("target", 4096), ("draft", 4096)]
+    assert position_limits(video.position_readers()) == [("target", 4096), ("draft", 4096)]
     for n, size in ((8, 32), (5, (48, 32))):
         clip = clip_from_arrays(moving_square_frames(n, size=size), fps=4)
         messages = [Message("user", "describe the video.", videos=(clip,))]
@@ -180,7 +180,7 @@ def test_prompt_length_counts_what_the_target_sees():
         encoded = lm.adapter.encode(lm, text, None, videos=[clip])["input_ids"].shape[1]
         assert prompt_tokens(lm, messages) == encoded  # counted without patchifying
     twig = build_session(load_profile("tinyworld-twig", cli=cpu))
-    assert [role for role, _ in position_limits(twig)] == ["target", "twig"]
+    assert [role for role, _ in position_limits(twig.position_readers())] == ["target", "twig"]
     assert position_limit(twig.target) == 1024
 
 

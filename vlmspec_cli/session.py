@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
+from vlmspec_cli.runtime import limits
 from vlmspec_cli.runtime.batch import BatchedEngine
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, peek_adapter,
@@ -45,6 +46,19 @@ class Session:
     @property
     def lossless(self) -> bool:
         return bool(self.profile.lossless and self.engine.drafter.lossless)
+
+    def position_readers(self) -> list[tuple[str, LoadedModel]]:
+        """(role, model) of the target and of the models that read its positions."""
+        return [("target", self.target), *self.engine.drafter.position_readers(self.profile)]
+
+    def check_fits(self, request, generated: str = "max_new_tokens") -> None:
+        """runtime.limits.check_fits against this session's models (raises PromptError)."""
+        limits.check_fits(self.target, self.position_readers(), request, generated)
+
+    def check_prompt_fits(self, prompt: str, generated: str = "max_new_tokens") -> None:
+        """runtime.limits.check_prompt_fits against this session's models."""
+        limits.check_prompt_fits(self.target, self.position_readers(), prompt,
+                                 self.profile.generation.max_new_tokens, generated)
 
     def fast_path_summary(self) -> str:
         """Which models decode on the static-cache fast path and which through

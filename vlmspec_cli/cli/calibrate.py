@@ -72,7 +72,6 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     images (caption), prompts (image) or videos (video).
     """
     from vlmspec_cli import ui
-    from vlmspec_cli.runtime.limits import check_fits
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session
     from vlmspec_cli.tasks.calibrate import as_dicts, calibrate, winner_yaml
@@ -103,7 +102,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
         if not requests:
             fail("no usable samples")
         for request in requests:  # one too long is refused before anything is measured
-            check_fits(session, request)
+            session.check_fits(request)
     except (SessionError, ModelLoadError, ValueError) as exc:
         fail(str(exc))
     if note:

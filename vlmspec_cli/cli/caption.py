@@ -73,7 +73,6 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     or --json), progress and the summary table to stderr.
     """
     from vlmspec_cli import ui
-    from vlmspec_cli.runtime.limits import check_prompt_fits
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.caption import chat_jobs, image_jobs, input_files, run_batch
@@ -120,7 +119,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
             session = (build_session(prof, trace=trace_sink and trace_sink.append)
                        if executor == "local" else None)
             if session is not None and not chat_file:  # the same prompt for every image
-                check_prompt_fits(session, prof.generation.prompt)
+                session.check_prompt_fits(prof.generation.prompt)
         except (SessionError, ModelLoadError, ValueError) as exc:
             fail(str(exc))
         if session is not None:

@@ -65,7 +65,6 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session
-    from vlmspec_cli.runtime.limits import check_fits
     from vlmspec_cli.tasks.hwprofile import (check_contexts, check_outputs, hardware_yaml,
                                              run_profile, sample_request, save_outputs)
     from vlmspec_cli.tasks.output_files import OutputRefused
@@ -81,7 +80,7 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
         check_outputs(write_path, plot_path, prof.source, force)  # before anything loads
         session = build_session(prof)
         if prof.task != "image":   # an image profile's sample is a prompt and its grid
-            check_fits(session, sample_request(prof))
+            session.check_fits(sample_request(prof))
         check_contexts(session.target, extra)
         if compile_steps and session.target.fast is None:
             raise ValueError("--compile times the fast path's compiled steps; the target is not "

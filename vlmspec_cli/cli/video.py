@@ -58,7 +58,6 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
     (text or --json); progress, one line per bad file and the summary to stderr.
     """
     from vlmspec_cli import ui
-    from vlmspec_cli.runtime.limits import check_prompt_fits
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session, validate_method
     from vlmspec_cli.tasks.caption import input_files, run_batch
@@ -95,7 +94,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
           exit_130_on_interrupt(sink, record_printer(as_json, sink)) as emit):
         try:
             session = build_session(prof)
-            check_prompt_fits(session, prof.generation.prompt)  # before the videos' own tokens
+            session.check_prompt_fits(prof.generation.prompt)  # before the videos' own tokens
         except (SessionError, ModelLoadError, ValueError) as exc:
             fail(str(exc))
         start_decoding(session, len(items) * prof.generation.max_new_tokens, quiet)

@@ -85,6 +85,14 @@ class DraftingMethod(Drafter):
     def gamma(cls, profile) -> int:
         return profile.drafting.gamma
 
+    def position_readers(self, profile) -> list[tuple[str, object]]:
+        """The separate draft reads the target's positions when it is fed the multimodal
+        prompt or an image grid; a text, caption or pooled draft reads its own sequence."""
+        if self.draft is not None and (profile.task == "image"
+                                       or "multimodal" in profile.drafting.inputs):
+            return [("draft", self.draft)]
+        return []
+
     @classmethod
     def describe(cls, profile) -> str:
         """What the CLI adds after "method NAME" (", draft … γ=5"), or ""."""

@@ -166,6 +166,10 @@ class TwigDrafter(DraftingMethod):
                      f"final_wipe={profile.prune.final_wipe} (lossy)")
         return text
 
+    def position_readers(self, profile) -> list[tuple[str, object]]:
+        """The twig continues the target's own first layers, at the target's positions."""
+        return [("twig", self.twig)] if self.twig is not None else []
+
     def _check_prune(self, plan: PrunePlan) -> None:
         k, n = self.split.k, self.split.num_layers
         if self.twig is None:

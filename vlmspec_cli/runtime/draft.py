@@ -166,6 +166,11 @@ class Drafter:
     def finish(self, state: DecodeState) -> None:
         """After the last round: copy what the record reports to ``state.stats``."""
 
+    def position_readers(self, profile) -> list[tuple[str, object]]:
+        """(role, model) of the models besides the target that read the target's positions,
+        so a request must fit theirs too (runtime.limits). None by default."""
+        return []
+
     def extend_target(self, state: DecodeState, ids: torch.Tensor) -> torch.Tensor:
         """``runs_target`` drafters: the target's logits (1, n, V) for ``ids`` after its
         cache, replacing the engine's own forward."""

@@ -50,16 +50,10 @@ def position_limit(model) -> int | None:
     return None
 
 
-def position_limits(session) -> list[tuple[str, int]]:
-    """(role, positions) of the target and of the models that read its positions, the
-    smallest first."""
-    p = session.profile
-    readers = [("target", session.target)]
-    if session.draft is not None and (p.task == "image" or "multimodal" in p.drafting.inputs):
-        readers.append(("draft", session.draft))
-    twig = getattr(session.engine.drafter, "twig", None)
-    if twig is not None:
-        readers.append(("twig", twig))
+def position_limits(readers) -> list[tuple[str, int]]:
+    """(role, positions) of ``readers`` ((role, model) pairs: the target and the models
+    that read its positions), the smallest first; models whose config names none are left
+    out."""
     limits = [(role, position_limit(m)) for role, m in readers]
     return sorted(((role, n) for role, n in limits if n), key=lambda rn: rn[1])
 
@@ -119,34 +113,33 @@ def _check_chars(lm, messages: list[Message], new: int, limit: tuple[str, int],
                                 "(not tokenized)")
 
 
-def check_fits(session, request: Request, generated: str = "max_new_tokens") -> None:
+def check_fits(target, readers, request: Request, generated: str = "max_new_tokens") -> None:
     """Raise ContextLimitError when the request's prompt + max_new_tokens exceed the
-    positions of the target (or of a model reading its positions), PlaceholderError when
-    its text holds an image placeholder. ``generated`` names what max_new_tokens is in
-    the message ("image tokens" for an image grid)."""
-    check_text(session.target, request.messages)
-    limits = position_limits(session)
+    positions of ``target`` or of one of ``readers`` ((role, model) pairs, the target's
+    included), PlaceholderError when its text holds an image placeholder. ``generated``
+    names what max_new_tokens is in the message ("image tokens" for an image grid)."""
+    check_text(target, request.messages)
+    limits = position_limits(readers)
     if not limits:
         return
-    _check_chars(session.target, request.messages, request.max_new_tokens, limits[0], generated)
-    tokens = prompt_tokens(session.target, request.messages)
+    _check_chars(target, request.messages, request.max_new_tokens, limits[0], generated)
+    tokens = prompt_tokens(target, request.messages)
     _raise_past(tokens, request.max_new_tokens, limits[0], generated)
 
 
-def check_prompt_fits(session, prompt: str, generated: str = "max_new_tokens") -> None:
+def check_prompt_fits(target, readers, prompt: str, max_new_tokens: int,
+                      generated: str = "max_new_tokens") -> None:
     """For a prompt shared by every input: raise ContextLimitError when it cannot fit
     even without images (inputs add their image / video tokens to this), PlaceholderError
     when it holds an image placeholder."""
     messages = [Message("user", prompt)]
-    check_text(session.target, messages)
-    limits = position_limits(session)
+    check_text(target, messages)
+    limits = position_limits(readers)
     if not limits:
         return
-    new = session.profile.generation.max_new_tokens
-    _check_chars(session.target, messages, new, limits[0], generated, " without images")
-    tokens = prompt_tokens(session.target, messages)
-    _raise_past(tokens, session.profile.generation.max_new_tokens, limits[0], generated,
-                " without images")
+    _check_chars(target, messages, max_new_tokens, limits[0], generated, " without images")
+    tokens = prompt_tokens(target, messages)
+    _raise_past(tokens, max_new_tokens, limits[0], generated, " without images")
 
 
 def _raise_past(tokens: int, new: int, limit: tuple[str, int], generated: str,

@@ -24,7 +24,7 @@ from typing import Callable
 
 from vlmspec_cli.drafters import method_class
 from vlmspec_cli.profile import profile_to_dict, with_settings
-from vlmspec_cli.runtime.limits import PromptError, check_fits
+from vlmspec_cli.runtime.limits import PromptError
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.stats import SpecStats
 from vlmspec_cli.session import ModelLoadError, SessionError, validate_method
@@ -264,7 +264,7 @@ def reply_request(session, sample: BenchSample, images, answers: list[str]) -> R
                       max_new_tokens=p.generation.max_new_tokens, seed=p.sampling.seed,
                       request_id=f"{sample.key}#{len(answers) + 1}")
     try:
-        check_fits(session, request)
+        session.check_fits(request)
     except PromptError as exc:
         raise InputError(sample.key, f"turn {len(answers) + 1}: {exc}") from None
     return request

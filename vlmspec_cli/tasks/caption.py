@@ -23,7 +23,7 @@ from typing import Callable, Protocol
 
 from vlmspec_cli.tasks.chat import ChatLineError, load_conversation_images, read_chat_file
 
-from vlmspec_cli.runtime.limits import PromptError, check_fits
+from vlmspec_cli.runtime.limits import PromptError
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.stats import SpecStats
 from vlmspec_cli.tasks.inputs import InputError, InputItem, load_image, utf8_name
@@ -214,7 +214,7 @@ def make_request(session, item: Job) -> Request:
     request = Request(item.load(), max_new_tokens=p.generation.max_new_tokens,
                       seed=p.sampling.seed, request_id=item.path)
     try:
-        check_fits(session, request)
+        session.check_fits(request)
     except PromptError as exc:   # too long, or an image placeholder in its text
         raise InputError(item.path, str(exc)) from None
     return request

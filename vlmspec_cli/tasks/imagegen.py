@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from vlmspec_cli.runtime.limits import check_fits
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.tasks.caption import BatchSummary, CaptionEvents, warm_up_compare
 from vlmspec_cli.tasks.output_files import OutputRefused, is_png, refusal, write_new
@@ -231,7 +230,7 @@ def image_request(session, job: ImageJob) -> Request:
     lm = session.target
     request = Request([Message("user", job.prompt)], seed=job.seed, request_id=job.path,
                       max_new_tokens=lm.adapter.num_image_tokens(lm))
-    check_fits(session, request, generated="image tokens")
+    session.check_fits(request, generated="image tokens")
     return request
 
 
