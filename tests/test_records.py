@@ -6,11 +6,8 @@ import stat
 
 import pytest
 
-from vlmspec_cli.tasks.records import (
-    atomic_write_bytes,
-    atomic_write_text,
-    record_key,
-)
+from vlmspec_cli.fileio import atomic_write_bytes, atomic_write_text
+from vlmspec_cli.tasks.records import record_key
 from vlmspec_cli.tasks.sink import JsonlSink, OutputError
 
 SETTINGS = {"target": "zoo:t", "max_new_tokens": 4, "temperature": 0.0, "lossless": True}

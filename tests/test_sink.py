@@ -14,7 +14,8 @@ import pytest
 
 from corpus import make_bad_outputs, torn_jsonl_bytes, vlmspec_record
 from vlmspec_cli.tasks import sink as sink_module
-from vlmspec_cli.tasks.records import atomic_write_bytes, record_key
+from vlmspec_cli.fileio import atomic_write_bytes
+from vlmspec_cli.tasks.records import record_key
 from vlmspec_cli.tasks.sink import TRACE, JsonlSink, OutputError, open_outputs
 
 

@@ -8,7 +8,11 @@
 5. no module outside the methods' package (vlmspec_cli/drafters/) compares a method's
    name (``p.method == "tree"``, ``probe.method in ("chain", "tabed")``): what differs
    between methods is declared by each method (drafters/base.py), so a new method is one
-   new file.
+   new file;
+6. the runtime never reads a session: no runtime function takes a parameter named
+   ``session`` (what it needs of one is passed in: models, readers, settings);
+7. floor 1 (vlmspec_cli/fileio.py: atomic writes, fsync, same-file) imports nothing from
+   the package, and every writer takes those from it: nothing else defines them.
 
 Imports count wherever they are (module level or inside a function), absolute or
 relative; ``import a.b.c`` and ``from a.b import c`` depend on the module a.b.c itself,
@@ -47,6 +51,9 @@ KNOWN_LONG_MODULES: set[str] = set()
 KNOWN_LONG_FUNCTIONS: set[str] = set()
 KNOWN_METHOD_COMPARISONS: set[str] = set()            # file:line
 METHODS = "drafters"                                  # the methods' package, under PACKAGE
+FLOOR_ONE = "vlmspec_cli.fileio"
+FLOOR_ONE_NAMES = {"atomic_write_bytes", "atomic_write_text", "fsync_dir", "same_file",
+                   "_same_file", "write_all", "write_new"}
 
 
 # ---------------------------------------------------------------------------- the checks
@@ -215,6 +222,34 @@ def method_comparisons(root: Path, package: str, names: set[str]) -> dict[str, s
     return out
 
 
+def session_parameters(root: Path, package: str, prefix: str) -> list[str]:
+    """``module.function`` for every function of the ``prefix`` modules with a parameter
+    named ``session``."""
+    out = []
+    for name, path in modules(root, package).items():
+        if name != prefix and not name.startswith(prefix + "."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+                if any(a.arg == "session" for a in params):
+                    out.append(f"{name}.{node.name}")
+    return sorted(out)
+
+
+def floor_one_definitions(root: Path, package: str) -> list[str]:
+    """``module.name`` for every top-level function named like floor 1's defined outside it."""
+    out = []
+    for name, path in modules(root, package).items():
+        if name == FLOOR_ONE:
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+            if isinstance(node, ast.FunctionDef) and node.name in FLOOR_ONE_NAMES:
+                out.append(f"{name}.{node.name}")
+    return sorted(out)
+
+
 def _listing(items) -> str:
     return "\n  " + "\n  ".join(items)
 
@@ -257,6 +292,19 @@ def test_no_method_name_compared_outside_the_methods_package():
              if k not in KNOWN_METHOD_COMPARISONS}
     assert not found, ("method names compared outside drafters/ (declare it on the method):"
                        + _listing(f"{k}: {v}" for k, v in sorted(found.items())))
+
+
+def test_the_runtime_never_reads_a_session():
+    found = session_parameters(ROOT, PACKAGE, RUNTIME)
+    assert not found, ("runtime functions taking a session (pass what they need):"
+                       + _listing(found))
+
+
+def test_floor_one_stands_alone_and_is_the_only_writer(graph):
+    assert graph[FLOOR_ONE] == set(), f"{FLOOR_ONE} imports {sorted(graph[FLOOR_ONE])}"
+    found = floor_one_definitions(ROOT, PACKAGE)
+    assert not found, ("file-writing helpers defined outside vlmspec_cli/fileio.py:"
+                       + _listing(found))
 
 
 def test_the_allowlist_names_only_real_offenders(graph):
@@ -322,6 +370,25 @@ def test_a_package_importing_its_own_submodules_is_no_cycle(tmp_path):
         "y.py": "def g(): return 1\n",
     })
     assert find_cycles(import_graph(root, "pkg")) == []
+
+
+def test_session_parameters_and_floor_one_copies_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "runtime/__init__.py": "",
+        "runtime/limits.py": "def fits(session, request): pass\ndef ok(target): pass\n",
+        "runtime/other.py": "class A:\n    def m(self, *, session=None): pass\n",
+        "tasks.py": "def run(session): pass\ndef same_file(a, b): pass\n",
+        "fileio.py": "def same_file(a, b): pass\n",
+    })
+    assert session_parameters(root, "pkg", "pkg.runtime") == ["pkg.runtime.limits.fits",
+                                                              "pkg.runtime.other.m"]
+    global FLOOR_ONE
+    saved, FLOOR_ONE = FLOOR_ONE, "pkg.fileio"
+    try:
+        assert floor_one_definitions(root, "pkg") == ["pkg.tasks.same_file"]
+    finally:
+        FLOOR_ONE = saved
 
 
 def test_forbidden_imports_are_found(tmp_path):

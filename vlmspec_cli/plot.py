@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image, ImageDraw, ImageFont
 
-from vlmspec_cli.tasks.records import atomic_write_bytes
+from vlmspec_cli.fileio import atomic_write_bytes
 
 PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40),
            (148, 103, 189), (140, 86, 75), (227, 119, 194), (23, 190, 207)]

@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Mapping
 
 import click
 
-from vlmspec_cli.tasks.output_files import same_file
+from vlmspec_cli.fileio import same_file
 
 __all__ = ["StepPath", "DERIVED_PATHS", "step_paths", "path_params", "state_collision"]
 

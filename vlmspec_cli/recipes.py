@@ -27,10 +27,9 @@ import yaml
 from vlmspec_cli.profile.yaml_file import YamlFileError, check_events, read_text
 from vlmspec_cli.recipe_paths import state_collision
 from vlmspec_cli.suggest import did_you_mean
-from vlmspec_cli.tasks.output_files import (MAX_OWN_BYTES, OutputRefused, check_output,
-                                            same_file)
+from vlmspec_cli.fileio import atomic_write_text, same_file
+from vlmspec_cli.tasks.output_files import MAX_OWN_BYTES, OutputRefused, check_output
 from vlmspec_cli.cli.types import IntList
-from vlmspec_cli.tasks.records import atomic_write_text
 
 __all__ = ["RecipeError", "Recipe", "Step", "load_recipe", "parse_vars", "run_recipe", "cli_run"]
 

@@ -116,7 +116,8 @@ def _check_plot(plot_path, out, inputs, force) -> None:
     never an input, never the --out file."""
     if not plot_path:
         return
-    from vlmspec_cli.tasks.output_files import OutputRefused, check_output, is_png, same_file
+    from vlmspec_cli.fileio import same_file
+    from vlmspec_cli.tasks.output_files import OutputRefused, check_output, is_png
 
     if out and same_file(plot_path, out):
         fail(f"--plot {plot_path}: is the --out file too; give two files")

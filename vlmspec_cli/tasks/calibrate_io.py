@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_profile, same_file,
-                                            write_checked)
+from vlmspec_cli.fileio import same_file
+from vlmspec_cli.tasks.output_files import OutputRefused, check_output, is_profile, write_checked
 
 
 # ------------------------------------------------------------------ samples

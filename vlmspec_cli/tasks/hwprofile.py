@@ -22,8 +22,9 @@ from vlmspec_cli.runtime.limits import position_limit, prompt_tokens
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.round_timing import time_rounds
 from vlmspec_cli.runtime.threads import ThreadPlan
+from vlmspec_cli.fileio import same_file
 from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_png, is_profile,
-                                            same_file, write_checked)
+                                            write_checked)
 from vlmspec_cli.zoo import world
 
 TAUS = (2.0, 3.0, 4.0)

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
+from vlmspec_cli.fileio import write_new
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.tasks.caption import BatchSummary, CaptionEvents, warm_up_compare
-from vlmspec_cli.tasks.output_files import OutputRefused, is_png, refusal, write_new
+from vlmspec_cli.tasks.output_files import OutputRefused, is_png, refusal
 
 TASK = "image"
 

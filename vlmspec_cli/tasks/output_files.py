@@ -8,20 +8,19 @@ recipe state file) may be written
   vlmspec profile over a vlmspec profile), never over anything else, and
 - never over an input of the same run (the samples, the profile it reads, the recipe).
 
-:func:`refusal` says why not (one phrase, no path: callers name the file or option), and
-:func:`write_new` writes atomically without replacing a file that appeared meanwhile.
+:func:`refusal` says why not (one phrase, no path: callers name the file or option).
 Decide with :func:`refusal` before any work (before models load or images decode), then
-write with :func:`write_new`. Knows nothing of click or rich.
+write with :func:`write_checked` (fileio.write_new: atomic, and without ``force`` never
+replacing a file that appeared meanwhile). Knows nothing of click or rich.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import Callable, Iterable
 
-from vlmspec_cli.tasks.records import fsync_dir
+from vlmspec_cli.fileio import same_file, write_new
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_OWN_BYTES = 1 << 20    # a profile or state file is a few KB; a bigger one is not ours
@@ -29,14 +28,6 @@ MAX_OWN_BYTES = 1 << 20    # a profile or state file is a few KB; a bigger one i
 
 class OutputRefused(Exception):
     """A file may not be written; the message is one line naming it and why."""
-
-
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """One file under two names (links and relative paths resolved)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def refusal(path: str | os.PathLike, *, force: bool, ours: Callable[[Path], bool], what: str,
@@ -120,28 +111,3 @@ def is_profile(path: Path, required: str | None = None) -> bool:
     return set(map(str, data)) <= allowed and (required is None or required in data)
 
 
-def write_new(path: Path, data: bytes, force: bool) -> None:
-    """Write ``data`` to ``path`` atomically; without ``force`` never replace a file that
-    exists (os.link refuses an existing name; the check and the rename are one step)."""
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    try:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if force:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise
-            except OSError:          # no hard links here: check, then rename
-                if path.exists():
-                    raise FileExistsError(str(path)) from None
-                os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)

@@ -1,5 +1,4 @@
-"""JSONL result records: their resume key, recognising a vlmspec JSONL file, and atomic
-whole-file writes.
+"""JSONL result records: their resume key and recognising a vlmspec JSONL file.
 
 A record is one line of JSON: an object with at least ``task`` and ``input`` (the input
 as the user spelled it). Records written since resume became path- and settings-aware
@@ -15,9 +14,7 @@ mid-write) starts, reading it as a stream of lines (a 150 MiB file costs a MiB, 
 the caller keeps of each record); the sink (tasks/sink.py) opens, locks and repairs files
 with it.
 
-Whole-file outputs use :func:`atomic_write_bytes` / :func:`atomic_write_text` (temp file
-in the same directory + fsync + ``os.replace``; a symbolic link is followed, so the link
-stays a link; a non-regular target such as ``/dev/stdout`` is written as a stream).
+Whole-file writes (atomic, fsynced) live in vlmspec_cli/fileio.py.
 
 This module knows nothing about the UI (no click/rich imports).
 """
@@ -26,10 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import stat
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 __all__ = [
@@ -38,10 +32,6 @@ __all__ = [
     "scan_jsonl",
     "scan_fd",
     "JsonlScan",
-    "fsync_dir",
-    "write_all",
-    "atomic_write_bytes",
-    "atomic_write_text",
 ]
 
 # the keys every vlmspec result record has; base records write "input" first
@@ -223,93 +213,3 @@ def quick_foreign(head: bytes, required: tuple[str, ...] = RECORD_KEYS) -> str |
     if not first.strip() or first.lstrip().startswith(b"{"):
         return None  # decided by scan_lines on the whole file
     return f"line 1 is {_why_not(_parse_object(first), required)}"
-
-
-# --------------------------------------------------------------------------
-# atomic whole-file writes
-# --------------------------------------------------------------------------
-
-
-def fsync_dir(directory: Path) -> None:
-    if os.name != "posix":
-        return
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)  # EINTR is retried by Python (PEP 475)
-        if n <= 0:
-            raise OSError(f"os.write wrote {n} bytes")
-        view = view[n:]
-
-
-def _write_stream(path: Path, data: bytes) -> None:
-    """Write to a non-regular file (a pipe, a terminal, /dev/null): no temp, no rename."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0))
-    try:
-        write_all(fd, data)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically.
-
-    Writes a temp file in the same directory (so ``os.replace`` is a rename
-    on one filesystem), fsyncs it, renames it over the target and fsyncs the
-    directory.  Readers see the old or the new content, never a mix.  The
-    temp file is removed on failure.  An existing target's permission bits
-    are kept; a new file gets the usual ``0o666 & ~umask``.  Parent
-    directories are created.  A symbolic link is followed (the file it points
-    to is replaced, the link stays); an existing non-regular target (a pipe,
-    ``/dev/stdout``) is written to directly and a directory raises
-    ``IsADirectoryError``.
-    """
-    path = Path(path)
-    try:
-        st = os.stat(path)
-    except OSError:
-        st = None
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(21, "Is a directory", str(path))
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        _write_stream(path, bytes(data))
-        return
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
-    parent = path.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-    try:
-        try:
-            write_all(fd, bytes(data))
-            if st is not None and hasattr(os, "fchmod"):
-                os.fchmod(fd, st.st_mode & 0o7777)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(parent)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
-    """:func:`atomic_write_bytes` for text (no newline translation)."""
-    atomic_write_bytes(path, text.encode(encoding))

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from vlmspec_cli.tasks.records import (RECORD_KEYS, fsync_dir, quick_foreign, record_key,
-                                       scan_fd, write_all)
+from vlmspec_cli.fileio import fsync_dir, same_file, write_all
+from vlmspec_cli.tasks.records import RECORD_KEYS, quick_foreign, record_key, scan_fd
 
 try:
     import fcntl
@@ -354,18 +354,6 @@ def _is_stream(path: str) -> bool:
         return False
 
 
-def _same_file(a: str, b: str, a_stat: os.stat_result | None) -> bool:
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    if a_stat is None:
-        return False
-    try:
-        st = os.stat(b)
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) == (a_stat.st_dev, a_stat.st_ino)
-
-
 def check_not_an_input(out: str, inputs: Iterable[str]) -> None:
     """Raise OutputError when ``out`` is one of ``inputs`` (by resolved path or inode)."""
     if _is_stream(out):
@@ -375,7 +363,7 @@ def check_not_an_input(out: str, inputs: Iterable[str]) -> None:
     except OSError:
         out_stat = None
     for name in inputs:
-        if _same_file(out, name, out_stat):
+        if same_file(out, name, out_stat):
             raise OutputError(f"{out}: is also an input ({name}); vlmspec never writes to "
                               "its inputs: choose another output file")
 
@@ -386,7 +374,7 @@ def open_outputs(out: str | None, inputs: Iterable[str] = (), trace: str | None 
     given), checked, locked and repaired: call before loading any model and close them
     when the run ends. Raises OutputError with the line to show."""
     inputs = list(inputs)
-    if out and trace and not _is_stream(out) and _same_file(trace, out, None):
+    if out and trace and not _is_stream(out) and same_file(trace, out):
         raise OutputError(f"{trace}: --trace and --out name the same file; give each its own")
     opened: list[JsonlSink] = []
     try:
