@@ -24,6 +24,9 @@ from vlmspec_cli.tasks.calibrate_space import (ADT_BETAS, IMAGE_TREE_SHAPES, TRE
                                                TWIG_THRESHOLDS)
 from vlmspec_cli.tasks.inputs import expand_inputs
 
+# `vlmspec profile` timed briefly on one thread (the thread search has its own test)
+QUICK = ("--repeats", "3", "--threads", "1")
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
@@ -33,7 +36,7 @@ def setup(tmp_path_factory):
     for i, (_, im) in enumerate(fresh_scenes(3, seed=4711)):
         im.save(samples / f"s{i}.png")
     hw = root / "hw.yaml"
-    res = CliRunner().invoke(cli, ["profile", "--repeats", "3", "--warmup", "1", "--contexts", "64",
+    res = CliRunner().invoke(cli, ["profile", *QUICK, "--warmup", "1", "--contexts", "64",
                                    "--write", str(hw), "-q"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     base = root / "base.yaml"

@@ -21,6 +21,9 @@ from vlmspec_cli.runtime.models import use_fast_path
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.verify import SamplingParams
 
+# `vlmspec profile` timed briefly on one thread (the thread search has its own test)
+QUICK = ("--repeats", "3", "--threads", "1")
+
 GREEDY = SamplingParams(0.0)
 
 
@@ -183,7 +186,7 @@ def test_profile_compile_measures_what_auto_reads(tmp_path):
     from vlmspec_cli.cli import cli
     from vlmspec_cli.session import build_session
     hw = tmp_path / "hw.yaml"
-    res = CliRunner().invoke(cli, ["profile", "--compile", "--repeats", "3", "--warmup", "1",
+    res = CliRunner().invoke(cli, ["profile", "--compile", *QUICK, "--warmup", "1",
                                    "--contexts", "64", "--set", "drafting.gamma=3",
                                    "--write", str(hw), "-q"], catch_exceptions=False)
     assert res.exit_code == 0, res.output

@@ -18,10 +18,13 @@ from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.latency import eq1_speedup, remarks, LatencyTables
 
+# `vlmspec profile` timed briefly on one thread (the thread search has its own test)
+QUICK = ("--repeats", "3", "--threads", "1")
+
 
 def test_profile_writes_hardware_yaml_that_loads_back(tmp_path):
     hw, png = tmp_path / "hw.yaml", tmp_path / "hw.png"
-    res = CliRunner().invoke(cli, ["profile", "--repeats", "3", "--warmup", "1", "--contexts", "64",
+    res = CliRunner().invoke(cli, ["profile", *QUICK, "--warmup", "1", "--contexts", "64",
                                    "--write", str(hw), "--plot", str(png), "--tau", "3", "-q"],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
@@ -48,7 +51,7 @@ def test_profile_writes_hardware_yaml_that_loads_back(tmp_path):
     res = CliRunner().invoke(cli, ["profile", "--write", str(hw), "--plot", str(png), "-q"])
     assert res.exit_code == 2 and f"--write {hw}: exists (use --force" in res.stderr
     assert (hw.read_bytes(), png.read_bytes()) == before
-    res = CliRunner().invoke(cli, ["profile", "--repeats", "3", "--warmup", "0", "--contexts", "32",
+    res = CliRunner().invoke(cli, ["profile", *QUICK, "--warmup", "0", "--contexts", "32",
                                    "--write", str(hw), "--plot", str(png), "--force", "-q"],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
@@ -56,7 +59,7 @@ def test_profile_writes_hardware_yaml_that_loads_back(tmp_path):
 
 
 def test_profile_json_to_stdout():
-    res = CliRunner().invoke(cli, ["profile", "--repeats", "3", "--warmup", "0", "--contexts", "32",
+    res = CliRunner().invoke(cli, ["profile", *QUICK, "--warmup", "0", "--contexts", "32",
                                    "--json", "-q", "--set", "method=none"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
@@ -69,7 +72,7 @@ def test_profile_json_to_stdout():
 def test_profile_times_the_rounds_of_every_method(args, method):
     """Methods without a separate draft model (hidden head, twig) get their drafting cost
     from timed rounds of their own decoding; trees report nodes and levels apart."""
-    res = CliRunner().invoke(cli, ["profile", *args, "--repeats", "3", "--warmup", "0",
+    res = CliRunner().invoke(cli, ["profile", *args, *QUICK, "--warmup", "0",
                                    "--contexts", "32", "--json", "-q"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
@@ -99,7 +102,7 @@ def test_profile_times_the_rounds_of_every_method(args, method):
 def test_profile_of_a_video_profile_times_every_length(tmp_path):
     png = tmp_path / "video.png"
     res = CliRunner().invoke(cli, ["profile", "-p", "tinyworld-video", "--frames", "4,16",
-                                   "--repeats", "3", "--warmup", "0", "--contexts", "64",
+                                   *QUICK, "--warmup", "0", "--contexts", "64",
                                    "--plot", str(png), "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
@@ -119,7 +122,7 @@ def test_profile_of_a_video_profile_times_every_length(tmp_path):
 
 def test_profile_of_an_image_profile_times_guided_steps_and_tree_sizes(tmp_path):
     hw, png = tmp_path / "img.yaml", tmp_path / "img.png"
-    res = CliRunner().invoke(cli, ["profile", "-p", "tinyworld-image", "--repeats", "3",
+    res = CliRunner().invoke(cli, ["profile", "-p", "tinyworld-image", *QUICK,
                                    "--warmup", "0", "--write", str(hw), "--plot", str(png), "-q"],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output

@@ -24,6 +24,9 @@ from vlmspec_cli.tasks.chat import read_chat_file
 from vlmspec_cli.tasks.inputs import InputError, load_image
 from vlmspec_cli.tasks.video_io import VideoError, read_video
 
+# `vlmspec profile` timed briefly on one thread (the thread search has its own test)
+QUICK = ("--repeats", "3", "--threads", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--max-new-tokens", "6", "-q", "--device", "cpu"]
 MiB = 1024 ** 2
@@ -128,7 +131,7 @@ def test_long_prompt_for_every_image_is_exit_2_before_decoding(image):
 
 def test_long_prompt_in_calibrate_and_profile_is_exit_2(image):
     prompt = "generation.prompt=" + corpus.long_prompt()
-    for args in (["calibrate", str(image), "--gammas", "2"], ["profile", "--repeats", "3"]):
+    for args in (["calibrate", str(image), "--gammas", "2"], ["profile", *QUICK]):
         res = run([*args, "--set", prompt, "-q", "--device", "cpu"])
         assert res.exit_code == 2, res.output
         assert re.search(r"prompt is [\d,]+ tokens \+ max_new_tokens \d+ = [\d,]+ > 1,024 "
@@ -254,7 +257,7 @@ def test_profile_yaml_numbers_are_profile_errors(tmp_path):
 
 
 def test_contexts_past_the_target_positions_are_exit_2():
-    res = run(["profile", "--contexts", "256,5000", "-q", "--device", "cpu", "--repeats", "3"])
+    res = run(["profile", "--contexts", "256,5000", "-q", "--device", "cpu", *QUICK])
     assert res.exit_code == 2
     assert "--contexts 5,000: the target has 1,024 positions" in res.stderr
 

@@ -17,6 +17,9 @@ from vlmspec_cli.drafters.base import DraftingMethod, register
 from vlmspec_cli.runtime.draft import Draft
 from vlmspec_cli.runtime.verify import point_mass
 
+# `vlmspec profile` timed briefly on one thread (the thread search has its own test)
+QUICK = ("--repeats", "3", "--threads", "1")
+
 
 class RepeatLastToken(DraftingMethod):
     """Proposes the last generated token γ times (the first token of a reply: token 0)."""
@@ -90,7 +93,7 @@ def test_the_toy_method_calibrates_and_profiles(tmp_path):
     out = json.loads(res.stdout)
     own = [c for c in out["candidates"] if c["method"] == "repeat"]
     assert own and all(c["mismatches"] == 0 for c in own)
-    res = _run("profile", "--set", "method=repeat", "--repeats", "3", "--warmup", "0",
+    res = _run("profile", "--set", "method=repeat", *QUICK, "--warmup", "0",
                "--contexts", "32", "--json", "-q")
     rounds = json.loads(res.stdout)["measurements"]["rounds"]
     assert rounds["method"] == "repeat" and rounds["rounds_drafting"] > 0
