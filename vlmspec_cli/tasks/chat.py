@@ -40,6 +40,7 @@ from typing import Any
 from PIL import Image
 
 from vlmspec_cli.suggest import did_you_mean
+from vlmspec_cli.tasks.json_line import JsonLineError, parse_json_line
 from vlmspec_cli.tasks.inputs import (InputError, load_image, name_problem, read_regular_file,
                                       shown_name)
 
@@ -90,15 +91,6 @@ def _check_keys(obj: dict, valid: tuple[str, ...], where: str) -> None:
         if key not in valid:
             hint = did_you_mean(key, valid, aliases=_KEY_HINTS)
             raise _LineError(f"{where}unknown key '{key}'{hint}")
-
-
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
-    obj: dict = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _LineError(f"duplicate key '{key}' in a JSON object")
-        obj[key] = value
-    return obj
 
 
 def _parse_id(conv: Any) -> str | None:
@@ -232,13 +224,9 @@ def read_chat_file(path: str) -> list[Conversation | ChatLineError]:
         key = f"{name}:{n}"
         try:
             try:  # parse the raw line so error columns match the file
-                conv = json.loads(raw, object_pairs_hook=_reject_duplicate_keys)
-            except json.JSONDecodeError as e:
-                raise _LineError(f"not valid JSON ({e.msg} at column {e.colno})") from None
-            except RecursionError:
-                raise _LineError("not valid JSON (nested too deeply)") from None
-            except ValueError as e:  # e.g. an integer too long to convert
-                raise _LineError(f"not valid JSON ({e})") from None
+                conv = parse_json_line(raw)
+            except JsonLineError as e:
+                raise _LineError(str(e)) from None
             key = _parse_id(conv) or key
             turns = _parse_conversation(conv, base_dir)
             if key in first_line:

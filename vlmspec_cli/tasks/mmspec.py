@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from vlmspec_cli.tasks.chat import ChatTurn, fs_name, parse_messages
 from vlmspec_cli.tasks.inputs import InputError, name_problem, shown_name
+from vlmspec_cli.tasks.json_line import JsonLineError, parse_json_line
 from vlmspec_cli.tasks.text_lists import (MAX_LIST_BYTES, ListFileError, ListTooLong,
                                           bounded_lines, open_list_file)
 
@@ -152,22 +153,10 @@ def _line(n: int, raw: bytes | None, too_long: str | None, name: str, base: str,
 
 
 def _json(text: str) -> dict:
-    def no_duplicates(pairs):
-        obj = {}
-        for k, v in pairs:
-            if k in obj:
-                raise _Bad(f"duplicate key '{k}' in a JSON object")
-            obj[k] = v
-        return obj
-
     try:
-        obj = json.loads(text, object_pairs_hook=no_duplicates)
-    except json.JSONDecodeError as e:
-        raise _Bad(f"not valid JSON ({e.msg} at column {e.colno})") from None
-    except RecursionError:
-        raise _Bad("not valid JSON (nested too deeply)") from None
-    except ValueError as e:   # e.g. an integer too long to convert
-        raise _Bad(f"not valid JSON ({e})") from None
+        obj = parse_json_line(text)
+    except JsonLineError as e:
+        raise _Bad(str(e)) from None
     if not isinstance(obj, dict):
         raise _Bad("expected a JSON object (a sample), got "
                    f"{type(obj).__name__ if obj is not None else 'null'}")
