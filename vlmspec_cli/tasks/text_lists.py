@@ -86,9 +86,13 @@ class _Replay(io.RawIOBase):
 def binary_stream(stream) -> BinaryIO:
     """The bytes behind ``stream``: a text stream's ``buffer`` (sys.stdin), a binary
     stream itself, or the UTF-8 encoding of an in-memory text stream (tests)."""
-    if isinstance(stream, (io.RawIOBase, io.BufferedIOBase)):
+    if isinstance(stream, io.BufferedIOBase):
         return stream
+    if isinstance(stream, io.RawIOBase):   # readline() on a raw stream reads byte by byte
+        return io.BufferedReader(stream, 64 * 1024)
     buffer = getattr(stream, "buffer", None)
+    if isinstance(buffer, io.RawIOBase):
+        return io.BufferedReader(buffer, 64 * 1024)
     if buffer is not None:
         return buffer
     if isinstance(stream, io.TextIOBase):
