@@ -69,7 +69,7 @@ if [ "$only" != bench ]; then
   timeout_opt=()
   "$py" -c 'import pytest_timeout' 2>/dev/null && timeout_opt=(--timeout=240)
   VLMSPEC_GPU_REPORT="$out/gpu-tests.jsonl" timeout "${VLMSPEC_GPU_TESTS_TIMEOUT_S:-300}" \
-    "$py" -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -rA --show-capture=no --durations=0 \
+    "$py" -m pytest -o addopts= -m gpu tests/test_gpu.py -p no:cacheprovider -rA --show-capture=no --durations=0 \
     "${timeout_opt[@]}" 2>&1 | tee "$out/gpu-tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi
