@@ -29,7 +29,8 @@ import time
 
 import torch
 
-from vlmspec_cli.runtime.fast_decoder import additive, project_qkv
+from vlmspec_cli.runtime.adapters.base import pick_layers
+from vlmspec_cli.runtime.fast_decoder import additive, layer_indices, project_qkv
 
 # row counts steps are padded to: powers of two, and between them from 8 on (a 20-node
 # tree verifies 21 rows: padded to 24, not 32)
@@ -78,10 +79,10 @@ class CompiledSteps:
         self.max_rows = BUCKETS[-1]
 
     def _layers(self, embeds, keys, values, position_ids, start, cache_mask, new_mask,
-                want: int):
+                want: tuple[int, ...]):
         """The decoder layers over ``embeds`` (B, nb, H) at ``position_ids``: returns the
-        final-normed states, the ``want`` entry of hidden_states (as transformers numbers
-        them), and the new rows' keys and values (L, B, kv_heads, nb, head_dim). Without
+        final-normed states, the ``want`` entries of hidden_states (as transformers numbers
+        them; several are concatenated), and the new rows' keys and values (L, B, kv_heads, nb, head_dim). Without
         masks (plain causal decoding) they are built here from ``start`` (a 0-d tensor:
         the cached positions), so the common step is one graph end to end."""
         nb = embeds.shape[1]
@@ -96,7 +97,8 @@ class CompiledSteps:
                                                         cache_mask, new_mask, None, want)
         return out, chosen, torch.stack(new_keys), torch.stack(new_values)
 
-    def _stack(self, embeds, cos, sin, keys, values, cache_mask, new_mask, prefix, want: int):
+    def _stack(self, embeds, cos, sin, keys, values, cache_mask, new_mask, prefix,
+               want: tuple[int, ...]):
         """The layers over ``embeds`` (B, nb, H): attention over the cache (``cache_mask``)
         and over the new rows — ``prefix`` (per layer, keys and values of rows computed
         earlier in the same graph, or None) then these — with ``new_mask``."""
@@ -105,7 +107,8 @@ class CompiledSteps:
         groups = d.heads // d.kv_heads
         cos, sin = cos[:, None], sin[:, None]
         cap = keys.shape[3]
-        h = chosen = embeds
+        h = embeds
+        picked = {0: embeds}
         new_keys, new_values = [], []
         for i, layer in enumerate(d.layers):
             attn = layer.self_attn
@@ -128,11 +131,11 @@ class CompiledSteps:
             o = o.to(h.dtype).reshape(batch, d.heads, nb, d.head_dim)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(batch, nb, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-            if want == i + 1:
-                chosen = h
+            if i + 1 in want:
+                picked[i + 1] = h
         out = d.stack.norm(h)
-        if want == len(d.layers):
-            chosen = out
+        picked[len(d.layers)] = out
+        chosen = pick_layers(picked, want if len(want) > 1 else want[0]) if want else embeds
         return out, chosen, new_keys, new_values
 
     def _chain(self, first, keys, values, start, steps: int):
@@ -153,7 +156,7 @@ class CompiledSteps:
                                           [torch.cat(x, dim=2) for x in fed_v])
             new_mask = torch.zeros(1, 1, 1, j + 1, device=h.device)
             out, _, nk, nv = self._stack(h, cos, sin, keys, values, cache_mask, new_mask,
-                                         prefix, -1)
+                                         prefix, ())
             for i in range(len(d.layers)):
                 fed_k[i].append(nk[i])
                 fed_v[i].append(nv[i])
@@ -190,9 +193,9 @@ class CompiledSteps:
             self.late_compiles += int(self.warm)
         return out
 
-    def run(self, embeds, cache, attention_mask, position_ids, want: int | None):
+    def run(self, embeds, cache, attention_mask, position_ids, want: tuple[int, ...] | None):
         """As ``FastDecoder.run`` for n <= the largest bucket; ``want``: the hidden_states
-        entry to return, as an index in [0, layers] (None: none)."""
+        entries to return (concatenated), as indices in [0, layers] (None: none)."""
         batch, n, width = embeds.shape
         nb = bucket_for(n)
         start = cache.length
@@ -209,7 +212,7 @@ class CompiledSteps:
             cache_mask, new_mask = self._masks(attention_mask, batch, n, nb, start,
                                                cache.capacity, embeds)
             torch._dynamo.mark_dynamic(cache_mask, 3)
-        w = -1 if want is None else want
+        w = () if want is None else tuple(want)
         lead = None if cache_mask is None else (cache_mask.shape[0], new_mask.shape[0])
         out, chosen, new_k, new_v = self._call(
             (batch, nb, lead, w, str(embeds.dtype)), self.step, embeds, cache.keys,
@@ -260,7 +263,7 @@ class CompiledSteps:
                 torch.where(new_visible, zero, low).contiguous())
 
     @torch.inference_mode()
-    def warm_up(self, buckets, batch: int = 1, hidden_layer: int | None = None,
+    def warm_up(self, buckets, batch: int = 1, hidden_layer: int | tuple | None = None,
                 masks=("causal",)) -> float:
         """Compile the steps for ``buckets`` (new-row counts) before decoding, on a scratch
         cache, for each kind of mask in ``masks`` (causal; tree: a 4-D mask; padded: 0/1
@@ -268,7 +271,7 @@ class CompiledSteps:
         as late."""
         d = self.decoder
         # hidden_states entries as run() receives them (FastDecoder.run normalises -1 …)
-        want = None if hidden_layer is None else hidden_layer % (len(d.layers) + 1)
+        want = layer_indices(hidden_layer, len(d.layers))
         t0 = time.perf_counter()
         # every bucket up to the largest: a round that drafts fewer tokens (an early stop,
         # the last tokens before max_new_tokens) verifies fewer rows

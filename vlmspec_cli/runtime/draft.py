@@ -141,7 +141,9 @@ class Drafter:
     name = "drafter"
     lossless = True             # False when the method changes the target it verifies against
     runs_target = False         # self-speculation: prefill and extend_target run the target
-    hidden_layer: int | None = None   # the target layer whose hidden states it reads
+    # the target layer whose hidden states it reads (transformers' hidden_states index), or
+    # a tuple of them read concatenated (EAGLE-3's low, mid and high layers)
+    hidden_layer: int | tuple[int, ...] | None = None
 
     def prepare(self, state: DecodeState) -> None:
         """Before the target's prefill: start work that can overlap it (e.g. captioning)."""

@@ -54,6 +54,7 @@ class SpeculativeEngine:
         self.runs_target = drafter.runs_target
         self.eos_ids = eos_token_ids(target)
         # hidden-state drafters (HiViS/Sparrow) read this layer of the target's forwards
+        # (EAGLE-3: a tuple of layers, concatenated)
         self.hidden_layer = None if self.runs_target else drafter.hidden_layer
         # LANTERN relaxed acceptance of tree nodes (verify.Relaxation; lossy, opt-in)
         self.relax: Relaxation | None = None
@@ -92,7 +93,9 @@ class SpeculativeEngine:
                                                        self.hidden_layer)
             ids = inputs["input_ids"][0]
             state.target_next_logits = logits[0]
-            state.features = TargetFeatures(hidden[0], 0, ids, lm.adapter.visual_mask(lm, ids))
+            pos = inputs.get("position_ids")     # (3, 1, L): M-RoPE families
+            state.features = TargetFeatures(hidden[0], 0, ids, lm.adapter.visual_mask(lm, ids),
+                                            None if pos is None or pos.dim() != 3 else pos[:, 0])
         self.drafter.prefill(state)
         state.stats.prefill_s = time.perf_counter() - t0
         return state

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vlmspec_cli.runtime.adapters.base import TextStack
+from vlmspec_cli.runtime.adapters.base import TextStack, pick_layers
 from vlmspec_cli.runtime.static_cache import BufferPool, StaticKVCache
 
 # the text decoders it runs; Qwen2-VL / Qwen2.5-VL's rotary module folds their 3-D
@@ -63,6 +63,15 @@ def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     dtype's most negative value elsewhere (what attention adds to its scores)."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
         ~allowed, torch.finfo(dtype).min)
+
+
+def layer_indices(hidden_layer, layers: int) -> tuple[int, ...] | None:
+    """``hidden_layer`` as indices of transformers' ``hidden_states`` in [0, layers]: one
+    index, or a tuple of them (EAGLE-3 reads three layers, concatenated); None: none."""
+    if hidden_layer is None:
+        return None
+    wanted = (hidden_layer,) if isinstance(hidden_layer, int) else tuple(hidden_layer)
+    return tuple(int(i) % (layers + 1) for i in wanted)
 
 
 def follow_target(target, decoder: "FastDecoder | None", make_stack, config,
@@ -128,9 +137,10 @@ class FastDecoder:
         length + n), bool (True = visible) or additive float, used as is (trees). ``position_ids`` (B, n), or (3, B, n) for
         Qwen2-VL's 3-D positions: default length, length + 1, … Returns the final-normed hidden states (B, n, H) and, with
         ``hidden_layer``, that entry of transformers' ``hidden_states`` (0 = embeddings,
-        i = after layer i; the last entry, -1, is after the final norm, as in transformers)."""
+        i = after layer i; the last entry, -1, is after the final norm, as in transformers),
+        or a tuple of entries concatenated (``adapters.base.pick_layers``)."""
         batch, n, _ = embeds.shape
-        want = None if hidden_layer is None else hidden_layer % (len(self.layers) + 1)
+        want = layer_indices(hidden_layer, len(self.layers))
         if self.compiled is not None and n <= self.compiled.max_rows:
             return self.compiled.run(embeds, cache, attention_mask, position_ids, want)
         start = cache.length
@@ -142,16 +152,18 @@ class FastDecoder:
         # cos/sin from the model's own rotary module: (B, n, head_dim), in the model dtype
         cos, sin = self.stack.rotary(embeds, position_ids)
         cos, sin = cos[:, None], sin[:, None]
-        chosen = embeds if want == 0 else None
+        want = want or ()
+        picked = {0: embeds}
         h = embeds
         for i, layer in enumerate(self.layers):
             h = self._layer(layer, h, cache, i, start, mask, cos, sin)
-            if want == i + 1:
-                chosen = h
+            if i + 1 in want:
+                picked[i + 1] = h
         cache.length = end
         out = self.stack.norm(h)
         # transformers (v5) puts the final-normed states in the last hidden_states entry
-        return out, (out if want == len(self.layers) else chosen)
+        picked[len(self.layers)] = out
+        return out, (pick_layers(picked, want if len(want) > 1 else want[0]) if want else None)
 
     def _layer(self, layer, h, cache: StaticKVCache, i: int, start: int, mask, cos, sin):
         """One decoder layer over h (B, n, H); its keys/values go to the cache's layer i at

@@ -44,14 +44,16 @@ class Request:
 
 @dataclass
 class TargetFeatures:
-    """The target's hidden states (one chosen layer) for drafters that read them
-    (``needs_target_hidden``): rows for target cache positions start, start + 1, …
-    At prefill also the prompt's ids and which positions are visual."""
+    """The target's hidden states (one chosen layer, or several concatenated: EAGLE-3) for
+    drafters that read them (``Drafter.hidden_layer``): rows for target cache positions
+    start, start + 1, … At prefill also the prompt's ids, which positions are visual and,
+    for families with 3-D positions (Qwen-VL's M-RoPE), the prompt's positions."""
 
-    hidden: torch.Tensor                    # (n, H)
+    hidden: torch.Tensor                    # (n, H) or (n, k·H)
     start: int = 0
     ids: torch.Tensor | None = None         # (L,) prompt ids, prefill only
     visual: torch.Tensor | None = None      # (L,) bool, prefill only
+    positions: torch.Tensor | None = None   # (3, L) prompt positions, prefill only
 
 
 @dataclass

@@ -142,7 +142,7 @@ class ModelAdapter:
         return None
 
     @torch.inference_mode()
-    def _fast_prefill(self, lm, inputs: dict, cache, layer: int | None = None):
+    def _fast_prefill(self, lm, inputs: dict, cache, layer=None):
         """The prompt through the fast path straight into a static cache: (last logits
         (1, V), the chosen layer's states or None), or None where it must take the model's
         own forward. The same layers, kernels and causal mask as the decoding steps, and
@@ -200,20 +200,21 @@ class ModelAdapter:
 
     # hidden-state drafters (HiViS/Sparrow) read one layer of the target's hidden states
     # from the same forwards: hidden_states[layer] (0 = embeddings, -1 = the last layer;
-    # transformers v5 gives that one after the final norm)
+    # transformers v5 gives that one after the final norm); EAGLE-3 reads a tuple of
+    # layers, concatenated (``pick_layers``)
     @torch.inference_mode()
     def prefill_hidden(self, lm, inputs: dict[str, torch.Tensor], cache,
-                       layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+                       layer) -> tuple[torch.Tensor, torch.Tensor]:
         """``prefill`` plus the chosen layer's hidden states of every prompt position,
         (B, V) and (B, L, H)."""
         fast = self._fast_prefill(lm, inputs, cache, layer)
         if fast is not None:
             return fast
         out = self._model_forward(lm, inputs, cache, logits_to_keep=1, output_hidden_states=True)
-        return out.logits[:, -1, :], out.hidden_states[layer]
+        return out.logits[:, -1, :], pick_layers(out.hidden_states, layer)
 
     @torch.inference_mode()
-    def extend_hidden(self, lm, input_ids: torch.Tensor, cache, layer: int,
+    def extend_hidden(self, lm, input_ids: torch.Tensor, cache, layer,
                       **extra) -> tuple[torch.Tensor, torch.Tensor]:
         """``extend`` plus the chosen layer's hidden states, (B, n, V) and (B, n, H)."""
         if isinstance(cache, StaticKVCache):
@@ -222,7 +223,15 @@ class ModelAdapter:
             return lm.fast.logits(hidden), chosen
         out = lm.model(input_ids=input_ids, **cache_arg(lm.model, cache), use_cache=True,
                        output_hidden_states=True, **extra)
-        return out.logits, out.hidden_states[layer]
+        return out.logits, pick_layers(out.hidden_states, layer)
+
+
+def pick_layers(states, layer) -> torch.Tensor:
+    """hidden_states[layer], or (a tuple of layers: EAGLE-3's low, mid and high) those
+    entries concatenated on the feature axis, in the order given."""
+    if isinstance(layer, int):
+        return states[layer]
+    return torch.cat([states[i] for i in layer], dim=-1)
 
 
 def _dynamic_cache(config):

@@ -249,10 +249,10 @@ class Emu3Adapter(GuidedImageAdapter):
         index = position_ids[0].cpu() + 1 - layout.prompt_len
         return self._guided(lm, out.logits, index)
 
-    def prefill_hidden(self, lm, inputs, cache, layer: int):
+    def prefill_hidden(self, lm, inputs, cache, layer):
         raise ValueError("hidden-state drafting reads text positions; Emu3 image generation "
                          "does not offer it")
 
-    def extend_hidden(self, lm, input_ids, cache, layer: int, **extra):
+    def extend_hidden(self, lm, input_ids, cache, layer, **extra):
         raise ValueError("hidden-state drafting reads text positions; Emu3 image generation "
                          "does not offer it")

@@ -208,7 +208,7 @@ class Qwen25VLAdapter(ModelAdapter):
         return super().prefill(lm, self._prefill_inputs(inputs, cache), cache)
 
     @torch.inference_mode()
-    def prefill_hidden(self, lm, inputs, cache, layer: int):
+    def prefill_hidden(self, lm, inputs, cache, layer):
         return super().prefill_hidden(lm, self._prefill_inputs(inputs, cache), cache, layer)
 
     @torch.inference_mode()
@@ -216,7 +216,7 @@ class Qwen25VLAdapter(ModelAdapter):
         return super().extend(lm, input_ids, cache, **self._extend_inputs(lm, input_ids, cache, extra))
 
     @torch.inference_mode()
-    def extend_hidden(self, lm, input_ids, cache, layer: int, **extra):
+    def extend_hidden(self, lm, input_ids, cache, layer, **extra):
         return super().extend_hidden(lm, input_ids, cache, layer,
                                      **self._extend_inputs(lm, input_ids, cache, extra))
 
