@@ -312,6 +312,34 @@ def load_hidden_head(name: str, target: LoadedModel):
     return head.to(target.device).eval()
 
 
+def load_eagle3_head(name: str, target: LoadedModel):
+    """A published EAGLE-3 head (runtime/eagle3_head.py): a directory as SpecForge writes it,
+    or a hub id (config.json and safetensors only are downloaded), checked and loaded onto
+    the target's device and dtype. A head not in the layout fails in one line naming the
+    key (``eagle3_format``)."""
+    from vlmspec_cli.runtime.eagle3_format import Eagle3FormatError
+    from vlmspec_cli.runtime.eagle3_head import load_head_dir
+
+    source = resolve_model_source(name)
+    if not Path(source).is_dir():
+        if Path(source).exists() or source.startswith((".", "/", "~")):
+            raise ModelLoadError(f"EAGLE-3 head '{name}': not a directory")
+        if not _hub_reachable():
+            raise ModelLoadError(f"EAGLE-3 head '{name}' is not a local directory and the hub is "
+                                 "unreachable (offline?); set eagle3.model to a directory")
+        from huggingface_hub import snapshot_download
+
+        try:
+            source = snapshot_download(name, allow_patterns=[
+                "config.json", "*.safetensors", "model.safetensors.index.json"])
+        except Exception as exc:   # the hub client's many error types: one line
+            raise ModelLoadError(f"cannot download EAGLE-3 head '{name}': {exc}") from exc
+    try:
+        return load_head_dir(source, target.device, target.dtype)
+    except Eagle3FormatError as exc:
+        raise ModelLoadError(f"EAGLE-3 head '{name}': {exc}") from exc
+
+
 def tokenizer_mismatch(target_tokenizer, draft_tokenizer) -> str | None:
     """Why a draft's token ids are not the target's (None when they are: the same
     tokenizer, perhaps with fewer or more ids than the target's table)."""

@@ -15,8 +15,10 @@ x_i and p_{n+1} the one after the whole chain.
   sampling distribution — whatever q is.
 * A draft of another vocabulary: a head smaller than the target's has q = 0 on the ids it
   lacks (``align_vocab``); a larger one is cut to the target's ids when it loads, so q is
-  renormalised over them and is what the draft samples from; a draft of another tokenizer
-  proposes re-tokenised text, verified as draws from a point mass (``point_mass``).
+  renormalised over them and is what the draft samples from; a head with a draft
+  vocabulary of its own (EAGLE-3's d2t map) has q = 0 off the target ids it maps to
+  (``draft_vocab_logits``); a draft of another tokenizer proposes re-tokenised text,
+  verified as draws from a point mass (``point_mass``).
 
 Both branches return (number of accepted draft tokens, the token the target adds).
 """
@@ -91,6 +93,32 @@ def align_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
         return q[..., :vocab_size]
     pad = q.new_zeros(*q.shape[:-1], vocab_size - q.shape[-1])
     return torch.cat([q, pad], dim=-1)
+
+
+def draft_vocab_logits(logits: torch.Tensor, target_ids: torch.Tensor,
+                       vocab_size: int) -> torch.Tensor:
+    """Logits over a draft vocabulary (…, V_d) put on the target's ids (…, V): draft id d
+    becomes target id ``target_ids[d]`` (EAGLE-3: d + d2t[d]); every other target id
+    gets −∞, so every distribution made from them has q = 0 there.
+
+    Why verification stays exact. ``target_ids`` is one-to-one (checked when the head
+    loads), so softmax of the scattered logits (with the same temperature and top-p warp
+    as p) is the draft distribution q_d carried over to the target ids:
+        q(y) = q_d(d)  if y = target_ids[d],   q(y) = 0  otherwise,
+    and the proposals are drawn from exactly this q (chains, and trees' draws without
+    replacement). Speculative sampling is exact for any q, so also for one with zeros:
+    a proposal x has q(x) > 0 and is accepted with probability min(1, p(x) / q(x)); on
+    rejection the replacement comes from norm(max(0, p − q)), which equals p on every id
+    the draft vocabulary lacks. So
+        P(y) = q(y) min(1, p(y)/q(y)) + (1 − Σ_x min(q(x), p(x))) · max(0, p(y) − q(y)) / Z
+             = min(q(y), p(y)) + max(0, p(y) − q(y)) = p(y),
+    with Z = Σ_y max(0, p(y) − q(y)) = 1 − Σ_x min(q(x), p(x)): target tokens outside the
+    draft vocabulary are emitted as often as p says, through the residual and the bonus
+    token. At temperature 0 the proposal is argmax q = target_ids[argmax q_d], verified by
+    equality with the target's argmax as any other."""
+    out = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    out[..., target_ids.to(logits.device)] = logits
+    return out
 
 
 def point_mass(tokens: list[int], vocab_size: int) -> torch.Tensor:
