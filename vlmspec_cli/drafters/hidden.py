@@ -179,6 +179,10 @@ class HiddenDrafter(DraftingMethod):
             out, _ = self._fast.run(z, st.cache, attention_mask=mask, position_ids=pos)
         return out[0]
 
+    def _target_rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's states as the head reads them (an EAGLE-3 head projects them)."""
+        return hidden
+
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         # imported here: the head's module imports transformers' models, which profile
         # checks and --dry-run (they import every method) need not pay for
@@ -282,7 +286,7 @@ class HiddenDrafter(DraftingMethod):
         end = st.row_start + (0 if st.rows is None else st.rows.shape[0])
         if f is not None and f.ids is None and f.start == end:
             kept = int(state.target_cache.get_seq_length()) - f.start
-            new = f.hidden[:kept]
+            new = self._target_rows(f.hidden[:kept])
             st.rows = new if st.rows is None else torch.cat([st.rows, new])
         state.features = None
         if st.tree is not None:

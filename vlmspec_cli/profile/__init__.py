@@ -24,6 +24,7 @@ from vlmspec_cli.profile.schema import (
     AdaptiveTreeSpec,
     CaptionerSpec,
     DraftingSpec,
+    Eagle3Spec,
     EnsembleSpec,
     GenerationSpec,
     HardwareSpec,
@@ -45,7 +46,7 @@ __all__ = [
     "DEFAULT_PROFILE", "ENV_VAR", "ProfileError", "list_profiles", "load_profile", "profile_keys",
     "profile_search_path", "profile_to_dict", "profile_to_yaml", "resolve_profile_path",
     "with_settings",
-    "AdaptiveTreeSpec", "CaptionerSpec", "DraftingSpec", "EnsembleSpec", "GenerationSpec",
-    "HardwareSpec", "HiddenSpec", "ImageSpec", "ModelSpec", "Profile", "PruneSpec", "RelaxedSpec", "RuntimeSpec",
+    "AdaptiveTreeSpec", "CaptionerSpec", "DraftingSpec", "Eagle3Spec", "EnsembleSpec",
+    "GenerationSpec", "HardwareSpec", "HiddenSpec", "ImageSpec", "ModelSpec", "Profile", "PruneSpec", "RelaxedSpec", "RuntimeSpec",
     "SamplingSpec", "TreeSpec", "TwigSpec", "VideoSpec",
 ]

@@ -158,6 +158,18 @@ class HiddenSpec:
 
 
 @dataclass
+class Eagle3Spec:
+    """A published EAGLE-3 head (method ``eagle3``): a directory as SpecForge writes it
+    (config.json with architectures LlamaForCausalLMEagle3, model.safetensors) or its hub id.
+    It reads three of the target's layers (those its config names, else the engines'
+    default 2, L/2, L-3) and drafts over its own vocabulary, mapped by d2t."""
+
+    model: str | None = None
+    # draft as an EAGLE-2 tree (tree: section) instead of a chain of drafting.gamma tokens
+    tree: bool = False
+
+
+@dataclass
 class VideoSpec:
     """How describe-video samples a video (CLI --frames / --fps / --max-pixels)."""
 
@@ -279,6 +291,7 @@ class Profile:
     ensemble: EnsembleSpec = field(default_factory=EnsembleSpec)
     twig: TwigSpec = field(default_factory=TwigSpec)
     hidden: HiddenSpec = field(default_factory=HiddenSpec)
+    eagle3: Eagle3Spec = field(default_factory=Eagle3Spec)
     video: VideoSpec = field(default_factory=VideoSpec)
     prune: PruneSpec = field(default_factory=PruneSpec)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
