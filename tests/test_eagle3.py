@@ -1,0 +1,344 @@
+"""``eagle3``: published EAGLE-3 heads, written here in the layout SpecForge exports and
+vLLM / SGLang load (tests/eagle3_heads.py), random and with a draft vocabulary smaller than
+the target's, on tiny LLaVA, Qwen2.5-VL and Qwen3-VL targets.
+
+At T = 0 chains and trees decode what the target's own generate() decodes (single images,
+a two-turn chat with an image per turn); at T > 0 the emitted tokens follow the target's
+exact law (chi-square), through the head's draft vocabulary; the CLI captions, describes a
+video and answers a --chat conversation with --compare; a head whose names, shapes or
+vocabulary map are not the published ones is refused in one line naming the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from conftest import ROOT
+from eagle3_heads import eagle3_head, head_config, head_tensors, write_head
+from families import check_offline_profile, image_requests, qwen2_5_vl
+from test_family_qwen3_vl import qwen3_vl
+from test_lossless import reference
+from vlmspec_cli.cli import cli
+from vlmspec_cli.profile import load_profile
+from vlmspec_cli.runtime.eagle3_format import Eagle3FormatError, read_config, target_layers
+from vlmspec_cli.runtime.eagle3_head import load_head_dir
+from vlmspec_cli.runtime.verify import draft_vocab_logits, probabilities, SamplingParams
+from vlmspec_cli.session import build_session
+
+LLAVA = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld" / "llava-target"
+VIDEO_TARGET = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld" / "qwen-video-target"
+IMAGES = [((100, 60), (200, 30, 30)), ((64, 120), (20, 160, 60))]
+TREE = ["eagle3.tree=true", "tree.depth=3", "tree.top_k=2", "tree.total_tokens=6"]
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    """family → (target folder, a random head for it: draft vocabulary a random half)."""
+    root = tmp_path_factory.mktemp("eagle3")
+    out = {"llava": LLAVA,
+           "qwen2_5_vl": qwen2_5_vl(root / "qwen25", seed=1, layers=4),
+           "qwen3_vl": qwen3_vl(root / "qwen3", seed=1, layers=4)}
+    return {name: (path, eagle3_head(root / f"{name}-head", path, seed=3, draft_vocab=200))
+            for name, path in out.items()}
+
+
+def _session(target, head, *sets: str, task: str = "caption"):
+    return build_session(load_profile("tinyworld-video" if task == "video" else "tinyworld-caption", [
+        f"target.model={target}", "method=eagle3", f"eagle3.model={head}", *sets]))
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_greedy_equals_the_targets_generate(targets, family, shape):
+    target, head = targets[family]
+    session = _session(target, head, *(TREE if shape == "tree" else ["drafting.gamma=3"]))
+    drafted = 0
+    for req in image_requests(IMAGES, max_new_tokens=10):
+        res = session.engine.generate(req)
+        assert res.tokens == reference(session.target, req), f"{family} {shape}"
+        s = res.state.stats
+        assert s.new_tokens == s.num_accepted_tokens + s.num_drafts == len(res.tokens)
+        drafted += s.num_draft_tokens
+    assert drafted > 0
+    # the head read every prompt position, visual ones included, and three target layers
+    assert res.state.stats.draft_cache["entries"] >= res.state.stats.draft_cache["prompt_tokens"] - 1
+    assert len(session.engine.hidden_layer) == 3
+
+
+def test_every_path_hands_over_the_same_three_layers(targets):
+    """The target's forwards hand the head low ⊕ mid ⊕ high, concatenated, alike through
+    transformers, the fast path and the compiled step's graph (run eagerly here): at the
+    prefill and at a later extend; and decoding with the fast path on or off is the same."""
+    from vlmspec_cli.runtime.compiled_step import CompiledSteps
+
+    target, head = targets["llava"]
+    req = image_requests(IMAGES, max_new_tokens=12)[0]
+    feats, tokens = {}, {}
+    for mode in ("off", "on", "compiled"):
+        session = _session(target, head, f"runtime.fast_path={'off' if mode == 'off' else 'on'}")
+        lm, layers = session.target, session.engine.hidden_layer
+        if mode == "compiled":
+            lm.fast.compiled = CompiledSteps(lm.fast)
+            lm.fast.compiled.step = lm.fast.compiled._layers   # the graph's code, uncompiled
+        inputs = lm.adapter.encode(lm, lm.adapter.prompt_text(lm, req.messages), req.images)
+        cache = lm.adapter.new_cache(lm)
+        _, prompt = lm.adapter.prefill_hidden(lm, inputs, cache, layers)
+        _, later = lm.adapter.extend_hidden(lm, torch.tensor([[5, 6, 7]]), cache, layers)
+        feats[mode] = prompt[0], later[0]
+        if mode != "compiled":
+            tokens[mode] = session.engine.generate(req).tokens
+    width = session.target.model.get_input_embeddings().weight.shape[1]
+    assert layers == (2, 4, 5) and feats["off"][0].shape[-1] == 3 * width
+    for mode in ("on", "compiled"):
+        for ours, theirs in zip(feats[mode], feats["off"]):
+            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    assert tokens["off"] == tokens["on"]
+
+
+# ---------------------------------------------------------------------- T > 0
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    from test_sampling_lm import _tiny_lm
+
+    path = tmp_path_factory.mktemp("tiny") / "target"
+    return path, _tiny_lm(path, 2, seed=0)
+
+
+@pytest.mark.parametrize("tree", [None, (3, 2, 6)])
+def test_samples_follow_the_target_through_a_draft_vocabulary(tiny_target, tmp_path, tree):
+    """A 5-token target, a head whose draft vocabulary holds 3 of them (q = 0 on the other
+    two): the first three tokens of 1500 seeded decodes follow the target's exact law."""
+    from test_sampling_lm import _assert_samples_follow_target
+    from vlmspec_cli.drafters import create_drafter
+    from vlmspec_cli.drafters.hidden import TreeSettings
+    from vlmspec_cli.runtime.engine import SpeculativeEngine
+
+    torch.set_num_threads(1)   # 1500 decodes of a 2-layer model: threads only contend
+    path, target = tiny_target
+    config = head_config(path, draft_vocab=3, layer_ids=("top", [0, 1, 2]))
+    head = load_head_dir(write_head(tmp_path / "head", config, head_tensors(config, 5, scale=4.0)),
+                         "cpu", torch.float32)
+    assert int(head.t2d.sum()) == 3
+    params = SamplingParams(1.0)
+    settings = TreeSettings(*tree) if tree else None
+    drafter = create_drafter("eagle3", target=target, head=head, sampling=params, tree=settings)
+    engine = SpeculativeEngine(target, drafter, tree[0] if tree else 2, params)
+    _assert_samples_follow_target(engine, target, params, n=1500)
+
+
+@pytest.mark.parametrize("family,temperature,shape", [
+    ("llava", 1.0, TREE), ("qwen2_5_vl", 0.03, ["drafting.gamma=2"]), ("qwen3_vl", 1.0, TREE)])
+def test_a_vlm_targets_first_two_tokens_follow_its_law(targets, family, temperature, shape):
+    """300 seeded decodes of an image prompt: the first token is the target's own, the
+    second the head's proposal from the prompt's states (a chain, or a tree's children
+    drawn without replacement); the joint law of both (chi-square over the pairs with 5
+    or more expected draws, the rest pooled) is the target's. ``temperature`` makes each
+    law neither too flat nor too peaked to test with 300 draws."""
+    from scipy.stats import chisquare
+
+    from vlmspec_cli.runtime.request import Message, Request
+
+    torch.set_num_threads(1)
+    target, head = targets[family]
+    session = _session(target, head, f"sampling.temperature={temperature}", *shape)
+    lm, params, runs = session.target, session.sampling, 300
+    messages = [Message("user", "describe the image.", (Image.new("RGB", *IMAGES[0]),))]
+    first = _law(lm, messages, [], params)
+    joint = {}
+    for a in (first * runs >= 2).nonzero().flatten().tolist():
+        second = _law(lm, messages, [a], params)
+        for b in (first[a] * second * runs >= 1).nonzero().flatten().tolist():
+            joint[(a, b)] = float(first[a] * second[b])
+    counts, rejected = dict.fromkeys(joint, 0), 0
+    for seed in range(runs):
+        # three tokens: the first round drafts x1 (q = p) and the head's x2
+        res = session.engine.generate(Request(messages, max_new_tokens=3, seed=seed))
+        key = tuple(res.tokens[:2])
+        if key in counts:
+            counts[key] += 1
+        rejected += res.state.stats.num_draft_tokens - res.state.stats.num_accepted_tokens
+    assert rejected > runs // 10, "the head's proposals were barely rejected"
+    big = [k for k in joint if joint[k] * runs >= 5]
+    assert len(big) >= 3, "too flat or too peaked a law to test"
+    obs = [counts[k] for k in big] + [runs - sum(counts[k] for k in big)]
+    exp = [joint[k] * runs for k in big] + [runs * (1 - sum(joint[k] for k in big))]
+    assert chisquare(obs, exp).pvalue > 1e-3
+
+
+def _law(lm, messages, prefix: list[int], params) -> torch.Tensor:
+    """The target's warped next-token law after the prompt and ``prefix``."""
+    images = [im for m in messages for im in m.images]
+    prompt = lm.adapter.prompt_text(lm, messages)
+    inputs = lm.adapter.encode(lm, prompt, images)
+    cache = lm.adapter.new_cache(lm)
+    logits = lm.adapter.prefill(lm, inputs, cache)[0]
+    if prefix:
+        logits = lm.adapter.extend(lm, torch.tensor([prefix]), cache)[0, -1]
+    return probabilities(logits.float(), params).cpu()
+
+
+def test_draft_vocabulary_logits_are_zero_off_the_map():
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    out = draft_vocab_logits(logits, torch.tensor([4, 0, 2]), 6)
+    q = probabilities(out, SamplingParams(1.0))[0]
+    assert torch.allclose(q[[4, 0, 2]], torch.softmax(logits[0], -1))
+    assert q[[1, 3, 5]].sum() == 0 and out[0].argmax() == 2
+
+
+# ---------------------------------------------------------------------- the CLI
+def _cli(*args: str, env=None):
+    return CliRunner(env=env).invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_cli_caption_and_chat_compare(targets, tmp_path):
+    target, head = targets["qwen3_vl"]
+    Image.new("RGB", (72, 40), (200, 30, 30)).save(tmp_path / "a.png")
+    Image.new("RGB", (40, 72), (20, 160, 60)).save(tmp_path / "b.png")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"id": "c", "messages": [
+        {"role": "user", "text": "what is this?", "images": ["a.png"]},
+        {"role": "assistant", "text": "a red thing."},
+        {"role": "user", "text": "and this?", "images": ["b.png"]}]}) + "\n")
+    for given, extra in (([str(tmp_path / "a.png")], []), (["--chat", str(chat)], TREE)):
+        sets = [x for s in [f"target.model={target}", "method=eagle3", f"eagle3.model={head}", *extra]
+                for x in ("--set", s)]
+        res = _cli("caption", *given, *sets, "--compare", "--json", "--max-new-tokens", "8")
+        assert res.exit_code == 0, res.output
+        record = next(json.loads(line) for line in res.stdout.splitlines() if '"input"' in line)
+        assert record["compare"]["identical"] is True and record["method"] == "eagle3"
+        assert record["eagle3"]["model"] == str(head) and record["stats"]["num_drafts"] > 0
+
+
+def test_cli_describe_video_compare(tmp_path):
+    """The tinyworld Qwen2.5-VL video target with a random head of M-RoPE positions."""
+    head = eagle3_head(tmp_path / "head", VIDEO_TARGET, seed=4, draft_vocab=300)
+    video = sorted((ROOT / "examples" / "videos").glob("*.mp4"))[0]
+    res = _cli("describe-video", str(video), "--frames", "4", "--set", "method=eagle3",
+               "--set", f"eagle3.model={head}", "--compare", "--json", "--max-new-tokens", "12")
+    assert res.exit_code == 0, res.output
+    record = next(json.loads(line) for line in res.stdout.splitlines() if '"input"' in line)
+    assert record["compare"]["identical"] is True and record["stats"]["num_drafts"] > 0
+
+
+# ---------------------------------------------------------------------- refusals
+def _broken(tmp_path, change):
+    config = head_config(LLAVA, draft_vocab=100)
+    tensors = head_tensors(config, seed=1)
+    change(config, tensors)
+    return write_head(tmp_path / "head", config, tensors)
+
+
+def _rename(t, old, new):
+    t[new] = t.pop(old)
+
+
+BROKEN = {
+    "architectures": lambda c, t: c.update(architectures=["Eagle3Speculator"]),
+    "layers.0.self_attn.q_proj.weight": lambda c, t: _rename(
+        t, "midlayer.self_attn.q_proj.weight", "layers.0.self_attn.q_proj.weight"),
+    "lm_head.weight": lambda c, t: t.pop("lm_head.weight"),
+    "fc.weight": lambda c, t: t.update({"fc.weight": t["fc.weight"].T.contiguous()}),
+    "midlayer.self_attn.k_proj.weight": lambda c, t: t.update(
+        {"midlayer.self_attn.k_proj.weight": t["midlayer.self_attn.k_proj.weight"][:, :128]}),
+    "d2t": lambda c, t: t["d2t"].__setitem__(-1, 10_000),
+    "t2d": lambda c, t: t["t2d"].__setitem__(t["t2d"].logical_not().nonzero()[0, 0], True),
+    "draft_vocab_size": lambda c, t: c.update(draft_vocab_size=4096),
+}
+
+
+@pytest.mark.parametrize("key", list(BROKEN))
+def test_a_head_off_the_published_layout_is_refused_naming_the_key(tmp_path, key):
+    folder = _broken(tmp_path, BROKEN[key])
+    with pytest.raises(Eagle3FormatError, match=key.replace(".", r"\.")) as err:
+        load_head_dir(folder, "cpu", torch.float32)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["layers.0.self_attn.q_proj.weight", "d2t"])
+def test_the_cli_refuses_it_before_decoding_in_one_line(tmp_path, key):
+    folder = _broken(tmp_path, BROKEN[key])
+    Image.new("RGB", (40, 40)).save(tmp_path / "a.png")
+    res = _cli("caption", str(tmp_path / "a.png"), "--set", f"target.model={LLAVA}", "--set",
+               "method=eagle3", "--set", f"eagle3.model={folder}", "-q")
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert key in res.stderr and "EAGLE-3 head" in res.stderr
+
+
+def test_pickle_weights_are_never_read(tmp_path):
+    folder = tmp_path / "head"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(head_config(LLAVA)))
+    (folder / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(Eagle3FormatError, match="pytorch_model.bin"):
+        load_head_dir(folder, "cpu", torch.float32)
+
+
+def test_target_layers_follow_each_engines_convention(tmp_path):
+    """vLLM's top-level ids index a layer's input (hidden_states[id]); SpecForge's and
+    SGLang's eagle_config ids a layer's output (SGLang captures id + 1); neither: the
+    engines' default 2, L // 2, L - 3."""
+    def layers(layer_ids, count=32):
+        folder = write_head(tmp_path / str(layer_ids), head_config(LLAVA, layer_ids=layer_ids), {})
+        return target_layers(read_config(folder), count)
+
+    assert layers(None) == (2, 16, 29)
+    assert layers(("top", [1, 15, 28])) == (1, 15, 28)
+    assert layers(("nested", [1, 15, 28])) == (2, 16, 29)
+    with pytest.raises(Eagle3FormatError, match="eagle_aux_hidden_state_layer_ids"):
+        layers(("top", [1, 15, 40]))
+
+
+def test_a_head_for_another_target_is_refused(targets):
+    from vlmspec_cli.session import SessionError
+
+    _, head = targets["qwen3_vl"]
+    with pytest.raises(SessionError, match="vocab_size"):
+        _session(LLAVA, head)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_mrope_positions_are_the_targets(targets, family):
+    """An M-RoPE head rotates by the target's own rule: its cos/sin at 3-D positions equal
+    the Qwen target's rotary module's (sections consecutive for Qwen2.5-VL, interleaved for
+    Qwen3-VL)."""
+    target, head_dir = targets[family]
+    lm = _session(target, head_dir, "method=none").target
+    head = load_head_dir(head_dir, "cpu", torch.float32)
+    positions = torch.randint(0, 50, (3, 1, 9))
+    x = torch.zeros(1, 9, 1)
+    cos, sin = lm.model.model.language_model.rotary_emb(x, positions)
+    ours = head._cos_sin(positions[:, 0], x)
+    torch.testing.assert_close(ours[0], cos.reshape(9, -1))
+    torch.testing.assert_close(ours[1], sin.reshape(9, -1))
+
+
+def test_the_head_reads_an_image_prompt_at_the_targets_3d_positions(targets):
+    """Qwen2.5-VL: after the prefill the head's cache holds every prompt pair (x_{t+1},
+    fc(g_t)), visual positions included, rotated at the positions the target's own
+    get_rope_index gave the prompt (not at their index)."""
+    target, head_dir = targets["qwen2_5_vl"]
+    session = _session(target, head_dir)
+    lm, drafter = session.target, session.engine.drafter
+    req = image_requests(IMAGES, max_new_tokens=4)[0]
+    state = session.engine.start(req)
+    inputs = lm.adapter.encode(lm, lm.adapter.prompt_text(lm, req.messages), req.images)
+    ids, positions = inputs["input_ids"][0], inputs["position_ids"][:, 0]
+    assert (positions[0] != torch.arange(len(ids))).any()   # the image moved them
+    states = lm.model(**{k: v for k, v in inputs.items() if k != "rope_deltas"},
+                      output_hidden_states=True).hidden_states
+    g = torch.cat([states[i][0] for i in drafter.hidden_layer], -1)
+    head = drafter.head
+    cache = head.new_cache()
+    with torch.inference_mode():
+        head(drafter.embed(ids[None, 1:]), head.project(g[:-1])[None], positions[:, :-1], cache)
+    torch.testing.assert_close(state.drafter_state.cache.keys, cache.keys, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("profile,hub_id", [("qwen25-vl-7b-eagle3", "Qwen/Qwen2.5-VL-7B-Instruct"),
+                                            ("qwen3-vl-8b-eagle3", "Qwen/Qwen3-VL-8B-Instruct")])
+def test_real_head_profiles_fail_in_one_line_offline(tmp_path, profile, hub_id):
+    check_offline_profile(profile, hub_id, tmp_path)
