@@ -168,53 +168,65 @@ class Eagle3Head(nn.Module):
         return self.fc(target_states.to(self.dtype))
 
     def _cos_sin(self, positions: torch.Tensor, like: torch.Tensor):
-        """cos, sin (n, head_dim) for positions (3, n) (1-D heads read the first row)."""
+        """cos, sin (…, n, head_dim) for positions (3, …, n): each rotary frequency reads
+        its M-RoPE axis (1-D heads read the first row)."""
         inv = self._inv_freq.to(like.device)
-        freqs = positions.to(like.device).float()[..., None] * inv          # (3, n, half)
+        freqs = positions.to(like.device).float()[..., None] * inv          # (3, …, n, half)
         if self._axis is None:
             freqs = freqs[0]
         else:
             axis = self._axis.to(like.device)
-            freqs = freqs.permute(1, 2, 0).gather(-1, axis[None, :, None].expand(
-                freqs.shape[1], -1, 1))[..., 0]
+            freqs = torch.where(axis == 0, freqs[0], torch.where(axis == 1, freqs[1], freqs[2]))
         emb = torch.cat([freqs, freqs], dim=-1)
         scale = self._rope_scale
         return (emb.cos() * scale).to(like.dtype), (emb.sin() * scale).to(like.dtype)
 
-    def _attend(self, x: torch.Tensor, positions: torch.Tensor, cache: Eagle3Cache,
-                mask: torch.Tensor | None) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
+        """Rotated queries (B, heads, n, d) and keys, and values (B, kv_heads, n, d) of the
+        layer's input x (B, n, 2H) at positions (3, B, n) or (3, n)."""
         c, attn = self.config, self.midlayer.self_attn
-        n = x.shape[1]
-        q = attn.q_proj(x).view(1, n, c.heads, c.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(1, n, c.kv_heads, c.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(1, n, c.kv_heads, c.head_dim).transpose(1, 2)
+        b, n = x.shape[:2]
+        q = attn.q_proj(x).view(b, n, c.heads, c.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, n, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, n, c.kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = self._cos_sin(positions, q)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        past = cache.get_seq_length()
-        keys, values = cache.update(k, v)
-        if mask is None:   # causal after the cache
-            rows = torch.arange(n, device=x.device)[:, None] + past
-            mask = torch.arange(past + n, device=x.device)[None] <= rows
-        groups = c.heads // c.kv_heads
-        o = F.scaled_dot_product_attention(q, keys.repeat_interleave(groups, 1),
-                                           values.repeat_interleave(groups, 1), attn_mask=mask)
-        return attn.o_proj(o.transpose(1, 2).reshape(1, n, c.heads * c.head_dim))
+        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)    # over the heads
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def layer_input(self, embeds: torch.Tensor, hidden: torch.Tensor):
+        """(x, residual): the attention's 2H-wide input [input_layernorm(e) ⊕
+        hidden_norm(z)] and what its output is added to (z, or hidden_norm(z) with
+        ``norm_before_residual``)."""
+        m = self.midlayer
+        hidden = hidden.to(self.dtype)
+        normed = m.hidden_norm(hidden)
+        residual = normed if self.config.norm_before_residual else hidden
+        return torch.cat([m.input_layernorm(embeds.to(self.dtype)), normed], dim=-1), residual
+
+    def finish_layer(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """h' from the attention's output (B, n, heads·d): o_proj, residual, MLP."""
+        m = self.midlayer
+        h = residual + m.self_attn.o_proj(attended)
+        return h + m.mlp(m.post_attention_layernorm(h))
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: Eagle3Cache, mask: torch.Tensor | None = None) -> torch.Tensor:
         """h' (1, n, H) for n pairs (e(x_{t+1}), z_t): ``hidden`` is fc(g_t) or the head's
         own earlier output; ``positions`` (3, n); ``mask``: (n, past + n) bool or an
-        additive (1, 1, n, past + n), default causal."""
-        m = self.midlayer
-        hidden = hidden.to(self.dtype)
-        if self.config.norm_before_residual:
-            hidden = m.hidden_norm(hidden)
-            residual, normed = hidden, hidden
-        else:
-            residual, normed = hidden, m.hidden_norm(hidden)
-        x = torch.cat([m.input_layernorm(embeds.to(self.dtype)), normed], dim=-1)
-        h = residual + self._attend(x, positions, cache, mask)
-        return h + m.mlp(m.post_attention_layernorm(h))
+        additive (1, 1, n, past + n), default causal after the cache."""
+        c = self.config
+        x, residual = self.layer_input(embeds, hidden)
+        n = x.shape[1]
+        q, k, v = self.qkv(x, positions)
+        past = cache.get_seq_length()
+        keys, values = cache.update(k, v)
+        if mask is None:
+            rows = torch.arange(n, device=x.device)[:, None] + past
+            mask = torch.arange(past + n, device=x.device)[None] <= rows
+        groups = c.heads // c.kv_heads
+        o = F.scaled_dot_product_attention(q, keys.repeat_interleave(groups, 1),
+                                           values.repeat_interleave(groups, 1), attn_mask=mask)
+        return self.finish_layer(residual, o.transpose(1, 2).reshape(1, n, c.heads * c.head_dim))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits (…, V_draft) of the head's states."""

@@ -120,7 +120,17 @@ def main(argv=None) -> None:
                     help="Sparrow IVSB: middle-layer visual states as extra training input")
     ap.add_argument("--step-embeddings", type=int, default=None,
                     help="number of step embeddings (0: none; default feedback + 1)")
+    ap.add_argument("--arch", choices=("hidden", "eagle3"), default="hidden",
+                    help="eagle3: an EAGLE-3 head in the published layout (vLLM, SGLang, "
+                         "SpecForge load it), trained on SAMPLES into --out")
+    ap.add_argument("--draft-vocab", type=int, default=32000,
+                    help="eagle3: the draft vocabulary's size (at most the target's)")
     args = parse_args(ap, argv, deterministic=False)
+    if args.arch == "eagle3":   # the user's path, a tinyworld name standing for its zoo id
+        from vlmspec_cli.zoo.hidden_user import train_user_head
+
+        args.target = TARGETS[args.target][0] if args.target in TARGETS else args.target
+        raise SystemExit(train_user_head(args))
     if args.target not in TARGETS:
         from vlmspec_cli.zoo.hidden_user import train_user_head
 

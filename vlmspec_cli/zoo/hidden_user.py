@@ -11,6 +11,12 @@ is what the target says, so no reference answers are needed.
 The head is written to ``--out`` (a new or empty folder; an earlier head with ``--force``)
 through a temporary folder renamed into place, with a BUILD_REPORT.json; then
 ``vlmspec caption ... --set method=hidden --set hidden.model=HEAD_DIR`` uses it.
+
+``--arch eagle3`` trains an EAGLE-3 head instead (zoo/eagle3_train.py: the target's
+default low, mid and high layers, a draft vocabulary of the ``--draft-vocab`` tokens its
+answers use most, ``--stage1 + --stage2`` steps of a ``--feedback``-step training-time
+test) and writes it in the layout vLLM, SGLang and SpecForge load (zoo/eagle3_export.py);
+``--set method=eagle3 --set eagle3.model=HEAD_DIR`` uses it.
 """
 
 from __future__ import annotations
@@ -31,25 +37,31 @@ class HeadWriteError(ValueError):
     pass
 
 
-def check_out(out: Path, force: bool) -> None:
-    """``out`` must be new, an empty folder, or (``force``) a hidden head vlmspec wrote:
-    nothing else is ever replaced."""
+def check_out(out: Path, force: bool, arch: str = "hidden") -> None:
+    """``out`` must be new, an empty folder, or (``force``) a head of this ``arch`` vlmspec
+    wrote: nothing else is ever replaced (a published EAGLE-3 head neither)."""
     if not out.exists():
         return
     if not out.is_dir():
         raise HeadWriteError(f"{out}: exists and is not a folder; pick another --out")
     if not any(out.iterdir()):
         return
-    config = out / "config.json"
-    try:
-        owned = json.loads(config.read_text()).get("model_type") == HiddenHeadConfig.model_type
-    except (OSError, ValueError):
-        owned = False
+    if arch == "eagle3":
+        from vlmspec_cli.zoo.eagle3_export import is_ours
+
+        owned, kind = is_ours(out), "an EAGLE-3 head vlmspec wrote"
+    else:
+        try:
+            config = json.loads((out / "config.json").read_text())
+            owned = config.get("model_type") == HiddenHeadConfig.model_type
+        except (OSError, ValueError, AttributeError):
+            owned = False
+        kind = "a vlmspec hidden head"
     if not owned:
-        raise HeadWriteError(f"{out}: a folder that is not a vlmspec hidden head; vlmspec will "
-                             "not write into it (pick a new --out)")
+        raise HeadWriteError(f"{out}: a folder that is not {kind}; vlmspec will not write "
+                             "into it (pick a new --out)")
     if not force:
-        raise HeadWriteError(f"{out}: holds a hidden head already; --force replaces it")
+        raise HeadWriteError(f"{out}: holds {kind} already; --force replaces it")
 
 
 def user_requests(target: str, samples: list[str], task: str, prompt: str | None,
@@ -94,7 +106,7 @@ def train_user_head(args) -> int:
         if not args.samples:
             raise HeadWriteError("name the samples to train on (images, folders, videos with "
                                  "--task video)")
-        check_out(out, args.force)
+        check_out(out, args.force, args.arch)
         profile, requests, errors = user_requests(args.target, args.samples, args.task,
                                                   args.prompt, args.max_new_tokens)
         for line in errors:
@@ -108,6 +120,8 @@ def train_user_head(args) -> int:
     torch.manual_seed(args.seed)
     t0 = time.time()
     answers = target_answers(lm, requests)
+    if args.arch == "eagle3":
+        return _eagle3(args, lm, requests, answers, errors, out)
     layer = -1 if args.layer is None else args.layer
     data = collect(lm, requests, answers, layer)
     steps = args.feedback + 1
@@ -121,6 +135,22 @@ def train_user_head(args) -> int:
               "params": sum(p.numel() for p in head.parameters()),
               "on_training_samples": measure(lm, head, requests[:8])}
     _write_head(head, report, out)
+    print(json.dumps(report, indent=1))
+    return 1 if errors else 0
+
+
+def _eagle3(args, lm, requests, answers, errors, out: Path) -> int:
+    """An EAGLE-3 head (zoo/eagle3_train.py) written in the published layout."""
+    from vlmspec_cli.zoo.eagle3_export import train_eagle3, write_head_dir
+
+    try:
+        head, report = train_eagle3(lm, requests, answers, steps=args.stage1 + args.stage2,
+                                    ttt=args.feedback, draft_vocab=args.draft_vocab, seed=args.seed)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report = {"target": args.target, "skipped": len(errors), **report}
+    write_head_dir(head, report, out)
     print(json.dumps(report, indent=1))
     return 1 if errors else 0
 
