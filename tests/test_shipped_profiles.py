@@ -72,6 +72,14 @@ def test_the_shipped_hidden_head_equals_the_deep_targets_greedy_decoding(default
     _equal_and_drafted(session, _requests(2, 3233), lambda r: reference(default_session.target, r))
 
 
+def test_the_shipped_eagle3_head_equals_the_deep_targets_greedy_decoding(default_session):
+    """tinyworld-eagle3: the deep target's EAGLE-3 head, in the published layout, trained
+    by the user's own command (bench/eagle3_tinyworld.py), reading layers 2, 16 and 29."""
+    session = build_session(shipped("tinyworld-eagle3"))
+    assert session.engine.hidden_layer == (2, 16, 29)
+    _equal_and_drafted(session, _requests(2, 3234), lambda r: reference(default_session.target, r))
+
+
 def test_the_shipped_twig_equals_the_deep_targets_greedy_decoding(default_session):
     """tinyworld-twig: the deep target's first 2 layers + its own twig (zoo/twig.py)."""
     session = build_session(shipped("tinyworld-twig"))
