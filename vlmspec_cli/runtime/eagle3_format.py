@@ -27,7 +27,6 @@ key, before decoding. Only safetensors are read (never a pickle).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,17 +79,27 @@ def _int(raw: dict, key: str, default=None, minimum: int = 1) -> int:
     return value
 
 
+def _checked(call, *args):
+    """A weights_check reader's result; its CorruptModelFile as one Eagle3FormatError line."""
+    from vlmspec_cli.runtime.weights_check import CorruptModelFile
+
+    try:
+        return call(*args)
+    except CorruptModelFile as exc:
+        raise Eagle3FormatError(f"corrupt {exc.kind}: {exc}") from None
+
+
 def read_config(folder: Path) -> Eagle3Config:
-    """config.json of a head directory, checked key by key."""
+    """config.json of a head directory (read bounded by runtime/weights_check.py, as every
+    model's), checked key by key."""
+    from vlmspec_cli.runtime.weights_check import read_json
+
     path = folder / "config.json"
     if not path.is_file():
         raise Eagle3FormatError(f"{folder}: no config.json (not an EAGLE-3 head directory)")
     if path.stat().st_size > CONFIG_BYTES:
         raise Eagle3FormatError(f"{path}: larger than 1 MiB, not a head's config")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise Eagle3FormatError(f"{path}: not readable JSON ({exc})") from None
+    raw = _checked(read_json, path, "config.json")
     if not isinstance(raw, dict):
         raise Eagle3FormatError(f"{path}: not a JSON object")
     arch = raw.get("architectures")
@@ -179,12 +188,15 @@ def expected_tensors(c: Eagle3Config) -> tuple[dict[str, tuple], dict[str, tuple
 
 def weight_files(folder: Path) -> list[Path]:
     """model.safetensors, or the shards an index names; pickles are never read."""
+    from vlmspec_cli.runtime.weights_check import read_json
+
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
-            raise Eagle3FormatError(f"{index}: not a safetensors index ({exc})") from None
+        weight_map = _checked(read_json, index, "safetensors index")
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict):
+            raise Eagle3FormatError(f"{index}: not a safetensors index (no 'weight_map' object)")
+        names = sorted({str(n) for n in weight_map.values()})
         files = [folder / n for n in names]
         bad = [f for f in files if f.parent != folder or not f.is_file()]
         if bad:
@@ -199,18 +211,15 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def read_header(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every tensor's name → (shape, dtype) from the safetensors headers (nothing loaded)."""
-    from safetensors import safe_open
+    """Every tensor's name → (shape, dtype) from the safetensors headers, each read bounded
+    and checked by runtime/weights_check.py (length, JSON, offsets within the file) before
+    anything is loaded."""
+    from vlmspec_cli.runtime.weights_check import safetensors_shapes
 
     header: dict[str, tuple[tuple[int, ...], str]] = {}
     for path in weight_files(folder):
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    piece = f.get_slice(name)
-                    header[name] = (tuple(piece.get_shape()), str(piece.get_dtype()))
-        except Exception as exc:   # safetensors raises its own error types
-            raise Eagle3FormatError(f"{path.name}: not a readable safetensors file ({exc})") from None
+        for name, (dtype, shape) in _checked(safetensors_shapes, path).items():
+            header[name] = (tuple(shape), dtype)
     return header
 
 

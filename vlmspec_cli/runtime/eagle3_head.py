@@ -233,15 +233,20 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(h))
 
 
-def load_head_dir(folder: str | Path, device, dtype) -> Eagle3Head:
+def load_head_dir(folder: str | Path, device, dtype, vocab_size: int | None = None) -> Eagle3Head:
     """A head directory checked (eagle3_format.check_head_dir) and loaded: safetensors
-    only, every tensor by its published name, then the vocabulary map checked."""
+    only, every tensor by its published name, then the vocabulary map checked.
+    ``vocab_size``: the target's, checked before anything is built (a config declaring a
+    vocabulary of billions would otherwise size its t2d buffer first)."""
     from safetensors.torch import load_file
 
     from vlmspec_cli.runtime.eagle3_format import weight_files
 
     folder = Path(folder)
     config, header = check_head_dir(folder)
+    if vocab_size is not None and config.vocab_size != vocab_size:
+        raise Eagle3FormatError(f"config.json: 'vocab_size' is {config.vocab_size}, the target's "
+                                f"vocabulary has {vocab_size} tokens: a head for another target")
     head = Eagle3Head(config, with_embedding="embed_tokens.weight" in header)
     state: dict[str, torch.Tensor] = {}
     for path in weight_files(folder):

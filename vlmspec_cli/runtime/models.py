@@ -335,7 +335,7 @@ def load_eagle3_head(name: str, target: LoadedModel):
         except Exception as exc:   # the hub client's many error types: one line
             raise ModelLoadError(f"cannot download EAGLE-3 head '{name}': {exc}") from exc
     try:
-        return load_head_dir(source, target.device, target.dtype)
+        return load_head_dir(source, target.device, target.dtype, target.vocab_size)
     except Eagle3FormatError as exc:
         raise ModelLoadError(f"EAGLE-3 head '{name}': {exc}") from exc
 
