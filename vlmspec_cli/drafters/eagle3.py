@@ -100,6 +100,12 @@ class Eagle3Drafter(HiddenDrafter):
         return cls(target, head, sampling, eos_ids=eos_token_ids(target), tree=tree)
 
     @classmethod
+    def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
+        """The EAGLE-3 head shipped for this target (tasks/calibrate_space.py
+        SHIPPED_COMPANIONS), as a chain: not the hidden head's settings it would inherit."""
+        return {"eagle3.model": shipped[0], "eagle3.tree": False} if shipped else {}
+
+    @classmethod
     def gamma(cls, profile) -> int:
         return profile.tree.depth if profile.eagle3.tree else profile.drafting.gamma
 

@@ -40,11 +40,12 @@ ADT_BOUNDS = ((6, 6), (8, 10))          # (max_depth, max_top_k)
 ADT_BETAS = (0.5, 1.0, 2.0)
 TWIG_THRESHOLDS = (0.0, 0.3, 0.6, 0.8)
 
-# The shipped hidden-state heads and twigs, by the shipped target they were trained on
+# The shipped hidden-state heads, twigs and EAGLE-3 heads (by method), by the shipped target they were trained on
 # (their BUILD_REPORTs say so). A user's own are named with --hidden / --twig.
 SHIPPED_COMPANIONS = {
     "zoo:tinyworld/llava-target-deep": {"hidden": ("zoo:tinyworld/llava-deep-hidden",),
-                                        "twig": ("zoo:tinyworld/llava-deep-twig",)},
+                                        "twig": ("zoo:tinyworld/llava-deep-twig",),
+                                        "eagle3": ("zoo:tinyworld/llava-deep-eagle3",)},
     "zoo:tinyworld/llava-target": {"hidden": ("zoo:tinyworld/llava-hidden",),
                                    "twig": ("zoo:tinyworld/llava-twig",)},
     "zoo:tinyworld/qwen-video-target-deep": {"hidden": ("zoo:tinyworld/qwen-video-deep-hidden",)},
