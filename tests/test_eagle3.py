@@ -268,6 +268,48 @@ def test_the_cli_refuses_it_before_decoding_in_one_line(tmp_path, key):
     assert key in res.stderr and "EAGLE-3 head" in res.stderr
 
 
+def test_hostile_files_are_refused_by_the_bounded_checks(tmp_path):
+    """config.json and the safetensors headers go through runtime/weights_check.py as every
+    model's do: a header declaring 2**63 bytes, a config nested past Python's recursion
+    limit, a config declaring a vocabulary of billions (before its t2d is sized): one line."""
+    def hostile(name, change):
+        folder = _broken(tmp_path / name, lambda c, t: None)
+        change(folder)
+        with pytest.raises(Eagle3FormatError) as err:
+            load_head_dir(folder, "cpu", torch.float32, vocab_size=256)
+        assert "\n" not in str(err.value)
+        return str(err.value)
+
+    def huge_header(folder):
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes((2 ** 63).to_bytes(8, "little") + data[8:])
+
+    def deep_config(folder):
+        (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+
+    def huge_vocab(folder):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | {"vocab_size": 2 ** 40}))
+        from safetensors.torch import load_file, save_file
+        tensors = load_file(str(folder / "model.safetensors"))
+        del tensors["t2d"]
+        save_file(tensors, str(folder / "model.safetensors"))
+
+    assert "model.safetensors" in hostile("header", huge_header)
+    assert "config.json" in hostile("deep", deep_config) and "nested" in hostile("deep2", deep_config)
+    assert "'vocab_size' is 1099511627776" in hostile("vocab", huge_vocab)
+
+
+def test_bench_runs_the_shipped_head_beside_another_methods_profile():
+    """vlmspec bench runs eagle3 from the chain profile with the head shipped for its
+    target, as a chain (DraftingMethod.beside), not with the hidden head's settings."""
+    from vlmspec_cli.tasks.bench import method_profiles
+
+    base = load_profile(str(ROOT / "profiles" / "tinyworld-caption.yaml"), ["hidden.tree=true"])
+    profile = method_profiles(base, ["none", "eagle3"])["eagle3"]
+    assert profile.eagle3.model == "zoo:tinyworld/llava-deep-eagle3" and not profile.eagle3.tree
+
+
 def test_pickle_weights_are_never_read(tmp_path):
     folder = tmp_path / "head"
     folder.mkdir()
@@ -293,10 +335,10 @@ def test_target_layers_follow_each_engines_convention(tmp_path):
 
 
 def test_a_head_for_another_target_is_refused(targets):
-    from vlmspec_cli.session import SessionError
+    from vlmspec_cli.session import ModelLoadError, SessionError
 
     _, head = targets["qwen3_vl"]
-    with pytest.raises(SessionError, match="vocab_size"):
+    with pytest.raises((SessionError, ModelLoadError), match="vocab_size"):
         _session(LLAVA, head)
 
 
