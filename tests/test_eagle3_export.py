@@ -69,6 +69,25 @@ def _vllm_name(name: str) -> str | None:
     return name
 
 
+def _vllm_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """The shapes vLLM's Eagle3LlamaForCausalLM gives its parameters, from the config keys
+    it reads (hidden_size, num_attention_heads, num_key_value_heads, head_dim,
+    intermediate_size, target_hidden_size if present, draft_vocab_size): written here from
+    those keys, not from vlmspec's reader (runtime/eagle3_format.py)."""
+    h, i = config["hidden_size"], config["intermediate_size"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    hd = config.get("head_dim") or h // heads
+    layer = "model.layers.0."
+    return {"model.fc.weight": (h, 3 * config.get("target_hidden_size", h)),
+            layer + "self_attn.qkv_proj.weight": ((heads + 2 * kv) * hd, 2 * h),
+            layer + "self_attn.o_proj.weight": (h, heads * hd),
+            layer + "mlp.gate_up_proj.weight": (2 * i, h), layer + "mlp.down_proj.weight": (h, i),
+            layer + "input_layernorm.weight": (h,), layer + "hidden_norm.weight": (h,),
+            layer + "post_attention_layernorm.weight": (h,), "model.norm.weight": (h,),
+            "lm_head.weight": (config["draft_vocab_size"], h),
+            "draft_id_to_target_id": (config["draft_vocab_size"],)}
+
+
 def test_the_export_is_what_the_engines_load(trained):
     _, _, head = trained
     config = json.loads((head / "config.json").read_text())
@@ -83,7 +102,15 @@ def test_the_export_is_what_the_engines_load(trained):
         names = set(f.keys())
         d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
         fc = f.get_slice("fc.weight").get_shape()
+        stacked: dict[str, list[int]] = {}                               # vLLM's shards stacked
+        for name in names:
+            shape, into = list(f.get_slice(name).get_shape()), _vllm_name(name)
+            if into in stacked:
+                stacked[into][0] += shape[0]
+            elif into:
+                stacked[into] = shape
     assert {n for n in map(_vllm_name, names) if n} == VLLM_PARAMS       # vLLM, no embed_tokens
+    assert {k: tuple(v) for k, v in stacked.items()} == _vllm_shapes(config)
     assert all(k in names for k in SPECFORGE_REQUIRED)                   # SpecForge → SGLang
     assert not any("embed" in n for n in names)                          # shared with the target
     assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool
