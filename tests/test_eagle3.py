@@ -246,6 +246,8 @@ BROKEN = {
         {"midlayer.self_attn.k_proj.weight": t["midlayer.self_attn.k_proj.weight"][:, :128]}),
     "d2t": lambda c, t: t["d2t"].__setitem__(-1, 10_000),
     "t2d": lambda c, t: t["t2d"].__setitem__(t["t2d"].logical_not().nonzero()[0, 0], True),
+    # draft ids 0 and 1 on one target id (no t2d to disagree with: it is optional)
+    "two draft ids": lambda c, t: (t.pop("t2d"), t["d2t"].__setitem__(1, t["d2t"][0] - 1)),
     "draft_vocab_size": lambda c, t: c.update(draft_vocab_size=4096),
 }
 
