@@ -1,21 +1,25 @@
-"""The tinyworld EAGLE-3 head, trained the way a user trains one for their own target.
+"""The tinyworld EAGLE-3 heads, trained the way a user trains one for their own target.
 
-Renders ``--images`` fresh tinyworld scenes to PNG files (a folder of the user's images),
-then runs the user's command on them:
+Renders fresh tinyworld samples to files (a folder of the user's images, or videos with
+``--task video``), then runs the user's command on them:
 
     python -m vlmspec_cli.zoo.hidden --arch eagle3 --target zoo:tinyworld/llava-target-deep \\
         IMAGES/ --out vlmspec_cli/zoo/weights/tinyworld/llava-deep-eagle3 \\
         --prompt "describe the image." ...
+    python -m vlmspec_cli.zoo.hidden --arch eagle3 --task video \\
+        --target zoo:tinyworld/qwen-video-target-deep VIDEOS/ \\
+        --out vlmspec_cli/zoo/weights/tinyworld/qwen-video-deep-eagle3 \\
+        --prompt "Describe the video." ...
 
-(the target answers each image greedily; the head learns from the target's own states and
+(the target answers each sample greedily; the head learns from the target's own states and
 answers and is written in the published EAGLE-3 layout). Its training log goes to stdout;
-the head's BUILD_REPORT.json holds the acceptance it reached on its training images.
-Measure it afterwards like any profile: ``python bench/caption.py --also tinyworld-hidden
-tinyworld-eagle3`` and the demo, ``vlmspec caption examples/images/ -p tinyworld-eagle3
---compare``.
+the head's BUILD_REPORT.json holds the acceptance it reached on its training samples.
+Measure it afterwards like any profile: ``vlmspec bench bench/demo-captions.jsonl --set
+drafting.gamma=8 --methods none,eagle3,hidden,chain`` (the caption head); ``--task video``
+has not been run to the end on the shared CPU (bench/RESULTS.md).
 
-    python bench/eagle3_tinyworld.py [--images 400] [--steps 600] [--ttt 3]
-                                     [--draft-vocab 256] [--threads 2] [--force]
+    python bench/eagle3_tinyworld.py [--task caption|video] [--samples N] [--steps 600]
+                                     [--ttt 3] [--draft-vocab 256] [--threads 2] [--force]
 """
 
 from __future__ import annotations
@@ -30,37 +34,55 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-OUT = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld" / "llava-deep-eagle3"
-SEED = 31337          # the scenes' seed: none of the fresh-scene seeds the benches use
+WEIGHTS = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld"
+SEED = 31337          # the samples' seed: none of the fresh-sample seeds the benches use
+# task -> (target, head folder, prompt, max new tokens, default samples)
+TASKS = {"caption": ("zoo:tinyworld/llava-target-deep", "llava-deep-eagle3",
+                     "describe the image.", 64, 400),
+         "video": ("zoo:tinyworld/qwen-video-target-deep", "qwen-video-deep-eagle3",
+                   "Describe the video.", 48, 400)}
 
 
-def render(folder: Path, n: int) -> None:
+def render(folder: Path, task: str, n: int) -> None:
+    rng = random.Random(SEED)
+    if task == "video":
+        from vlmspec_cli.zoo.video import world as vworld
+
+        for i in range(n):
+            script = vworld.random_script(rng)
+            vworld.write_video(folder / f"video{i:04d}.mp4", vworld.render_script(script))
+        return
     from vlmspec_cli.zoo import world
 
-    rng = random.Random(SEED)
     for i in range(n):
         world.render(world.sample_scene(rng)).save(folder / f"scene{i:04d}.png")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--images", type=int, default=400)
+    ap.add_argument("--task", choices=sorted(TASKS), default="caption")
+    ap.add_argument("--samples", "--images", type=int, default=None,
+                    help="rendered images or videos (default 400)")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--ttt", type=int, default=3, help="self-fed steps of the training-time test")
     ap.add_argument("--draft-vocab", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--force", action="store_true", help="replace a head written there before")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tinyworld-scenes-") as tmp:
-        render(Path(tmp), args.images)
+    target, folder, prompt, max_new, samples = TASKS[args.task]
+    out = args.out or WEIGHTS / folder
+    with tempfile.TemporaryDirectory(prefix="tinyworld-samples-") as tmp:
+        render(Path(tmp), args.task, args.samples or samples)
         command = [sys.executable, "-m", "vlmspec_cli.zoo.hidden", "--arch", "eagle3",
-                   "--target", "zoo:tinyworld/llava-target-deep", tmp, "--out", str(args.out),
-                   "--prompt", "describe the image.", "--max-new-tokens", "64",
+                   *(["--task", "video"] if args.task == "video" else []),
+                   "--target", target, tmp, "--out", str(out),
+                   "--prompt", prompt, "--max-new-tokens", str(max_new),
                    "--stage1", str(args.steps), "--stage2", "0", "--feedback", str(args.ttt),
                    "--draft-vocab", str(args.draft_vocab), "--threads", str(args.threads),
                    "--device", "cpu", *(["--force"] if args.force else [])]
-        print("$", " ".join(command).replace(tmp, "IMAGES/"), flush=True)
+        shown = "IMAGES/" if args.task == "caption" else "VIDEOS/"
+        print("$", " ".join(command).replace(tmp, shown), flush=True)
         return subprocess.call(command, cwd=ROOT)
 
 
