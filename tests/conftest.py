@@ -18,6 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # overrides it (e.g. 2, to run the suite as it ran before).
 SUITE_THREADS = int(os.environ.get("VLMSPEC_TEST_THREADS", "1"))
 torch.set_num_threads(SUITE_THREADS)
+# the same for the subprocesses the tests start (`vlmspec …`, bench/gpu.py --tiny: 76 s on
+# two threads at load 9, 8.5 s on one); a thread plan they apply still sets its own counts
+os.environ.setdefault("OMP_NUM_THREADS", str(SUITE_THREADS))
 
 ROOT = Path(__file__).resolve().parents[1]
 # The shipped caption and video profiles run deep targets (32 and 24 layers); under their

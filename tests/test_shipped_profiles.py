@@ -58,7 +58,7 @@ def test_the_default_is_the_deep_pair_and_equals_its_greedy_decoding(default_ses
     assert default_session.profile.draft.model == "zoo:tinyworld/llava-deep-draft"
     # the profile's runtime.threads: 1 while decoding, the process's count prefilling at
     # most (auto: fewer while other processes use the cores; the rest of the suite decodes
-    # on 2 threads)
+    # on the suite's count, tests/conftest.py)
     assert default_session.threads == ThreadPlan(prefill=PROCESS_THREADS, decode=1,
                                                  auto=frozenset({"prefill"}))
     assert "CPU threads: 1 decoding" in default_session.fast_path_summary()
