@@ -14,6 +14,7 @@ from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime import limits
 from vlmspec_cli.runtime.batch import BatchedEngine
+from vlmspec_cli.runtime.draft_length import AutoGamma
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, peek_adapter,
                                        require_safetensors, use_fast_path)
@@ -246,6 +247,8 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     except ValueError as exc:
         raise SessionError(str(exc)) from None
     engine = SpeculativeEngine(target, drafter, method.gamma(profile), sampling)
+    if method.draft_length(profile) == "auto":   # γ per round, up to method.gamma
+        engine.length = AutoGamma(method.gamma(profile))
     if profile.acceptance == "relaxed":
         engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
     captioner = drafter.captioner.lm if drafter.captioner is not None else None

@@ -13,7 +13,9 @@ classmethods that need no model:
 - ``models(profile)`` and ``from_profile(profile, target, sampling, trace)``: what it
   loads next to the loaded target, and building itself;
 - ``gamma(profile)``: the most tokens one round can accept (the engine's γ), the one
-  answer every record, summary and warm-up uses;
+  answer every record, summary and warm-up uses (with ``drafting.length: auto`` the
+  ceiling of the γ chosen per round); ``draft_length(profile)``: "auto" when its rounds'
+  γ is chosen per round (runtime/draft_length.py), "fixed" otherwise (trees, no drafting);
 - ``describe(profile)`` and ``label(profile)``: the line the CLI prints before decoding
   and the method's name with its shape in a summary;
 - ``record_fields(profile, task)``: what a record says of its settings;
@@ -94,14 +96,20 @@ class DraftingMethod(Drafter):
         return []
 
     @classmethod
+    def draft_length(cls, profile) -> str:
+        """``drafting.length`` as it applies: a method drafting chains of up to γ takes it
+        as set; one drafting trees (their shape is the tree: section) or nothing is fixed."""
+        return profile.drafting.length if cls.drafts and not cls.trees else "fixed"
+
+    @classmethod
     def describe(cls, profile) -> str:
         """What the CLI adds after "method NAME" (", draft … γ=5"), or ""."""
         return ""
 
     @classmethod
     def label(cls, profile) -> str:
-        """The method with its shape, as a summary names it: "chain (γ=7)"."""
-        return f"{cls.name} (γ={cls.gamma(profile)})"
+        """The method with its shape, as a summary names it: "chain (γ=7)", "chain (γ auto ≤ 12)"."""
+        return f"{cls.name} ({gamma_text(cls, profile)})"
 
     @classmethod
     def drafting_inputs(cls, profile) -> list[str]:
@@ -121,7 +129,8 @@ class DraftingMethod(Drafter):
         carry only sections of their own."""
         if task == "image":
             return {}
-        return {"drafting_inputs": cls.drafting_inputs(profile), "gamma": cls.gamma(profile)}
+        return {"drafting_inputs": cls.drafting_inputs(profile), "gamma": cls.gamma(profile),
+                "draft_length": cls.draft_length(profile)}
 
     @classmethod
     def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
@@ -182,9 +191,17 @@ def first_searched(profile) -> str:
     return (usable or first or [profile.method])[0]
 
 
-def draft_line(profile) -> str:
-    """``describe`` of the methods with a separate draft model drafting chains."""
-    return f", draft {profile.draft.model} {list(profile.drafting.inputs)} γ={profile.drafting.gamma}"
+def gamma_text(method, profile) -> str:
+    """γ as a line names it: "γ=7", or "γ auto ≤ 12" when chosen per round."""
+    auto = method.draft_length(profile) == "auto"
+    return f"γ auto ≤ {method.gamma(profile)}" if auto else f"γ={method.gamma(profile)}"
+
+
+def draft_line(profile, method=None) -> str:
+    """``describe`` of the methods with a separate draft model drafting chains (``method``:
+    its class, whose γ it names; without one, drafting.gamma as set)."""
+    gamma = gamma_text(method, profile) if method is not None else f"γ={profile.drafting.gamma}"
+    return f", draft {profile.draft.model} {list(profile.drafting.inputs)} {gamma}"
 
 
 def first_input(profile) -> dict:

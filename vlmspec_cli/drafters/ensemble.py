@@ -71,6 +71,7 @@ class EnsembleState:
 @register("tabed")
 class EnsembleDrafter(DraftingMethod):
     help = "adaptive ensemble of inputs"
+    late_prefill = True   # prefill: the request only; propose catches up on the tokens
 
     def __init__(self, draft, sampling: SamplingParams, inputs: list[str] | None = None,
                  image_token: str | None = None, captioner=None, policy: str = "grid",
@@ -116,7 +117,7 @@ class EnsembleDrafter(DraftingMethod):
 
     @classmethod
     def describe(cls, profile) -> str:
-        return draft_line(profile)
+        return draft_line(profile, cls)
 
     @classmethod
     def draft_rows(cls, profile) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from vlmspec_cli.drafters.base import DraftingMethod, register
+from vlmspec_cli.drafters.base import DraftingMethod, gamma_text, register
 from vlmspec_cli.runtime.draft import Draft
 from vlmspec_cli.runtime.engine import eos_token_ids
 from vlmspec_cli.runtime.fast_decoder import FastDecoder, follow_target
@@ -128,6 +128,10 @@ class HiddenDrafter(DraftingMethod):
         return profile.tree.depth if profile.hidden.tree else profile.drafting.gamma
 
     @classmethod
+    def draft_length(cls, profile) -> str:
+        return "fixed" if profile.hidden.tree else super().draft_length(profile)
+
+    @classmethod
     def label(cls, profile) -> str:
         if not profile.hidden.tree:
             return super().label(profile)
@@ -154,7 +158,7 @@ class HiddenDrafter(DraftingMethod):
     def describe(cls, profile) -> str:
         h = profile.hidden
         shape = (f"tree depth={profile.tree.depth} top_k={profile.tree.top_k}" if h.tree
-                 else f"γ={profile.drafting.gamma}")
+                 else gamma_text(cls, profile))
         return f", hidden-state head {h.model} {shape}"
 
     # -- head forwards ----------------------------------------------------------------

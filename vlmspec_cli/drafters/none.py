@@ -25,7 +25,8 @@ class NoDrafter(DraftingMethod):
 
     @classmethod
     def record_fields(cls, profile, task: str) -> dict:
-        return {} if task == "image" else {"drafting_inputs": [], "gamma": 0}
+        return {} if task == "image" else {"drafting_inputs": [], "gamma": 0,
+                                           "draft_length": cls.draft_length(profile)}
 
     @classmethod
     def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:

@@ -70,6 +70,7 @@ class RetokenizedDrafter(DraftingMethod):
     """Chain drafting with a draft of another tokenizer (built by ChainDrafter.from_profile)."""
 
     name = "chain"
+    late_prefill = True   # prefill: the request only; propose catches up on the tokens
 
     def __init__(self, draft, target, sampling: SamplingParams, drafting_input: str = "text",
                  image_token=None, captioner=None) -> None:

@@ -67,7 +67,7 @@ class TreeDrafter(DraftingMethod):
             return {"tree": tree_section(profile, policy=True)}
         # γ 0: a tree has no chain length (its section says its shape)
         return {"drafting_inputs": cls.drafting_inputs(profile), "gamma": 0,
-                "tree": tree_section(profile)}
+                "draft_length": cls.draft_length(profile), "tree": tree_section(profile)}
 
     @classmethod
     def tree_size(cls, profile) -> tuple[int, int]:

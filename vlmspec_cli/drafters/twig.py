@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from vlmspec_cli.drafters.base import DraftingMethod, register
+from vlmspec_cli.drafters.base import DraftingMethod, gamma_text, register
 from vlmspec_cli.runtime.adapters.base import TextStack
 from vlmspec_cli.runtime.draft import Draft
 from vlmspec_cli.runtime.fast_decoder import FastDecoder, follow_target
@@ -159,8 +159,8 @@ class TwigDrafter(DraftingMethod):
     @classmethod
     def describe(cls, profile) -> str:
         twig = profile.twig
-        text = (f", twig {twig.model} on layers[:{twig.layers or 'K'}] δ={profile.drafting.gamma} "
-                f"θ={twig.threshold}")
+        delta = gamma_text(cls, profile).replace("γ", "δ")
+        text = f", twig {twig.model} on layers[:{twig.layers or 'K'}] {delta} θ={twig.threshold}"
         if profile.prune.active:
             text += (f", pruning keep={profile.prune.keep} layer={profile.prune.layer} "
                      f"final_wipe={profile.prune.final_wipe} (lossy)")

@@ -52,7 +52,13 @@ class ModelSpec:
 
 @dataclass
 class DraftingSpec:
+    # draft tokens per round (fixed); with length auto, the most a round may draft
     gamma: int = field(default=5, metadata=_rule(ge=1, le=MAX_GAMMA))
+    # fixed: every round drafts gamma; auto: each round's γ (1..gamma) is chosen from this
+    # request's acceptance and this process's measured round costs, and drafting is off
+    # (plain target steps, probing again later) while it does not pay
+    # (runtime/draft_length.py). Chains only: trees keep their shape; batches keep gamma
+    length: str = field(default="fixed", metadata=_rule(choices=("fixed", "auto")))
     inputs: list[str] = field(default_factory=lambda: ["multimodal"], metadata=_rule(
         choices=DRAFTING_INPUTS, nonempty=True))
 

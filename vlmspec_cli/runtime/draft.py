@@ -56,6 +56,12 @@ class Proposal:
     def __len__(self) -> int:
         raise NotImplementedError
 
+    @property
+    def levels(self) -> int:
+        """Draft positions deep (a chain's length; a tree's depth): the drafting steps it
+        took, for the auto draft length's cost model."""
+        return len(self)
+
     def verify(self, engine, state: DecodeState) -> Verdict:
         """Run the target over the pending token and the proposals (``engine.extend``;
         ``engine`` is engine.SpeculativeEngine, not imported: it imports this module) and
@@ -144,6 +150,10 @@ class Drafter:
     # the target layer whose hidden states it reads (transformers' hidden_states index), or
     # a tuple of them read concatenated (EAGLE-3's low, mid and high layers)
     hidden_layer: int | tuple[int, ...] | None = None
+    # its prefill reads only the request, and propose catches up on every committed token
+    # it has not read: with drafting.length auto and drafting off, the engine prefills it
+    # at the request's first drafted round (if any) instead of with the target
+    late_prefill = False
 
     def prepare(self, state: DecodeState) -> None:
         """Before the target's prefill: start work that can overlap it (e.g. captioning)."""

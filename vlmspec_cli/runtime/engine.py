@@ -22,6 +22,7 @@ import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length
 from vlmspec_cli.runtime.draft import Draft, Drafter, commit
+from vlmspec_cli.runtime.draft_length import AutoGamma
 from vlmspec_cli.runtime.models import LoadedModel
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.request import DecodeState, Request, TargetFeatures, make_generators
@@ -60,6 +61,9 @@ class SpeculativeEngine:
         self.relax: Relaxation | None = None
         # CPU threads for the prefill and for the rounds (runtime/threads.py); none: as set
         self.threads = ThreadPlan()
+        # drafting.length: auto (draft_length.py): γ chosen per round up to ``gamma``, and
+        # plain target steps while drafting does not pay; None: every round drafts γ
+        self.length: AutoGamma | None = None
 
     # -- one request -----------------------------------------------------------------
     def start(self, request: Request) -> DecodeState:
@@ -75,6 +79,11 @@ class SpeculativeEngine:
         lm = self.target
         state = DecodeState(request=request, prompt=lm.adapter.prompt_text(lm, request.messages))
         state.target_generator, state.draft_generator = make_generators(request.seed)
+        if self.length is not None:
+            self.length.start(state)
+            # drafting is off (it did not pay in this process's last rounds): a drafter that
+            # can is prefilled at this request's first drafted round, if any
+            state.length.deferred = self.length.off and self.drafter.late_prefill
         t0 = time.perf_counter()
         if self.runs_target:
             # a self-speculative drafter shares layers with the target and runs its
@@ -84,7 +93,9 @@ class SpeculativeEngine:
             return state
         videos = {"videos": request.videos} if request.videos else {}
         inputs = lm.adapter.encode(lm, state.prompt, request.images or None, **videos)
-        self.drafter.prepare(state)   # e.g. start the captioner alongside the prefill
+        deferred = state.length is not None and state.length.deferred
+        if not deferred:
+            self.drafter.prepare(state)   # e.g. start the captioner alongside the prefill
         state.target_cache = lm.adapter.new_cache(lm)
         if self.hidden_layer is None:
             state.target_next_logits = lm.adapter.prefill(lm, inputs, state.target_cache)[0]
@@ -96,7 +107,8 @@ class SpeculativeEngine:
             pos = inputs.get("position_ids")     # (3, 1, L): M-RoPE families
             state.features = TargetFeatures(hidden[0], 0, ids, lm.adapter.visual_mask(lm, ids),
                                             None if pos is None or pos.dim() != 3 else pos[:, 0])
-        self.drafter.prefill(state)
+        if not deferred:
+            self.drafter.prefill(state)
         state.stats.prefill_s = time.perf_counter() - t0
         return state
 
@@ -105,8 +117,33 @@ class SpeculativeEngine:
         remaining = state.request.max_new_tokens - len(state.tokens)
         # at most remaining - 1 proposals: the target always adds one token of its own
         budget = min(self.gamma, remaining - 1)
+        if self.length is not None:
+            self._auto_step(state, budget)
+            return
         proposal = self.drafter.propose(state, budget) if budget > 0 else Draft([])
         commit(state, proposal.verify(self, state), self.drafter, self.eos_ids)
+
+    def _auto_step(self, state: DecodeState, budget: int) -> None:
+        """A round whose length ``self.length`` chooses (0: a plain target step), timed for
+        its cost model: the drafting, then verification and commit (no device sync: each
+        ends reading its tokens back to the host). A drafter whose prefill was deferred
+        is prefilled at the first round that drafts, and catches up there on the tokens
+        decoded so far; until then the rounds commit without it."""
+        k = self.length.choose(state, budget) if budget > 0 else 0
+        pending = len(state.target_pending)   # fed with the proposals (none in round one)
+        t0 = time.perf_counter()
+        if k > 0 and state.length.deferred:
+            self.drafter.prefill(state)
+            state.length.deferred = False
+        proposal = self.drafter.propose(state, k) if k > 0 else Draft([])
+        t1 = time.perf_counter()
+        verdict = proposal.verify(self, state)
+        commit(state, verdict, _NO_DRAFTER if state.length.deferred else self.drafter,
+               self.eos_ids)
+        t2 = time.perf_counter()
+        self.length.observe(state, k, levels=proposal.levels, fed=pending + verdict.drafted,
+                            drafted=verdict.drafted, accepted=len(verdict.accepted),
+                            draft_s=t1 - t0, verify_s=t2 - t1)
 
     def extend(self, state: DecodeState, ids: torch.Tensor, **extra) -> torch.Tensor:
         """Target logits (n, V) for ``ids`` (1, n) after the target cache (``extra``: a tree's
@@ -127,7 +164,10 @@ class SpeculativeEngine:
     def finish(self, state: DecodeState) -> None:
         """After the last round (or a prefill timed alone): the drafter's record, and the
         target cache's buffers back to its pool, for the next request to decode in."""
-        self.drafter.finish(state)
+        if state.length is None or not state.length.deferred:   # (never prefilled: no record)
+            self.drafter.finish(state)
+        if self.length is not None:
+            self.length.finish(state)
         if isinstance(state.target_cache, (StaticKVCache, SegmentedCache)):
             state.target_cache.recycle()
 
@@ -141,6 +181,10 @@ class SpeculativeEngine:
         self.finish(state)
         state.stats.wall_s = time.perf_counter() - t0
         return Result(list(state.tokens), decode_text(self.target, state.tokens, self.eos_ids), state)
+
+
+# what a round commits to while the drafter's prefill is deferred (it drafts nothing)
+_NO_DRAFTER = Drafter()
 
 
 def eos_token_ids(lm: LoadedModel) -> set[int]:

@@ -70,6 +70,7 @@ class DecodeState:
     draft_generator: torch.Generator | None = None
     drafter_state: Any = None
     features: TargetFeatures | None = None  # the last target forward's hidden states
+    length: Any = None                      # drafting.length auto: draft_length.LengthState
 
 
 def make_generators(seed: int) -> tuple[torch.Generator, torch.Generator]:

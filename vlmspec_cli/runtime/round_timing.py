@@ -72,8 +72,7 @@ def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
         synchronize(device)
         last["ms"] = (time.perf_counter() - t0) * 1000.0
         last["drafted"] = len(proposal)
-        # a tree's depth, a chain's length
-        last["levels"] = getattr(proposal, "max_depth", len(proposal))
+        last["levels"] = proposal.levels   # a tree's depth, a chain's length
         return proposal
 
     for req in requests[:warmup]:

@@ -32,6 +32,8 @@ class SpecStats:
     trees: dict | None = None
     # hidden-state drafts: entries in the head's cache (text positions only) vs the prompt
     draft_cache: dict | None = None
+    # drafting.length auto: rounds drafted and plain, the γ chosen (draft_length.py)
+    draft_length: dict | None = None
 
     def record_round(self, drafted: int, accepted: int, emitted: int,
                      positions: int | None = None) -> None:
@@ -59,6 +61,7 @@ class SpecStats:
         self.wall_s += other.wall_s
         self.accepted_per_pos = _add_lists(self.accepted_per_pos, other.accepted_per_pos)
         self.accept_len_hist = _add_lists(self.accept_len_hist, other.accept_len_hist)
+        self.draft_length = merge_length(self.draft_length, other.draft_length)
 
     @property
     def mean_accept_len(self) -> float:
@@ -88,7 +91,7 @@ class SpecStats:
         d = {_SHORT.get(k, k): v for k, v in d.items()}
         names = ("new_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
                  "accepted_per_pos", "accept_len_hist", "prefill_s", "wall_s", "caption_s",
-                 "ensemble", "pruning", "trees", "draft_cache")
+                 "ensemble", "pruning", "trees", "draft_cache", "draft_length")
         return cls(**{k: d[k] for k in names if k in d})
 
     def to_dict(self) -> dict:
@@ -101,7 +104,7 @@ class SpecStats:
         d["caption_s"] = round(self.caption_s, 4)
         d["decode_s"] = round(self.decode_s, 4)
         d["prefill_share"] = round(self.prefill_share, 4)
-        for optional in ("ensemble", "pruning", "trees", "draft_cache"):
+        for optional in ("ensemble", "pruning", "trees", "draft_cache", "draft_length"):
             if d[optional] is None:
                 del d[optional]
         return d
@@ -116,3 +119,24 @@ _SHORT = {record: short for short, record in _RECORD.items()}
 def _add_lists(a: list[int], b: list[int]) -> list[int]:
     n = max(len(a), len(b))
     return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+def length_section(ceiling: int, hist: list[int], probes: int,
+                   rates: list[float] | None) -> dict:
+    """``stats.draft_length``: rounds that drafted and that decoded plain (``probes`` of
+    the drafted ones tried drafting again after plain rounds), the γ chosen
+    (``gamma_hist[k]``: rounds that chose k; 0: plain), its mean over drafted rounds, and
+    the per-position acceptance estimated at the end (``accept_rates``; not summed)."""
+    drafted = sum(hist[1:])
+    mean = sum(k * n for k, n in enumerate(hist)) / drafted if drafted else 0.0
+    return {"policy": "auto", "max": ceiling, "rounds_drafted": drafted,
+            "rounds_plain": hist[0] if hist else 0, "probes": probes,
+            "mean_gamma": round(mean, 3), "gamma_hist": list(hist), "accept_rates": rates}
+
+
+def merge_length(a: dict | None, b: dict | None) -> dict | None:
+    """Two requests' ``draft_length`` as one (a summary over records; no rates)."""
+    if a is None or b is None:
+        return None if a is None and b is None else dict(a or b)
+    return length_section(max(a["max"], b["max"]), _add_lists(a["gamma_hist"], b["gamma_hist"]),
+                          a["probes"] + b["probes"], None)

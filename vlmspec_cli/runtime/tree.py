@@ -42,6 +42,10 @@ class DraftTree(Proposal):
     def max_depth(self) -> int:
         return max(self.depth) + 1 if self.depth else 0
 
+    @property
+    def levels(self) -> int:
+        return self.max_depth
+
     def children(self, node: int) -> list[int]:
         return [i for i, p in enumerate(self.parents) if p == node]
 

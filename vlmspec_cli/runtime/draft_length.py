@@ -1,0 +1,289 @@
+"""``drafting.length: auto``: the draft length γ chosen each round, and drafting switched
+off while it does not pay (issue 34: never slower, on any machine).
+
+Eq. 1' online. A round that drafts k tokens emits on average
+
+    E(k) = 1 + S_1 + … + S_k,   S_i = h_1 ⋯ h_i
+
+tokens (h_i: the chance that proposal i is kept given that the ones before it were; with
+one rate α everywhere, E(k) = (1 − α^{k+1}) / (1 − α)), and costs C(k) = D(k) + V(k + 1):
+D(k) the drafting of k positions, V(n) the target verifying n fed tokens (the pending one
+and the proposals) with the round's bookkeeping. A plain target step emits 1 token and
+costs V(1). Each round drafts the k in 1..budget (budget ≤ the ceiling, ``drafting.gamma``)
+with the most tokens per unit time, E(k) / C(k). When even that is below a plain step's,
+1 / V(1) (the round's expected gain is below 1), drafting goes off: plain target steps,
+and one drafted round (a probe) after ``probe_after`` of them, then twice as many after
+each probe that did not pay (exponential backoff, up to ``max_backoff``); a probe that
+pays turns drafting back on. The off state and its backoff are the process's (a new
+request starts where the last one left off), so a bad draft costs a probe every few tens
+of tokens, not a few rounds per request.
+
+- h_i: this request's rounds, per position and decayed per round (``decay``), with the
+  process's earlier rounds as a prior worth ``prior_weight`` rounds at each position
+  (``Acceptance``: a round that drafted k and kept n puts positions 1..min(n + 1, k) at
+  risk and keeps 1..n).
+- D and V: this process's own rounds, timed with ``time.perf_counter`` around the
+  drafter's ``propose`` and around verification + commit. No device synchronisation is
+  added: each phase ends reading its tokens back to the host (the proposals, the
+  verdict), which waits for its kernels. Each is a decayed least-squares line over the
+  rounds' sizes (``LinearCost``); while the sizes verified are too alike to tell a slope,
+  a round drafts half the chosen length, to measure another size.
+
+Lossless by construction: γ and the plain rounds are decided before the round, from
+earlier rounds only; every emitted token is still the target's (verify.py), at T = 0
+token for token and at T > 0 in distribution. A seed's sample at T > 0 can differ between
+runs (the γ sequence follows timings), as it differs between two fixed γ.
+
+The engine (engine.py) asks ``choose`` before a round and reports with ``observe``; the
+costs are an injectable object (``RoundCosts``, or a test's own), so tests can force the
+switch. Batches (runtime/batch.py) keep the fixed γ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from vlmspec_cli.runtime.request import DecodeState
+from vlmspec_cli.runtime.stats import length_section
+
+PROBE_AFTER = 4           # plain rounds before the first probe
+MAX_BACKOFF = 64          # the most plain rounds between two probes
+DECAY = 0.9               # per round, this request's acceptance counts
+PROCESS_DECAY = 0.98      # per round, the process's (the prior of its next requests)
+PRIOR_WEIGHT = 4.0        # the process's rates, in rounds at each position
+SHRINK = 2.0              # the process's pooled rate, in rounds at each position
+COST_DECAY = 0.95         # per round, the cost fits' weights
+MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slope is a guess
+
+
+class LinearCost:
+    """Seconds as a line in a round's size x (positions drafted, or tokens verified): a
+    least-squares fit over the rounds seen, each weight decaying by ``decay`` per
+    observation, so a machine that gets busier is followed within some tens of rounds.
+    While the sizes seen are too alike (weighted spread < MIN_SPREAD) the slope is taken
+    as ``fallback``: "flat" (T(x) = the mean: Remark 1, verification costs about the same
+    for any k) or "proportional" (T(x) ∝ x: a draft step per position)."""
+
+    def __init__(self, fallback: str = "flat", decay: float = COST_DECAY) -> None:
+        self.fallback = fallback
+        self.decay = decay
+        self.w = self.x = self.xx = self.y = self.xy = 0.0
+
+    def observe(self, x: float, seconds: float) -> None:
+        d = self.decay
+        self.w = d * self.w + 1.0
+        self.x = d * self.x + x
+        self.xx = d * self.xx + x * x
+        self.y = d * self.y + seconds
+        self.xy = d * self.xy + x * seconds
+
+    @property
+    def known(self) -> bool:
+        return self.w > 0
+
+    def spread(self) -> float:
+        if not self.known:
+            return 0.0
+        mean = self.x / self.w
+        return math.sqrt(max(self.xx / self.w - mean * mean, 0.0))
+
+    def at(self, x: float) -> float:
+        mean_x, mean_y = self.x / self.w, self.y / self.w
+        if self.spread() >= MIN_SPREAD:
+            var = self.xx / self.w - mean_x * mean_x
+            slope = max((self.xy / self.w - mean_x * mean_y) / var, 0.0)   # never cheaper when longer
+            return max(mean_y + slope * (x - mean_x), 0.0)
+        if self.fallback == "proportional" and mean_x > 0:
+            return mean_y * x / mean_x
+        return mean_y
+
+
+class RoundCosts:
+    """What rounds cost in this process: drafting by positions drafted (D), verifying and
+    committing by tokens fed to the target (V)."""
+
+    def __init__(self) -> None:
+        self.draft = LinearCost("proportional")
+        self.verify = LinearCost("flat")
+
+    def observe(self, levels: int, draft_s: float | None, fed: int, verify_s: float) -> None:
+        """One round: ``draft_s`` for ``levels`` positions (None: not a clean measure, e.g.
+        the draft first caught up on tokens decoded without it), ``verify_s`` for ``fed``
+        tokens."""
+        if draft_s is not None and levels > 0:
+            self.draft.observe(levels, draft_s)
+        self.verify.observe(fed, verify_s)
+
+    def draft_s(self, levels: int) -> float | None:
+        return self.draft.at(levels) if self.draft.known else None
+
+    def verify_s(self, fed: int) -> float | None:
+        return self.verify.at(fed) if self.verify.known else None
+
+    def needs_spread(self) -> bool:
+        """Whether verification has been seen at too few sizes to tell its slope."""
+        return self.verify.known and self.verify.spread() < MIN_SPREAD
+
+
+class Acceptance:
+    """Per-position acceptance, decayed: h_i = P(proposal i kept | proposals 1..i-1 kept).
+    A round that drafted k and kept n puts positions 1..min(n + 1, k) at risk and keeps
+    1..n (a Kaplan-Meier count: a chain cut short says nothing of the positions it did not
+    reach). Every count decays by ``decay`` per round."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.risk: list[float] = []
+        self.kept: list[float] = []
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        reached = min(accepted + 1, drafted)
+        if len(self.risk) < reached:
+            grow = reached - len(self.risk)
+            self.risk += [0.0] * grow
+            self.kept += [0.0] * grow
+        for i in range(len(self.risk)):
+            self.risk[i] = self.decay * self.risk[i] + (i < reached)
+            self.kept[i] = self.decay * self.kept[i] + (i < accepted)
+
+    def rates(self, n: int, prior: list[float] | None = None, weight: float = 0.0) -> list[float]:
+        """h_1..h_n from these counts and ``prior`` rates worth ``weight`` rounds at each
+        position; without a prior, each position's rate is shrunk towards the pooled one
+        (all positions' kept ÷ at risk) by SHRINK rounds, so a position seen rarely, or
+        never, is not taken as 0 or 1 from one round."""
+        if prior is None:
+            pooled = (sum(self.kept) + 0.5) / (sum(self.risk) + 1.0)
+            prior, weight = [pooled] * n, SHRINK
+        out = []
+        for i in range(n):
+            risk = self.risk[i] if i < len(self.risk) else 0.0
+            kept = self.kept[i] if i < len(self.kept) else 0.0
+            out.append(min((kept + weight * prior[i]) / (risk + weight), 0.999))
+        return out
+
+
+def expected_tokens(rates: list[float], k: int) -> float:
+    """E(k) = 1 + S_1 + … + S_k, S_i = h_1 ⋯ h_i: the tokens a round of k proposals
+    emits on average."""
+    total, survive = 1.0, 1.0
+    for h in rates[:k]:
+        survive *= h
+        total += survive
+    return total
+
+
+@dataclass
+class LengthState:
+    """One request's draft-length bookkeeping (``DecodeState.length``)."""
+
+    acceptance: Acceptance
+    previous: int = -1           # the last round's choice (0: plain; -1: none yet)
+    deferred: bool = False       # the drafter is prefilled at the first drafted round
+    hist: list[int] = field(default_factory=list)   # [k]: rounds that chose k (0: plain)
+    probes: int = 0
+
+    def count(self, k: int) -> None:
+        if len(self.hist) <= k:
+            self.hist.extend([0] * (k + 1 - len(self.hist)))
+        self.hist[k] += 1
+
+
+class AutoGamma:
+    """The auto draft length of one engine: its costs, acceptance prior and on/off state
+    are this process's. ``ceiling``: the most proposals a round may draft
+    (``drafting.gamma``)."""
+
+    def __init__(self, ceiling: int, costs=None, probe_after: int = PROBE_AFTER,
+                 max_backoff: int = MAX_BACKOFF, decay: float = DECAY,
+                 prior_weight: float = PRIOR_WEIGHT) -> None:
+        if ceiling < 1:
+            raise ValueError("the draft length's ceiling must be >= 1")
+        self.ceiling = ceiling
+        self.costs = costs if costs is not None else RoundCosts()
+        self.probe_after = max(1, probe_after)
+        self.max_backoff = max(self.probe_after, max_backoff)
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.seen = Acceptance(PROCESS_DECAY)   # this process's rounds: the requests' prior
+        self.wait = 0                           # plain rounds left before the next probe
+        self.backoff = self.probe_after         # plain rounds before the probe after it
+        self.probe_due = False
+
+    # -- the model ---------------------------------------------------------------------
+    def rates(self, ls: LengthState) -> list[float]:
+        """h_1..h_ceiling for this request: its own rounds, the process's as a prior."""
+        prior = self.seen.rates(self.ceiling)
+        return ls.acceptance.rates(self.ceiling, prior, self.prior_weight)
+
+    def best(self, rates: list[float], budget: int) -> tuple[int, float | None]:
+        """(the k in 1..budget with the most tokens per second, its gain over a plain
+        step: (E(k)/C(k)) / (1/V(1))); gain None while the costs are unknown."""
+        v1 = self.costs.verify_s(1)
+        if v1 is None:
+            return budget, None
+        best_k, best_rate = 1, -1.0
+        for k in range(1, budget + 1):
+            draft = self.costs.draft_s(k)
+            cost = self.costs.verify_s(k + 1) + (draft if draft is not None else 0.1 * v1)
+            rate = expected_tokens(rates, k) / max(cost, 1e-12)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate * v1
+
+    # -- the engine's side -------------------------------------------------------------
+    def start(self, state: DecodeState) -> None:
+        state.length = LengthState(Acceptance(self.decay))
+
+    @property
+    def off(self) -> bool:
+        """Drafting is off: the next round decodes plain."""
+        return self.wait > 0
+
+    def choose(self, state: DecodeState, budget: int) -> int:
+        """The proposals this round drafts (0: a plain target step), at most ``budget``."""
+        ls: LengthState = state.length
+        k = self._decide(ls, min(budget, self.ceiling))
+        ls.count(k)
+        return k
+
+    def _decide(self, ls: LengthState, budget: int) -> int:
+        if self.wait > 0:                    # drafting is off: plain until the probe
+            self.wait -= 1
+            return 0
+        k, gain = self.best(self.rates(ls), budget)
+        if self.probe_due:                   # draft once more, to see if it pays again
+            self.probe_due = False
+            ls.probes += 1
+            return k
+        if gain is not None and gain < 1.0:  # does not pay: plain, probe later
+            self.wait = self.backoff - 1
+            self.backoff = min(2 * self.backoff, self.max_backoff)
+            self.probe_due = True
+            return 0
+        self.backoff = self.probe_after
+        if k > 1 and self.costs.needs_spread():
+            return max(1, k // 2)            # a shorter chain: verification at another size
+        return k
+
+    def observe(self, state: DecodeState, k: int, *, levels: int, fed: int, drafted: int,
+                accepted: int, draft_s: float, verify_s: float) -> None:
+        """A round that chose ``k`` drafted ``levels`` positions in ``draft_s``, and fed the
+        target ``fed`` tokens (``drafted`` proposals verified, after an EOS cut; ``accepted``
+        kept), verified and committed in ``verify_s``. A round that fed nothing (the first
+        token comes from the prefill) times no target forward."""
+        ls: LengthState = state.length
+        clean = ls.previous > 0   # after plain rounds the draft first caught up on them
+        if fed > 0:
+            self.costs.observe(levels, draft_s if clean else None, fed, verify_s)
+        ls.previous = k
+        if drafted > 0:
+            ls.acceptance.observe(drafted, accepted)
+            self.seen.observe(drafted, accepted)
+
+    def finish(self, state: DecodeState) -> None:
+        """The request's record: what its rounds chose (``stats.draft_length``)."""
+        ls: LengthState | None = state.length
+        if ls is not None:
+            state.stats.draft_length = length_section(self.ceiling, ls.hist, ls.probes,
+                                                      [round(h, 3) for h in self.rates(ls)])
