@@ -97,9 +97,11 @@ class DraftingMethod(Drafter):
 
     @classmethod
     def draft_length(cls, profile) -> str:
-        """``drafting.length`` as it applies: a method drafting chains of up to γ takes it
-        as set; one drafting trees (their shape is the tree: section) or nothing is fixed."""
-        return profile.drafting.length if cls.drafts and not cls.trees else "fixed"
+        """``drafting.length`` as it applies: a method drafting chains of up to γ, one
+        request at a time, takes it as set; trees (their shape is the tree: section),
+        batches (generation.batch_size > 1: every row drafts γ) and no drafting are fixed."""
+        chains = cls.drafts and not cls.trees and profile.generation.batch_size == 1
+        return profile.drafting.length if chains else "fixed"
 
     @classmethod
     def describe(cls, profile) -> str:

@@ -196,7 +196,7 @@ class AutoGamma:
 
     def __init__(self, ceiling: int, costs=None, probe_after: int = PROBE_AFTER,
                  max_backoff: int = MAX_BACKOFF, decay: float = DECAY,
-                 prior_weight: float = PRIOR_WEIGHT) -> None:
+                 prior_weight: float = PRIOR_WEIGHT, process_decay: float = PROCESS_DECAY) -> None:
         if ceiling < 1:
             raise ValueError("the draft length's ceiling must be >= 1")
         self.ceiling = ceiling
@@ -205,7 +205,7 @@ class AutoGamma:
         self.max_backoff = max(self.probe_after, max_backoff)
         self.decay = decay
         self.prior_weight = prior_weight
-        self.seen = Acceptance(PROCESS_DECAY)   # this process's rounds: the requests' prior
+        self.seen = Acceptance(process_decay)   # this process's rounds: the requests' prior
         self.wait = 0                           # plain rounds left before the next probe
         self.backoff = self.probe_after         # plain rounds before the probe after it
         self.probe_due = False

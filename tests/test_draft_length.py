@@ -1,0 +1,274 @@
+"""``drafting.length: auto`` (runtime/draft_length.py): γ chosen each round from the
+acceptance seen and the round costs measured, drafting off while it does not pay.
+
+The model's arithmetic is checked alone; the engine with auto γ is checked lossless at
+T = 0 (token for token against the target's own greedy ``generate()``) and at T > 0
+(chi-square against the target's exact distribution), with rounds whose γ was chosen live
+and rounds decoded plain. An injected cost model forces drafting off and on (``Costs``):
+the costs the process measures would rarely switch it on a test machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import fresh_scenes
+from test_lossless import reference
+from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F401 (fixture)
+from vlmspec_cli.cli import cli
+from vlmspec_cli.drafters import create_drafter, method_class
+from vlmspec_cli.profile import ProfileError, load_profile
+from vlmspec_cli.runtime.draft_length import (Acceptance, AutoGamma, LinearCost, RoundCosts,
+                                              expected_tokens)
+from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
+from vlmspec_cli.runtime.models import load_hidden_head
+from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.stats import SpecStats
+from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.session import build_session
+
+GREEDY = SamplingParams(0.0)
+
+
+class Costs:
+    """A made-up machine: a draft step costs ``draft`` target steps, verifying n tokens
+    1 + ``slope``·(n − 1) target steps. Nothing is measured (``observe`` ignores timings)."""
+
+    def __init__(self, draft: float, slope: float = 0.0) -> None:
+        self.draft = draft
+        self.slope = slope
+
+    def observe(self, *args) -> None:
+        pass
+
+    def draft_s(self, levels: int) -> float:
+        return self.draft * levels
+
+    def verify_s(self, fed: int) -> float:
+        return 1.0 + self.slope * (fed - 1)
+
+    def needs_spread(self) -> bool:
+        return False
+
+
+# ---------------------------------------------------------------------------- the model
+def test_expected_tokens_is_eq1_with_per_position_rates():
+    alpha = 0.7
+    for k in range(6):
+        assert expected_tokens([alpha] * k, k) == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
+    assert expected_tokens([0.5, 1.0, 0.0], 3) == pytest.approx(1 + 0.5 + 0.5)
+
+
+def test_acceptance_counts_only_the_positions_a_round_reached():
+    acc = Acceptance(decay=1.0)
+    acc.observe(drafted=5, accepted=2)        # 1, 2 kept; 3 rejected; 4, 5 never judged
+    acc.observe(drafted=2, accepted=2)        # both kept (a chain cut short: 3 not reached)
+    assert acc.risk == [2, 2, 1] and acc.kept == [2, 2, 0]
+    assert acc.rates(3, prior=[0.5] * 3, weight=2.0) == pytest.approx([3 / 4, 3 / 4, 1 / 3])
+
+
+def test_linear_cost_recovers_a_line_and_falls_back_when_sizes_are_alike():
+    line = LinearCost(decay=1.0)
+    for x in (1, 8, 1, 8, 4):
+        line.observe(x, 10.0 + 0.5 * x)
+    assert line.at(13) == pytest.approx(16.5)
+    flat, prop = LinearCost("flat"), LinearCost("proportional")
+    for cost in (flat, prop):
+        cost.observe(8, 16.0)
+    assert flat.at(2) == pytest.approx(16.0) and prop.at(2) == pytest.approx(4.0)
+    costs = RoundCosts()
+    costs.observe(levels=5, draft_s=None, fed=6, verify_s=1.0)   # a round after plain ones
+    assert costs.draft_s(5) is None and costs.needs_spread()
+
+
+def _state():
+    from vlmspec_cli.runtime.request import DecodeState
+
+    return DecodeState(Request([Message("user", "x")]), prompt="x")
+
+
+def _round(policy, state, budget, accepted):
+    k = policy.choose(state, budget)
+    policy.observe(state, k, levels=k, fed=k + 1, drafted=k, accepted=min(accepted, k),
+                   draft_s=0.0, verify_s=0.0)
+    return k
+
+
+def test_the_length_maximises_tokens_per_time_and_goes_off_and_on():
+    """Cheap drafting and full acceptance: the longest γ; dear drafting: plain rounds, a
+    probe after probe_after of them, then twice as many; a probe that pays turns it on."""
+    cheap = AutoGamma(8, costs=Costs(0.01))
+    state = _state()
+    cheap.start(state)
+    seen = [_round(cheap, state, 8, accepted=8) for _ in range(3)]
+    # at first the prior (every rate 0.5: E(k) < 2) gives no reason to draft 8; once every
+    # proposal was kept, the longest chain pays best
+    assert seen[0] == 5 and seen[1:] == [8, 8]
+    dear = AutoGamma(8, costs=Costs(2.0), probe_after=2, max_backoff=4)
+    state = _state()
+    dear.start(state)
+    seen = [_round(dear, state, 8, accepted=0) for _ in range(12)]
+    # off at once (the prior does not pay for a draft step twice a target step); probes
+    # after 2, then 4 plain rounds (the backoff's cap)
+    assert seen == [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+    dear.costs.draft = 0.0        # the machine changed: drafting is free now
+    # the next probe (the longest chain: free drafting) pays, and drafting stays on
+    assert [_round(dear, state, 8, accepted=8) for _ in range(6)] == [8] * 6
+    dear.finish(state)
+    section = state.stats.draft_length
+    assert section["rounds_plain"] == 10 and section["rounds_drafted"] == 8
+    assert section["probes"] == 3 and section["gamma_hist"][1] == 2
+    assert section["mean_gamma"] == pytest.approx((2 + 6 * 8) / 8)
+    stats = SpecStats()
+    stats.merge(state.stats)
+    stats.merge(state.stats)
+    assert stats.draft_length["rounds_plain"] == 20 and stats.draft_length["accept_rates"] is None
+
+
+def test_verification_cost_decides_between_lengths():
+    """Eq. 1': with drafting free, a verification that grows with k caps γ where the
+    acceptance no longer pays for it."""
+
+    policy = AutoGamma(8, costs=Costs(0.0, slope=0.5), prior_weight=1e6)
+    policy.seen = Acceptance(1.0)
+    for _ in range(50):
+        policy.seen.observe(8, 3)      # three kept, then a rejection, every round
+    state = _state()
+    policy.start(state)
+    rates = policy.rates(state.length)
+    rate = {k: expected_tokens(rates, k) / (1.0 + 0.5 * k) for k in range(1, 9)}
+    assert policy.choose(state, 8) == max(rate, key=rate.get) < 8
+
+
+# ------------------------------------------------------------------- lossless, T = 0
+@pytest.fixture(scope="module")
+def corpus(zoo_target):
+    reqs = [Request([Message("user", "describe the image.", (image,))], max_new_tokens=32)
+            for _, image in fresh_scenes(8, seed=3434)]
+    reqs.append(Request([Message("user", "say something about shapes.")], max_new_tokens=24))
+    return [(r, reference(zoo_target, r)) for r in reqs]
+
+
+def _drafter(kind, zoo_target, zoo_draft, sampling=GREEDY):
+    if kind == "chain":
+        return create_drafter("chain", draft=zoo_draft, sampling=sampling, drafting_input="multimodal",
+                              image_token=zoo_target.adapter.image_token(zoo_target))
+    if kind == "hidden":
+        head = load_hidden_head("zoo:tinyworld/llava-hidden", zoo_target)
+        return create_drafter("hidden", target=zoo_target, head=head, sampling=sampling,
+                              eos_ids=eos_token_ids(zoo_target))
+    from vlmspec_cli.runtime.models import load_twig
+
+    twig = load_twig("zoo:tinyworld/llava-twig", zoo_target)
+    return create_drafter("twig", target=zoo_target, sampling=sampling, twig=twig, threshold=0.0,
+                          layers=int(twig.config.twig_from_layer))
+
+
+@pytest.mark.parametrize("kind", ["chain", "hidden", "twig"])
+@pytest.mark.parametrize("costs", ["measured", "off-on"])
+def test_auto_length_equals_target_greedy(zoo_target, zoo_draft, corpus, kind, costs):
+    """T = 0: with γ chosen live (the costs this process measures) and with drafting
+    switched off and on every few rounds (a draft step as dear as a target step: plain
+    rounds, probes after 1-2 of them), every output is the target's greedy generate()."""
+    engine = SpeculativeEngine(zoo_target, _drafter(kind, zoo_target, zoo_draft), 6, GREEDY)
+    if costs == "measured":
+        engine.length = AutoGamma(6)
+    else:
+        engine.length = AutoGamma(6, costs=Costs(1.0), probe_after=1, max_backoff=2)
+    plain = drafted = 0
+    for i, (req, ref) in enumerate(corpus):
+        res = engine.generate(req)
+        assert res.tokens == ref, f"request {i} differs from the target's greedy decoding"
+        section = res.state.stats.draft_length
+        plain += section["rounds_plain"]
+        drafted += section["rounds_drafted"]
+        assert res.state.stats.new_tokens == len(res.tokens)
+    assert drafted > 0
+    if costs == "off-on":
+        assert plain > drafted > 0   # drafting was off, and came back (probes)
+
+
+def test_deferred_prefill_catches_up(zoo_target, zoo_draft, corpus):
+    """Drafting off when a request starts: the chain's draft is prefilled only at the
+    request's first probe, then reads every token decoded without it."""
+    drafter = _drafter("chain", zoo_target, zoo_draft)
+    engine = SpeculativeEngine(zoo_target, drafter, 5, GREEDY)
+    engine.length = AutoGamma(5, costs=Costs(1.0), probe_after=3, max_backoff=3)
+    prefills = []
+    real = drafter.prefill
+    drafter.prefill = lambda state: (prefills.append(len(state.tokens)), real(state))
+    try:
+        for req, ref in corpus[:4]:
+            assert engine.generate(req).tokens == ref
+    finally:
+        del drafter.prefill
+    # the first request drafted from its start; later ones started off and were prefilled
+    # at a probe, tokens into the request
+    assert prefills[0] == 0 and any(n > 0 for n in prefills[1:])
+
+
+# ------------------------------------------------------------------ lossless, T > 0
+def test_auto_length_follows_the_target_distribution(tiny_pair):  # noqa: F811
+    """T > 0: each round's γ chosen live from the acceptance seen so far (verifying costs
+    0.15 of a target step per extra token, drafting nothing: plain below a rate of about
+    0.15, then γ = 1, and γ = 2 above about 0.4; rates and the off state move quickly
+    here), with plain rounds and probes among them."""
+    from collections import Counter
+
+    target, draft = tiny_pair
+    params = SamplingParams(1.0)
+    drafter = create_drafter("chain", draft=draft, sampling=params, drafting_input="text")
+    engine = SpeculativeEngine(target, drafter, 3, params)
+    policy = engine.length = AutoGamma(3, costs=Costs(0.0, slope=0.15), probe_after=1,
+                                       max_backoff=2, decay=0.3, prior_weight=0.5,
+                                       process_decay=0.5)
+    choices = Counter()        # (budget, γ chosen)
+    choose = policy.choose
+
+    def counted(state, budget):
+        k = choose(state, budget)
+        choices[(budget, k)] += 1
+        return k
+
+    policy.choose = counted
+    _assert_samples_follow_target(engine, target, params, n=1500)
+    # with room for two proposals the policy chose plain, one and two; with room for one,
+    # plain and one
+    assert min(choices[(2, k)] for k in (0, 1, 2)) > 50, choices
+    assert min(choices[(1, k)] for k in (0, 1)) > 50, choices
+
+
+# ------------------------------------------------------------- profile, records, batches
+def test_profile_key_is_checked_and_named():
+    with pytest.raises(ProfileError, match="drafting.length"):
+        load_profile("tinyworld-caption", ["drafting.length=sometimes"])
+    p = load_profile("tinyworld-caption", ["drafting.length=auto", "drafting.gamma=9"])
+    chain = method_class("chain")
+    assert chain.gamma(p) == 9 and chain.draft_length(p) == "auto"   # γ: the ceiling
+    assert chain.label(p) == "chain (γ auto ≤ 9)"
+    tree = load_profile("tinyworld-caption", ["drafting.length=auto", "method=tree"])
+    batch = load_profile("tinyworld-caption", ["drafting.length=auto", "generation.batch_size=2"])
+    assert method_class("tree").draft_length(tree) == "fixed"
+    assert chain.draft_length(batch) == "fixed"
+    session = build_session(batch)
+    assert session.engine.length is None                       # no per-round choice
+    assert session.batched_engine().gamma == chain.gamma(batch)  # every row drafts the ceiling
+
+
+def test_records_say_what_the_rounds_did(tmp_path):
+    (_, image), = fresh_scenes(1, seed=77)
+    path = tmp_path / "a.png"
+    image.save(path)
+    res = CliRunner().invoke(cli, ["caption", str(path), "--json", "--compare", "-q",
+                                   "--set", "drafting.length=auto", "--set", "drafting.gamma=6",
+                                   "--max-new-tokens", "24"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    record = json.loads(res.output.splitlines()[-1])
+    assert record["draft_length"] == "auto" and record["gamma"] == 6   # the ceiling, as before
+    section = record["stats"]["draft_length"]
+    assert section["rounds_drafted"] + section["rounds_plain"] <= record["stats"]["num_drafts"]
+    assert sum(section["gamma_hist"]) == section["rounds_drafted"] + section["rounds_plain"]
+    assert record["compare"]["identical"]
