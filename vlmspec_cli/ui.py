@@ -175,6 +175,11 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
         table.add_row("draft acceptance rate", f"{s.draft_accept_rate:.3f}")
         rates = " ".join(f"{c / s.num_drafts:.2f}" for c in s.accepted_per_pos)
         table.add_row("acceptance per position", rates)
+    if s.draft_length and drafts:   # drafting.length auto
+        d = s.draft_length
+        table.add_row("draft length (auto)",
+                      f"mean γ {d['mean_gamma']:.2f} (≤ {d['max']}); rounds: "
+                      f"{d['rounds_drafted']} drafted, {d['rounds_plain']} plain")
     table.add_row("new tokens", str(s.new_tokens))
     table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
     if summary.batched_s is not None:
