@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -108,9 +109,10 @@ def test_calibrate_finds_the_known_answer_of_a_hardware_profile(setup, tmp_path,
     """Two made-up machines whose best choice is known without measuring anything: with
     free drafting and a flat verification cost the modelled speedup is τ itself, so the
     best-accepted candidate wins; with draft steps of 100 target steps, τ(γ) ≤ 1 + γ·P(k ≥ 1)
-    makes γ = 1 of the best one-row chain win (an ensemble's rows, a tree's levels and a
-    head's or twig's dearer levels cost more). A sort in the wrong direction, or γ or a
-    tree's depth wrong in the model, picks otherwise. Every method calibrate claims is
+    makes γ = 1 of the best one-row chain the best drafting candidate (an ensemble's rows,
+    a tree's levels and a head's or twig's dearer levels cost more), and no drafting pays
+    there: target-only decoding (method none) wins. A sort in the wrong direction, or γ or
+    a tree's depth wrong in the model, picks otherwise. Every method calibrate claims is
     probed, and the written winner loads and decodes exactly target-only's tokens."""
     root, samples, _ = setup
     one = tmp_path / "one"
@@ -124,20 +126,26 @@ def test_calibrate_finds_the_known_answer_of_a_hardware_profile(setup, tmp_path,
     assert winner["mismatches"] == 0 and not out["skipped"]
     # every method, γ ∈ {1, 4} and the profile's own, every tree shape dynamic and static,
     # the hidden head as chains and trees, the twig at every θ
-    assert {c["method"] for c in cands} == {"chain", "tabed", "tree", "hidden", "twig"}
+    # (and target-only, measured: the answer when nothing is faster)
+    assert {c["method"] for c in cands} == {"chain", "tabed", "tree", "hidden", "twig", "none"}
     own = load_profile(hw).drafting.gamma
-    assert own not in (1, 4) and {c["gamma"] for c in cands if c["tree"] is None} == {1, 4, own}
+    drafting = [c for c in cands if c["method"] != "none"]
+    assert own not in (1, 4) and {c["gamma"] for c in drafting if c["tree"] is None} == {1, 4, own}
     trees = {(tuple(c["tree"]), c["settings"]["tree.policy"]) for c in cands if c["method"] == "tree"}
     assert trees == {(s, p) for s in TREE_SHAPES for p in ("dynamic", "static")}
     assert any(c["method"] == "hidden" and c["tree"] for c in cands)
     assert {c["settings"]["twig.threshold"] for c in cands if c["method"] == "twig"} == set(TWIG_THRESHOLDS)
     assert all(c["cost"] == "table" for c in cands)          # nothing timed: deterministic
     if draft_ms == 0.0:
-        assert winner["tau_model"] == max(c["tau_model"] for c in cands)
+        assert winner["tau_model"] == max(c["tau_model"] for c in drafting)
         assert winner["predicted"] == pytest.approx(winner["tau_model"], abs=1e-3)
     else:
         best_one = max(c["tau_model"] for c in cands if c["method"] == "chain" and c["gamma"] == 1)
-        assert (winner["method"], winner["gamma"], winner["tau_model"]) == ("chain", 1, best_one)
+        top = max(drafting, key=lambda c: c["predicted"])
+        assert (top["method"], top["gamma"], top["tau_model"]) == ("chain", 1, best_one)
+        assert top["predicted"] < 0.1 and winner["method"] == "none"
+        assert out["note"] == ("target-only decoding was modelled fastest, and no candidate "
+                               "measured faster")
     _written_is_winner(tuned, hw, winner)
     profile = load_profile(str(tuned))
     session = build_session(profile)
@@ -151,7 +159,7 @@ def test_calibrate_image_searches_adt_and_trees(tmp_path):
     tuned = tmp_path / "img.yaml"
     out = _calibrate(["-p", "tinyworld-image", "a red circle", "--write", str(tuned)])
     cands = out["candidates"]
-    assert {c["method"] for c in cands} == {"adt", "tree"}
+    assert {c["method"] for c in cands} == {"adt", "tree", "none"}
     assert {c["settings"].get("adaptive_tree.beta") for c in cands if c["method"] == "adt"} >= set(ADT_BETAS)
     assert {tuple(c["tree"]) for c in cands if c["method"] == "tree"} == set(IMAGE_TREE_SHAPES)
     assert all(c["mismatches"] == 0 for c in cands)
@@ -169,10 +177,12 @@ def test_calibrate_video_searches_chain_and_hidden(tmp_path):
     out = _calibrate(["-p", "tinyworld-video", str(video), "--gammas", "2,4", "--max-new-tokens", "12",
                       "--write", str(tuned)])
     cands = out["candidates"]
-    assert {c["method"] for c in cands} == {"chain", "hidden"}
+    assert {c["method"] for c in cands} == {"chain", "hidden", "none"}
     assert any(c["method"] == "hidden" and c["tree"] for c in cands)
     assert all(c["mismatches"] == 0 for c in cands)
     assert load_profile(str(tuned)).method == next(c["method"] for c in cands if c["label"] == out["winner"])
+    # the task it was calibrated for is written (the include alone named it before)
+    assert out["task"] == "video" and "\ntask: video\n" in tuned.read_text()
 
 
 def test_batch_sizes_for_a_folder(setup):
@@ -272,3 +282,104 @@ def test_subprocess_write_tinyworld_caption_refused(quick):
     proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "caption", str(sample), "--dry-run"],
                           capture_output=True, text=True, timeout=300, cwd=root)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_pick_can_be_target_only():
+    """Target-only decoding (method none) is a candidate, modelled at 1.0x and measured by
+    definition: it wins as any other does, by the model, or when measured more than the
+    margin faster than the modelled best."""
+    from vlmspec_cli.tasks.calibrate import _pick
+
+    def cand(label, predicted, speedup):
+        return Candidate("chain", label, {}, predicted=predicted, speedup=speedup)
+
+    none = Candidate("none", "none (target only)", {"method": "none"}, 0, predicted=1.0, speedup=1.0)
+    best, other = cand("a", 3.0, 1.3), cand("b", 2.0, 1.35)
+    assert _pick([best, other], none, margin=0.1) == (best, "")
+    slow, fast = cand("a", 3.0, 0.5), cand("b", 2.0, 1.05)
+    winner, note = _pick([slow, fast], none, margin=0.5)
+    assert winner is fast and "faster than a, modelled best" in note
+    winner, note = _pick([cand("a", 3.0, 0.8), cand("b", 2.0, 0.85)], none, margin=0.1)
+    assert winner is none and "target-only decoding was measured fastest" in note
+    assert _pick([cand("a", 3.0, 0.95)], none, margin=0.1)[0].label == "a"   # within the noise
+    assert _pick([cand("a", 0.9, None)], none, margin=0.1)[0] is none         # modelled
+
+
+def _useless_draft(root):
+    """The tinyworld draft with its decoder layers drawn at random: it proposes nonsense."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import vlmspec_cli
+
+    src = Path(vlmspec_cli.__file__).parent / "zoo" / "weights" / "tinyworld" / "llava-draft"
+    shutil.copytree(src, root)
+    gen = torch.Generator().manual_seed(1234)
+    for f in root.glob("*.safetensors"):
+        state = load_file(f)
+        for k, v in state.items():
+            if ".layers." in k and v.dtype.is_floating_point and v.dim() >= 2:
+                state[k] = (torch.randn(v.shape, generator=gen) * float(v.float().std())).to(v.dtype)
+        save_file(state, f, metadata={"format": "pt"})
+    return root
+
+
+def test_calibrate_answers_none_when_target_only_is_fastest(setup, tmp_path):
+    """With a draft that never guesses right, every configuration tried decodes slower than
+    the target alone: the written profile says method none (and its task), and the output
+    says why, with what was measured: the spread per sample and the prediction error."""
+    _, samples, _ = setup
+    base = tmp_path / "bad.yaml"
+    base.write_text(f"include: tinyworld-caption\nname: bad\ndraft:\n  model: {_useless_draft(tmp_path / 'd')}\n")
+    tuned = tmp_path / "tuned.yaml"
+    res = CliRunner().invoke(cli, ["calibrate", str(samples / "s0.png"), "--profile", str(base),
+                                   "--gammas", "4", "--max-new-tokens", "16", "--budget", "1",
+                                   "--top", "1", "--margin", "0.1", "--json", "--write", str(tuned)],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["method"] == "none" and out["winner"] == "none (target only)"
+    # (modelled or measured fastest, as the latency measured here says)
+    assert out["note"].startswith("target-only decoding was") and out["note"] in res.stderr
+    assert load_profile(str(tuned)).method == "none"
+    text = tuned.read_text()
+    assert "\ntask: caption\n" in text and "measured fastest here: method none" in text
+    measured = [c for c in out["candidates"] if c["speedup"] is not None and c["method"] != "none"]
+    assert measured and all(c["speedup"] < 1 for c in measured)
+    for c in measured:
+        assert c["speedup_min"] <= c["speedup_median"] <= c["speedup_max"]
+        assert c["prediction_error"] == pytest.approx(c["predicted"] / c["speedup"] - 1, abs=1e-3)
+    assert out["prediction_error"]["measured"] == len(measured)
+    walls = out["target_only"]["sample_wall_s"]
+    assert walls["min"] <= walls["median"] <= walls["max"]
+    assert "prediction error over" in res.stderr and "per sample" in res.stderr
+
+
+def test_an_auto_profile_is_probed_at_fixed_lengths_and_measured_as_it_is(setup, monkeypatch):
+    """drafting.length auto: a probe must draft its largest γ every round to stand for
+    every γ, so probes and candidates pin drafting.length fixed; the profile as it is
+    (auto) is a candidate modelled at its best fixed γ and decoded for real."""
+    from vlmspec_cli.tasks import calibrate as cal
+    from vlmspec_cli.tasks.calibrate_space import Probe, own_probe
+
+    _, samples, base = setup
+    profile = load_profile(str(base), ["drafting.length=auto", "generation.max_new_tokens=16"])
+    chain_m = Probe("chain", {"method": "chain", "drafting.inputs": ["multimodal"]}, "chain M",
+                    replay=True, rows=1)
+    monkeypatch.setattr(cal, "probes", lambda p, d, **kw: [chain_m, own_probe(p)])
+    lengths = []     # drafting.length of every session calibrate builds
+    real = cal.build_session
+    monkeypatch.setattr(cal, "build_session",
+                        lambda p, **kw: (lengths.append(p.drafting.length), real(p, **kw))[1])
+    requests = sample_requests(profile, expand_inputs([str(samples)]))[0]
+    result = cal.calibrate(profile, requests, gammas=[2, 4], top=1, budget_s=600)
+    own = next(c for c in result.candidates if c.settings == {})
+    assert own.label.endswith("γ auto ≤ 7") and own.speedup is not None and own.mismatches == 0
+    chains = [c for c in result.candidates if c.method == "chain" and c.settings
+              and "generation.batch_size" not in c.settings]
+    assert {c.gamma for c in chains} == {2, 4}
+    assert all(c.settings["drafting.length"] == "fixed" for c in chains)
+    assert own.predicted == max(c.predicted for c in chains)
+    assert lengths[0] == "auto" and "fixed" in lengths and lengths.count("auto") >= 2

@@ -305,18 +305,27 @@ def latency_table(hardware: dict) -> None:
     stderr.print(table)
 
 
-def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: int = 14) -> None:
+def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: int = 14,
+                      errors: dict | None = None, target_only: dict | None = None,
+                      note: str = "") -> None:
+    """The candidates, modelled and measured: the measured speedup with its spread over the
+    samples (min–median–max, target-only's wall ÷ the candidate's per sample) and how far
+    the prediction was (predicted ÷ measured − 1)."""
     title = "vlmspec calibrate" + (f" (latency: {latency})" if latency else "")
     table = Table(title=title, title_justify="left")
     for name, justify in (("candidate", "left"), ("τ model", "right"), ("predicted", "right"),
-                          ("τ measured", "right"), ("speedup measured", "right"), ("tok/s", "right")):
+                          ("τ meas.", "right"), ("speedup meas. (per sample min/med/max)", "right"),
+                          ("error", "right"), ("tok/s", "right")):
         table.add_column(name, justify=justify)
     shown = candidates[:rows] + [c for c in candidates[rows:] if c.speedup is not None]
     for c in shown:
         timed = " (timed)" if c.cost == "timed" else ""
+        speedup = "-" if c.speedup is None else f"{c.speedup:.2f}x"
+        if c.speedup_min is not None:
+            speedup += f" ({c.speedup_min:.2f}/{c.speedup_median:.2f}/{c.speedup_max:.2f})"
         table.add_row(escape(c.label), f"{c.tau_model:.2f}", f"{c.predicted:.2f}x{timed}",
-                      "-" if c.tau is None else f"{c.tau:.2f}",
-                      "-" if c.speedup is None else f"{c.speedup:.2f}x",
+                      "-" if c.tau is None else f"{c.tau:.2f}", speedup,
+                      "-" if c.prediction_error is None else f"{c.prediction_error:+.0%}",
                       "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.0f}",
                       style="bold green" if c is winner else None)
     stderr.print(table)
@@ -324,6 +333,15 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
         stderr.print(f"{len(candidates) - len(shown)} more candidates modelled (--json lists all)")
     if skipped:
         stderr.print(f"not tried: {escape('; '.join(skipped))}")
+    if target_only and target_only.get("sample_wall_s"):
+        w = target_only["sample_wall_s"]
+        stderr.print(f"target-only: {target_only['tokens_per_s']} tok/s, per sample "
+                     f"{w['min']:.3f}–{w['median']:.3f}–{w['max']:.3f} s (min–median–max)")
+    if errors and errors.get("measured"):
+        stderr.print(f"prediction error over {errors['measured']} measured: mean {errors['mean']:+.0%}, "
+                     f"mean |error| {errors['mean_abs']:.0%}, max |error| {errors['max_abs']:.0%}")
+    if note:
+        stderr.print(escape(note))
     stderr.print(f"winner: [bold]{escape(winner.label)}[/]")
 
 

@@ -68,8 +68,10 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     Measures the acceptance of every configuration the profile's task allows once (chain
     variants at the largest γ stand for every γ), models each with the latency profile
     (Eq. 1 with measured verification cost), decodes the best candidates and the profile's
-    own for real against target-only decoding, and prints a ranked table. SAMPLES are
-    images (caption), prompts (image) or videos (video).
+    own for real against target-only decoding, and prints a ranked table: measured speedup
+    with its spread over the samples, and the prediction's error. Target-only decoding is a
+    candidate too: where nothing beats it, the answer is method none. SAMPLES are images
+    (caption), prompts (image) or videos (video).
     """
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
@@ -113,11 +115,13 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
                            hidden=heads, twigs=twigs, top=top, budget_s=budget, margin=margin,
                            progress=status.update, session=session)
     winner = result.winner
+    prediction = result.prediction_errors()
     if not quiet:
-        ui.calibration_table(result.candidates, winner, result.skipped, result.latency)
+        ui.calibration_table(result.candidates, winner, result.skipped, result.latency,
+                             errors=prediction, target_only=result.target_only, note=result.note)
     if path is not None:
         text = winner_yaml(winner, prof.source, path.stem, include_for(profile, prof.source, path),
-                           result.candidates)
+                           result.candidates, task=base.task)
         try:
             write_profile(path, text, force=force, inputs=inputs)
         except OutputRefused as exc:
@@ -125,8 +129,11 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
         if not quiet:
             ui.info(f"wrote {path}: {winner.label}")
     if as_json:
-        click.echo(json.dumps({"winner": winner.label, "latency": result.latency,
-                               "skipped": result.skipped, "candidates": as_dicts(result.candidates)}))
+        click.echo(json.dumps({"winner": winner.label, "method": winner.method, "task": base.task,
+                               "note": result.note, "latency": result.latency,
+                               "skipped": result.skipped, "target_only": result.target_only,
+                               "prediction_error": prediction,
+                               "candidates": as_dicts(result.candidates)}))
     else:
         click.echo(winner.label)
     sys.exit(1 if errors else 0)

@@ -17,16 +17,25 @@
    nodes: d levels of k rows, n nodes), and levels·L + T_p(nodes + 1) otherwise (levels
    and nodes as the probe's rounds drafted them, a chain's capped at γ).
 4. The best ``top`` candidates and the profile's own configuration are decoded for real,
-   against target-only decoding on the same samples; the winner is the best modelled of
-   those, unless another was measured more than ``margin`` faster (timing noise must not
-   flip the choice). For a folder (caption, several samples) the winner is then decoded
-   with ``generation.batch_size`` 2 and 4 and the batch size kept only if faster by
-   ``margin``. Nothing the budget skipped is hidden: ``Calibration.skipped`` lists it.
+   against target-only decoding on the same samples (each one's speedup, and its spread
+   over the samples: min, median, max; predicted ÷ measured − 1 is the model's error);
+   the winner is the best modelled of those, target-only decoding (method none, modelled
+   at 1.0x) among them, unless another was measured more than ``margin`` faster (timing
+   noise must not flip the choice). For a folder (caption, several samples) the winner is
+   then decoded with ``generation.batch_size`` 2 and 4 and the batch size kept only if
+   faster by ``margin``. Nothing the budget skipped is hidden: ``Calibration.skipped``
+   lists it.
+
+A base profile with ``drafting.length: auto`` is probed and modelled at fixed γ (its
+probes and candidates pin ``drafting.length: fixed``: a probe's rounds must all draft the
+largest γ to stand for every γ); the profile as it is, auto, is a candidate modelled as
+its best fixed γ up to its ceiling, and decoded for real as the profile's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -57,6 +66,11 @@ class Candidate:
     speedup: float | None = None    # measured, vs target-only on the same samples
     tokens_per_s: float | None = None
     mismatches: int = 0             # samples whose tokens differ from target-only (T = 0)
+    # measured, per sample: target-only's wall ÷ this one's (the spread behind speedup)
+    speedup_min: float | None = None
+    speedup_median: float | None = None
+    speedup_max: float | None = None
+    prediction_error: float | None = None   # predicted ÷ measured speedup − 1
 
 
 @dataclass
@@ -65,6 +79,33 @@ class Calibration:
     winner: Candidate
     skipped: list[str]              # what was not tried, and why (the --budget, the method)
     latency: str                    # "hardware profile" or "measured"
+    target_only: dict = field(default_factory=dict)   # its tokens/s and per-sample walls
+    note: str = ""                  # why the winner won, when it is not the modelled best
+
+    def prediction_errors(self) -> dict:
+        """How far the model was from what was measured, over the candidates decoded for
+        real one request at a time (predicted ÷ measured − 1: > 0 predicted too much)."""
+        errors = [c.prediction_error for c in self.candidates if c.prediction_error is not None]
+        if not errors:
+            return {"measured": 0}
+        return {"measured": len(errors), "mean": round(statistics.fmean(errors), 4),
+                "mean_abs": round(statistics.fmean(abs(e) for e in errors), 4),
+                "max_abs": round(max(abs(e) for e in errors), 4)}
+
+
+@dataclass
+class Run:
+    """Samples decoded one at a time: the total wall time, each one's, outputs, stats."""
+
+    wall: float
+    walls: list[float]
+    outputs: list[list[int]]
+    stats: object
+
+
+# drafting.length: auto decodes each γ as the rounds go: a probe that stands for every γ,
+# and a candidate of one γ, decode at that γ
+FIXED_LENGTH = {"drafting.length": "fixed"}
 
 
 class LatencyModel:
@@ -119,19 +160,27 @@ def tau_for_gamma(hist: list[int], gamma: int) -> float:
     return 1.0 + sum(n * min(k, gamma) for k, n in enumerate(hist)) / rounds if rounds else 1.0
 
 
-def _decode(engine, requests: list[Request]) -> tuple[float, list[list[int]], object]:
+def _decode(engine, requests: list[Request]) -> Run:
     from vlmspec_cli.runtime.stats import SpecStats
 
-    stats, outputs = SpecStats(), []
+    stats, outputs, walls = SpecStats(), [], []
     captioner = getattr(engine.drafter, "captioner", None)
     t0 = time.perf_counter()
     for req in requests:
+        t1 = time.perf_counter()
         if captioner is not None:   # each request pays for its captions, warm-up or not
             captioner.forget()
         res = engine.generate(req)
+        walls.append(time.perf_counter() - t1)
         stats.merge(res.state.stats)
         outputs.append(res.tokens)
-    return time.perf_counter() - t0, outputs, stats
+    return Run(time.perf_counter() - t0, walls, outputs, stats)
+
+
+def _pinned(base) -> dict:
+    """What a probe or a candidate of one γ adds to ``base``'s settings: the fixed length,
+    when the base chooses γ per round."""
+    return FIXED_LENGTH if method_class(base.method).draft_length(base) == "auto" else {}
 
 
 def measure_latency(session, draft, requests: list[Request], all_probes: list[Probe],
@@ -162,7 +211,8 @@ def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: Lat
     ``target``: the base session's target, reused (build_session)."""
     gamma = max(gammas) if probe.replay else None
     settings = dict(probe.settings, **({"drafting.gamma": gamma} if gamma else {}))
-    profile = with_settings(base, settings)
+    pin = _pinned(base)
+    profile = with_settings(base, {**settings, **pin})
     session = build_session(profile, target=target)
     timed = time_rounds(session.engine, requests, warmup=0)
     summary = timed.summary()
@@ -182,7 +232,7 @@ def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: Lat
         else:                # as the rounds drafted them
             predicted = model.speedup(tau, summary.get("levels_per_round", 0.0),
                                       summary.get("drafted_per_round", 0.0), level_ms)
-        return [Candidate(probe.method, probe.label, dict(probe.settings),
+        return [Candidate(probe.method, probe.label, dict(probe.settings, **pin),
                           method_class(profile.method).gamma(profile), tree=probe.tree,
                           tau_model=round(tau, 4), predicted=round(predicted, 4), **common)]
     out = []
@@ -194,7 +244,7 @@ def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: Lat
             levels = min(g, summary.get("levels_per_round", g))
             predicted = model.speedup(tau, levels, levels, level_ms)
         out.append(Candidate(probe.method, f"{probe.label} γ={g}",
-                             dict(probe.settings, **{"drafting.gamma": g}), g,
+                             dict(probe.settings, **{"drafting.gamma": g}, **pin), g,
                              tau_model=round(tau, 4), predicted=round(predicted, 4), **common))
     return out
 
@@ -205,16 +255,22 @@ def _same_config(base, a: dict, b: dict) -> bool:
     return with_settings(base, {**a, **one}) == with_settings(base, {**b, **one})
 
 
-def _measure(base, cand: Candidate, requests, base_wall: float, reference, greedy: bool,
+def _measure(base, cand: Candidate, requests, base_run: Run, greedy: bool,
              target=None) -> None:
     """Decode the samples with the candidate's profile (after one warm-up request)."""
     session = build_session(with_settings(base, cand.settings), target=target)
     _decode(session.engine, requests[:1])
-    wall, outputs, stats = _decode(session.engine, requests)
-    cand.tau = round(stats.mean_accept_len, 4)
-    cand.speedup = round(base_wall / wall, 4) if wall > 0 else None
-    cand.tokens_per_s = round(stats.new_tokens / wall, 2) if wall > 0 else None
-    cand.mismatches = _mismatches(outputs, reference, greedy)
+    run = _decode(session.engine, requests)
+    cand.tau = round(run.stats.mean_accept_len, 4)
+    cand.speedup = round(base_run.wall / run.wall, 4) if run.wall > 0 else None
+    cand.tokens_per_s = round(run.stats.new_tokens / run.wall, 2) if run.wall > 0 else None
+    cand.mismatches = _mismatches(run.outputs, base_run.outputs, greedy)
+    per_sample = [b / w for b, w in zip(base_run.walls, run.walls) if w > 0]
+    if per_sample:
+        cand.speedup_min, cand.speedup_median, cand.speedup_max = (
+            round(x, 4) for x in (min(per_sample), statistics.median(per_sample), max(per_sample)))
+    if cand.speedup and cand.predicted:
+        cand.prediction_error = round(cand.predicted / cand.speedup - 1.0, 4)
 
 
 def decode_batched(session, requests: list[Request]) -> list:
@@ -230,6 +286,9 @@ def _batch_candidates(base, winner: Candidate, requests, base_wall: float, refer
     if base.task != "caption" or not method_class(winner.method).batches or winner.speedup is None:
         return []
     out = []
+    # a batch's rows draft a fixed γ: an auto winner's batches draft its ceiling
+    auto = method_class(winner.method).draft_length(with_settings(base, winner.settings)) == "auto"
+    label = f"{winner.label} batch={{}}" + (f" (γ={winner.gamma} fixed)" if auto else "")
     for b in [b for b in sizes if b <= len(requests)]:
         settings = dict(winner.settings, **{"generation.batch_size": b})
         session = build_session(with_settings(base, settings), target=target)
@@ -237,9 +296,12 @@ def _batch_candidates(base, winner: Candidate, requests, base_wall: float, refer
         t0 = time.perf_counter()
         outputs = [getattr(res, "tokens", None) for res in decode_batched(session, requests)]
         wall = time.perf_counter() - t0
-        cand = dataclasses.replace(winner, label=f"{winner.label} batch={b}", settings=settings,
+        cand = dataclasses.replace(winner, label=label.format(b), settings=settings,
                                    tau=None, speedup=round(base_wall / wall, 4) if wall > 0 else None,
-                                   tokens_per_s=None, mismatches=_mismatches(outputs, reference, greedy))
+                                   tokens_per_s=None, mismatches=_mismatches(outputs, reference, greedy),
+                                   # rows overlap in time: no per-sample walls; not modelled
+                                   speedup_min=None, speedup_median=None, speedup_max=None,
+                                   prediction_error=None)
         out.append(cand)
     return out
 
@@ -272,22 +334,11 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
         model, latency = measure_latency(session, draft, requests, all_probes, gammas), "measured"
     baseline = session.baseline_engine()
     _decode(baseline, requests[:1])  # warm-up
-    base_wall, reference, _ = _decode(baseline, requests)
-    candidates, skipped = [], []
-    cannot: dict[str, list[str]] = {}      # why a probe cannot run -> the probes
-    for n, probe in enumerate(all_probes):
-        if n > 0 and over():
-            skipped.append(f"{probe.label} (budget)")
-            continue
-        say(f"acceptance of {probe.label}")
-        try:
-            candidates += probe_candidates(base, probe, requests, gammas, model, reference,
-                                           greedy, session.target)
-        except (ModelLoadError, SessionError, ValueError) as exc:
-            # a draft of another tokenizer, a family refusing the probe's inputs (Qwen's
-            # 3-D positions: no ensemble with M, no P), a model refusing it as it decodes
-            cannot.setdefault(str(exc).split(": ")[0].split(" (")[0], []).append(probe.label)
-    skipped += [f"{', '.join(labels)} ({reason})" for reason, labels in cannot.items()]
+    base_run = _decode(baseline, requests)
+    candidates, skipped = _probe_all(base, all_probes, requests, gammas, model, base_run, greedy,
+                                     session.target, over, say)
+    auto = _auto_candidate(base, candidates)
+    candidates += [auto] if auto is not None else []
     candidates.sort(key=lambda c: (-c.predicted, c.label))
     default = next((c for c in candidates if with_settings(base, c.settings) == base), None)
     finalists = candidates[:top] + ([default] if default is not None and default not in candidates[:top] else [])
@@ -296,29 +347,100 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
             skipped.append(f"measuring {cand.label} (budget)")
             continue
         say(f"measuring {cand.label}")
-        _measure(base, cand, requests, base_wall, reference, greedy, session.target)
-    measured = [c for c in candidates if c.speedup is not None and c.mismatches == 0]
-    winner = measured[0] if measured else candidates[0]
-    fastest = max(measured, key=lambda c: c.speedup, default=winner)
-    if fastest.speedup and winner.speedup and fastest.speedup > winner.speedup * (1 + margin):
-        winner = fastest
+        _measure(base, cand, requests, base_run, greedy, session.target)
+    none = _target_only(base_run)
+    winner, note = _pick(candidates, none, margin)
+    candidates = sorted(candidates + [none], key=lambda c: (-c.predicted, c.label))
     batching = base.task == "caption" and method_class(winner.method).batches
     if len(requests) > 1 and batching and not over():
         say("batch sizes")
         try:
-            batched = _batch_candidates(base, winner, requests, base_wall, reference, greedy,
-                                        target=session.target)
+            batched = _batch_candidates(base, winner, requests, base_run.wall, base_run.outputs,
+                                        greedy, target=session.target)
         except (ModelLoadError, SessionError, ValueError) as exc:   # Qwen: one at a time
             batched = []
             skipped.append(f"batch sizes ({exc})")
         for cand in batched:
             candidates.append(cand)
             if cand.mismatches == 0 and cand.speedup > winner.speedup * (1 + margin):
-                winner = cand
+                winner, note = cand, ""
     elif len(requests) > 1 and base.task == "caption":
         skipped.append("batch sizes (budget)" if batching else
                        f"batch sizes (method {winner.method} decodes one request at a time)")
-    return Calibration(candidates, winner, skipped, latency)
+    walls = base_run.walls
+    target_only = {"tokens_per_s": none.tokens_per_s, "wall_s": round(base_run.wall, 4),
+                   "sample_wall_s": {"min": round(min(walls), 4), "median": round(statistics.median(walls), 4),
+                                     "max": round(max(walls), 4)}}
+    return Calibration(candidates, winner, skipped, latency, target_only, note)
+
+
+def _probe_all(base, all_probes, requests, gammas, model, base_run: Run, greedy: bool, target,
+               over, say) -> tuple[list[Candidate], list[str]]:
+    """Every probe's candidates, modelled (until the budget is spent), and what was skipped."""
+    candidates, skipped = [], []
+    cannot: dict[str, list[str]] = {}      # why a probe cannot run -> the probes
+    for n, probe in enumerate(all_probes):
+        if n > 0 and over():
+            skipped.append(f"{probe.label} (budget)")
+            continue
+        say(f"acceptance of {probe.label}")
+        try:
+            candidates += probe_candidates(base, probe, requests, gammas, model, base_run.outputs,
+                                           greedy, target)
+        except (ModelLoadError, SessionError, ValueError) as exc:
+            # a draft of another tokenizer, a family refusing the probe's inputs (Qwen's
+            # 3-D positions: no ensemble with M, no P), a model refusing it as it decodes
+            cannot.setdefault(str(exc).split(": ")[0].split(" (")[0], []).append(probe.label)
+    skipped += [f"{', '.join(labels)} ({reason})" for reason, labels in cannot.items()]
+    return candidates, skipped
+
+
+def _auto_candidate(base, candidates: list[Candidate]) -> Candidate | None:
+    """The base profile as it is, when it chooses γ per round (drafting.length auto): its
+    configuration modelled at the best fixed γ up to its ceiling (what auto aims at), and,
+    as the profile's own, always decoded for real."""
+    method = method_class(base.method)
+    if method.draft_length(base) != "auto":
+        return None
+    ceiling = method.gamma(base)
+    same = [c for c in candidates if c.tree is None and c.gamma <= ceiling
+            and _same_config(base, {}, {k: v for k, v in c.settings.items() if k not in FIXED_LENGTH})]
+    if not same:
+        return None
+    best = max(same, key=lambda c: c.predicted)
+    return dataclasses.replace(best, label=f"{base.name} (own) {base.method} γ auto ≤ {ceiling}",
+                               settings={}, gamma=ceiling)
+
+
+def _target_only(base_run: Run) -> Candidate:
+    """Target-only decoding as a candidate (method none): the baseline, measured."""
+    tps = round(base_run.stats.new_tokens / base_run.wall, 2) if base_run.wall > 0 else None
+    return Candidate("none", "none (target only)", {"method": "none"}, 0, tau_model=1.0,
+                     predicted=1.0, tau=1.0, speedup=1.0, tokens_per_s=tps, speedup_min=1.0,
+                     speedup_median=1.0, speedup_max=1.0)
+
+
+def _pick(candidates: list[Candidate], none: Candidate, margin: float) -> tuple[Candidate, str]:
+    """The winner, target-only decoding (``none``, modelled 1.0x, measured by definition)
+    among the candidates: the best modelled of those decoded for real (and equal to
+    target-only), unless another, target-only included, was measured more than ``margin``
+    faster (timing noise must not flip the choice)."""
+    measured = sorted([c for c in candidates if c.speedup is not None and c.mismatches == 0]
+                      + [none], key=lambda c: (-c.predicted, c.label))
+    winner = modelled = measured[0]
+    fastest = max(measured, key=lambda c: c.speedup)
+    if fastest.speedup > winner.speedup * (1 + margin):
+        winner = fastest
+    if winner is none and modelled is not none:
+        return none, (f"target-only decoding was measured fastest: {modelled.label}, modelled "
+                      f"best, decoded at {modelled.speedup:.2f}x of its speed")
+    if winner is none and len(measured) == 1:
+        return none, "no candidate was decoded equal to target-only: target-only decoding"
+    if winner is none:
+        return none, "target-only decoding was modelled fastest, and no candidate measured faster"
+    if winner is not modelled:
+        return winner, f"measured more than {margin:.0%} faster than {modelled.label}, modelled best"
+    return winner, ""
 
 
 def _nested(settings: dict) -> dict:
@@ -333,17 +455,20 @@ def _nested(settings: dict) -> dict:
 
 
 def winner_yaml(winner: Candidate, base_source: str, name: str, include: str,
-                table: list[Candidate]) -> str:
-    """A profile that includes the base one and sets the winner's settings."""
+                table: list[Candidate], task: str = "caption") -> str:
+    """A profile that includes the base one and sets the winner's settings, and the task
+    it was calibrated for."""
     import yaml
 
     data: dict = {"include": include, "name": name,
                   "description": f"calibrated from {base_source}: {winner.label}",
-                  **_nested(winner.settings)}
+                  "task": task, **_nested(winner.settings)}
     lines = ["# written by `vlmspec calibrate`; candidates (τ model, predicted, measured):"]
     for c in table[:12]:
         measured = f"{c.speedup:.2f}x" if c.speedup is not None else "-"
         lines.append(f"#   {c.label:<40} τ≈{c.tau_model:.2f}  pred {c.predicted:.2f}x  meas {measured}")
+    if not method_class(winner.method).drafts:
+        lines.append("# target-only decoding was measured fastest here: method none")
     return "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
