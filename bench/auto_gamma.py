@@ -1,0 +1,129 @@
+"""Auto draft length against fixed γ, through the CLI users run (issue 34).
+
+Runs ``vlmspec caption examples/images/ --compare`` once per configuration, the
+configurations taking turns (round r starts at configuration r, so a slow minute of the
+machine falls on all of them), ``--rounds`` times. Each run's speedup is its own
+``--compare`` (the method and target-only decode each image one after the other, in one
+process), so a busy machine shifts both sides of a ratio. Prints every command with the
+summary lines it wrote, the load average before it, and a table per case: speedup
+median, min and max over the rounds, and tokens/s.
+
+Cases: ``demo`` (the default profile at fixed γ in ``--gammas`` and at
+``drafting.length=auto`` with each ceiling in ``--ceilings``), ``bad`` (the default with a
+draft whose decoder layers are redrawn at random, saved under ``--bad-draft``: fixed γ
+and auto) and ``text`` (drafting input T on the default pair: fixed and auto).
+
+    python bench/auto_gamma.py [--rounds 3] [--gammas 2,3,4,5,6,7,8,9,10] [--ceilings 7,10]
+                               [--cases demo,bad,text] [--bad-draft /tmp/vlmspec-bad-draft]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bad_draft(path: Path) -> Path:
+    """The default's draft with its decoder layers drawn at random (seed 1234)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if path.exists():
+        return path
+    src = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld" / "llava-deep-draft"
+    shutil.copytree(src, path)
+    gen = torch.Generator().manual_seed(1234)
+    for f in path.glob("*.safetensors"):
+        state = load_file(f)
+        for k, v in state.items():
+            if ".layers." in k and v.dtype.is_floating_point and v.dim() >= 2:
+                state[k] = (torch.randn(v.shape, generator=gen) * float(v.float().std())).to(v.dtype)
+        save_file(state, f, metadata={"format": "pt"})
+    return path
+
+
+def configs(args) -> dict[str, dict[str, list[str]]]:
+    gammas = [int(g) for g in args.gammas.split(",")]
+    ceilings = [int(g) for g in args.ceilings.split(",")]
+    cases = {}
+    fixed = lambda g: ["--set", f"drafting.gamma={g}", "--set", "drafting.length=fixed"]  # noqa: E731
+    auto = lambda g: ["--set", f"drafting.gamma={g}", "--set", "drafting.length=auto"]   # noqa: E731
+    if "demo" in args.cases:
+        cases["demo"] = {f"γ={g}": fixed(g) for g in gammas} | {f"auto ≤{c}": auto(c) for c in ceilings}
+    if "bad" in args.cases:
+        draft = ["--set", f"draft.model={bad_draft(Path(args.bad_draft))}"]
+        cases["bad"] = {"γ=7": draft + fixed(7), "γ=1": draft + fixed(1),
+                        **{f"auto ≤{c}": draft + auto(c) for c in ceilings}}
+    if "text" in args.cases:
+        text = ["--set", "drafting.inputs=[text]"]
+        cases["text"] = {"γ=7": text + fixed(7), "γ=3": text + fixed(3),
+                         **{f"auto ≤{c}": text + auto(c) for c in ceilings}}
+    return cases
+
+
+SUMMARY = re.compile(r"│\s*(speedup vs target-only|tokens/s|mean acceptance length|draft length \(auto\)|method)"
+                     r"\s*│\s*(.*?)\s*│")
+
+
+def run(cmd: list[str]) -> dict:
+    env = dict(os.environ, COLUMNS="140")
+    load = os.getloadavg()
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    found = dict(SUMMARY.findall(proc.stderr))
+    identical = all('"identical": true' in line for line in proc.stdout.splitlines() if line.strip())
+    return {"load": load, "seconds": seconds, "rc": proc.returncode, "summary": found,
+            "identical": identical,
+            "speedup": float(found["speedup vs target-only"].split("x")[0]) if proc.returncode == 0 else None,
+            "tokens_per_s": float(found.get("tokens/s", "nan"))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--gammas", default="2,3,4,5,6,7,8,9,10")
+    ap.add_argument("--ceilings", default="7,10")
+    ap.add_argument("--cases", default="demo,bad,text")
+    ap.add_argument("--bad-draft", default="/tmp/vlmspec-bad-draft")
+    args = ap.parse_args()
+    base = [sys.executable, "-m", "vlmspec_cli", "caption", "examples/images/", "--compare", "--json"]
+    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} CPUs, "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} before the first run")
+    print(f"# each: {' '.join(base[2:])} [--set ...]   (stdout: JSON records; stderr: the summary)")
+    for case, table in configs(args).items():
+        names = list(table)
+        results: dict[str, list[dict]] = {n: [] for n in names}
+        for r in range(args.rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                res = run(base + table[name])
+                results[name].append(res)
+                s = res["summary"]
+                print(f"[{case} round {r + 1}] vlmspec caption examples/images/ --compare "
+                      f"{' '.join(table[name])}\n    load {res['load'][0]:.2f}, {res['seconds']:.1f} s, "
+                      f"rc {res['rc']}, identical {res['identical']}: speedup {s.get('speedup vs target-only')}, "
+                      f"{s.get('tokens/s')} tok/s, τ {s.get('mean acceptance length')}"
+                      + (f", {s['draft length (auto)']}" if "draft length (auto)" in s else ""),
+                      flush=True)
+        print(f"\n## {case}: speedup vs target-only over {args.rounds} rounds (median, min, max), tok/s median")
+        print("| config | median | min | max | tok/s | outputs identical |")
+        print("|---|---|---|---|---|---|")
+        for name in names:
+            sp = [x["speedup"] for x in results[name] if x["speedup"] is not None]
+            tps = [x["tokens_per_s"] for x in results[name] if x["rc"] == 0]
+            print(f"| {name} | {statistics.median(sp):.2f}x | {min(sp):.2f}x | {max(sp):.2f}x | "
+                  f"{statistics.median(tps):.0f} | {all(x['identical'] for x in results[name])} |")
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main()
