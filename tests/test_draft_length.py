@@ -49,8 +49,8 @@ class Costs:
     def verify_s(self, fed: int) -> float:
         return 1.0 + self.slope * (fed - 1)
 
-    def needs_spread(self) -> bool:
-        return False
+    def explore(self, k: int, budget: int) -> int:
+        return k
 
 
 # ---------------------------------------------------------------------------- the model
@@ -80,7 +80,19 @@ def test_linear_cost_recovers_a_line_and_falls_back_when_sizes_are_alike():
     assert flat.at(2) == pytest.approx(16.0) and prop.at(2) == pytest.approx(4.0)
     costs = RoundCosts()
     costs.observe(levels=5, draft_s=None, fed=6, verify_s=1.0)   # a round after plain ones
-    assert costs.draft_s(5) is None and costs.needs_spread()
+    # one size seen: no slope yet; the next round measures the size farthest from it
+    assert costs.draft_s(5) is None and costs.explore(5, 8) == 1
+    short = RoundCosts()
+    short.observe(levels=2, draft_s=0.1, fed=3, verify_s=1.0)
+    assert short.explore(2, 8) == 8
+    for _ in range(3):
+        costs.observe(levels=1, draft_s=None, fed=2, verify_s=1.0)
+    assert costs.explore(5, 8) == 5
+    stalled = LinearCost()
+    for _ in range(3):
+        stalled.observe(4, 1.0)
+    stalled.observe(4, 100.0)            # one round the machine stalled: counted as 3.0
+    assert stalled.at(4) == pytest.approx((1 + 1 + 1 + 3) / 4, rel=0.05)
 
 
 def _state():

@@ -26,8 +26,10 @@ of tokens, not a few rounds per request.
   drafter's ``propose`` and around verification + commit. No device synchronisation is
   added: each phase ends reading its tokens back to the host (the proposals, the
   verdict), which waits for its kernels. Each is a decayed least-squares line over the
-  rounds' sizes (``LinearCost``); while the sizes verified are too alike to tell a slope,
-  a round drafts half the chosen length, to measure another size.
+  rounds' sizes (``LinearCost``; a process's first WARMUP_ROUNDS rounds are not timed,
+  and a round timed over OUTLIER times its prediction counts as that); while the sizes
+  verified are too alike to tell a slope, a round drafts the length farthest from them
+  (1 or the budget), to measure another size.
 
 Lossless by construction: γ and the plain rounds are decided before the round, from
 earlier rounds only; every emitted token is still the target's (verify.py), at T = 0
@@ -55,6 +57,8 @@ PRIOR_WEIGHT = 4.0        # the process's rates, in rounds at each position
 SHRINK = 2.0              # the process's pooled rate, in rounds at each position
 COST_DECAY = 0.95         # per round, the cost fits' weights
 MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slope is a guess
+WARMUP_ROUNDS = 2         # a process's first rounds pay one-time costs: not timed
+OUTLIER = 3.0             # a round timed over this many times its prediction counts as that
 
 
 class LinearCost:
@@ -69,8 +73,12 @@ class LinearCost:
         self.fallback = fallback
         self.decay = decay
         self.w = self.x = self.xx = self.y = self.xy = 0.0
+        self.n = 0
 
     def observe(self, x: float, seconds: float) -> None:
+        if self.n >= 3:   # one round the machine stalled must not set the line
+            seconds = min(seconds, OUTLIER * self.at(x))
+        self.n += 1
         d = self.decay
         self.w = d * self.w + 1.0
         self.x = d * self.x + x
@@ -121,9 +129,13 @@ class RoundCosts:
     def verify_s(self, fed: int) -> float | None:
         return self.verify.at(fed) if self.verify.known else None
 
-    def needs_spread(self) -> bool:
-        """Whether verification has been seen at too few sizes to tell its slope."""
-        return self.verify.known and self.verify.spread() < MIN_SPREAD
+    def explore(self, k: int, budget: int) -> int:
+        """``k``, or, while verification has been seen at too few sizes to tell its slope,
+        the size in 1..budget farthest from those seen (a round to measure it)."""
+        if not self.verify.known or self.verify.spread() >= MIN_SPREAD:
+            return k
+        seen = self.verify.x / self.verify.w - 1          # proposals of the mean round
+        return max((1, budget), key=lambda size: abs(size - seen))
 
 
 class Acceptance:
@@ -201,6 +213,7 @@ class AutoGamma:
             raise ValueError("the draft length's ceiling must be >= 1")
         self.ceiling = ceiling
         self.costs = costs if costs is not None else RoundCosts()
+        self.rounds = 0                         # rounds this engine has decoded
         self.probe_after = max(1, probe_after)
         self.max_backoff = max(self.probe_after, max_backoff)
         self.decay = decay
@@ -262,9 +275,7 @@ class AutoGamma:
             self.probe_due = True
             return 0
         self.backoff = self.probe_after
-        if k > 1 and self.costs.needs_spread():
-            return max(1, k // 2)            # a shorter chain: verification at another size
-        return k
+        return self.costs.explore(k, budget)
 
     def observe(self, state: DecodeState, k: int, *, levels: int, fed: int, drafted: int,
                 accepted: int, draft_s: float, verify_s: float) -> None:
@@ -274,7 +285,8 @@ class AutoGamma:
         token comes from the prefill) times no target forward."""
         ls: LengthState = state.length
         clean = ls.previous > 0   # after plain rounds the draft first caught up on them
-        if fed > 0:
+        self.rounds += 1
+        if fed > 0 and self.rounds > WARMUP_ROUNDS:
             self.costs.observe(levels, draft_s if clean else None, fed, verify_s)
         ls.previous = k
         if drafted > 0:
