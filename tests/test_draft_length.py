@@ -115,9 +115,14 @@ def test_the_length_maximises_tokens_per_time_and_goes_off_and_on():
     state = _state()
     cheap.start(state)
     seen = [_round(cheap, state, 8, accepted=8) for _ in range(3)]
-    # at first the prior (every rate 0.5: E(k) < 2) gives no reason to draft 8; once every
-    # proposal was kept, the longest chain pays best
-    assert seen[0] == 5 and seen[1:] == [8, 8]
+    # at first the prior (every rate 0.5: E(k) < 2) makes 5 the best, but 8 is within 2%
+    # of it (the longest of a flat optimum); once every proposal was kept, 8 is the best
+    assert seen == [8, 8, 8]
+    flat = AutoGamma(8, costs=Costs(0.05))
+    state = _state()
+    flat.start(state)
+    # dearer drafting: 8 is more than 2% below the best (3) and 4 is the longest within it
+    assert flat.choose(state, 8) == 4
     dear = AutoGamma(8, costs=Costs(2.0), probe_after=2, max_backoff=4)
     state = _state()
     dear.start(state)
@@ -151,7 +156,9 @@ def test_verification_cost_decides_between_lengths():
     policy.start(state)
     rates = policy.rates(state.length)
     rate = {k: expected_tokens(rates, k) / (1.0 + 0.5 * k) for k in range(1, 9)}
-    assert policy.choose(state, 8) == max(rate, key=rate.get) < 8
+    top = max(rate.values())
+    longest = max(k for k, r in rate.items() if r >= 0.98 * top)
+    assert policy.choose(state, 8) == longest < 8
 
 
 # ------------------------------------------------------------------- lossless, T = 0

@@ -10,7 +10,8 @@ one rate α everywhere, E(k) = (1 − α^{k+1}) / (1 − α)), and costs C(k) = 
 D(k) the drafting of k positions, V(n) the target verifying n fed tokens (the pending one
 and the proposals) with the round's bookkeeping. A plain target step emits 1 token and
 costs V(1). Each round drafts the k in 1..budget (budget ≤ the ceiling, ``drafting.gamma``)
-with the most tokens per unit time, E(k) / C(k). When even that is below a plain step's,
+with the most tokens per unit time, E(k) / C(k) (the longest of those within TIE, 2%, of
+the best: near its optimum the rate is flat). When even the best is below a plain step's,
 1 / V(1) (the round's expected gain is below 1), drafting goes off: plain target steps,
 and one drafted round (a probe) after ``probe_after`` of them, then twice as many after
 each probe that did not pay (exponential backoff, up to ``max_backoff``); a probe that
@@ -59,6 +60,7 @@ COST_DECAY = 0.95         # per round, the cost fits' weights
 MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slope is a guess
 WARMUP_ROUNDS = 2         # a process's first rounds pay one-time costs: not timed
 OUTLIER = 3.0             # a round timed over this many times its prediction counts as that
+TIE = 0.02                # lengths this close to the best rate count as equal: the longest
 
 
 class LinearCost:
@@ -230,19 +232,23 @@ class AutoGamma:
         return ls.acceptance.rates(self.ceiling, prior, self.prior_weight)
 
     def best(self, rates: list[float], budget: int) -> tuple[int, float | None]:
-        """(the k in 1..budget with the most tokens per second, its gain over a plain
-        step: (E(k)/C(k)) / (1/V(1))); gain None while the costs are unknown."""
+        """(the k in 1..budget with the most tokens per second (the longest within TIE of
+        it), the best gain over a plain step: (E(k)/C(k)) / (1/V(1))); gain None while the
+        costs are unknown."""
         v1 = self.costs.verify_s(1)
         if v1 is None:
             return budget, None
-        best_k, best_rate = 1, -1.0
+        rate = {}
         for k in range(1, budget + 1):
             draft = self.costs.draft_s(k)
             cost = self.costs.verify_s(k + 1) + (draft if draft is not None else 0.1 * v1)
-            rate = expected_tokens(rates, k) / max(cost, 1e-12)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k, best_rate * v1
+            rate[k] = expected_tokens(rates, k) / max(cost, 1e-12)
+        top = max(rate.values())
+        # near the optimum tokens per second is flat: of the lengths within TIE of the best,
+        # the longest (the deep positions' rates are the least observed, shrunk towards the
+        # pooled rate, and a round cut short by a low guess cannot show they were higher)
+        best_k = max(k for k, r in rate.items() if r >= (1.0 - TIE) * top)
+        return best_k, top * v1
 
     # -- the engine's side -------------------------------------------------------------
     def start(self, state: DecodeState) -> None:
