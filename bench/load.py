@@ -1,0 +1,230 @@
+"""Speculative decoding against target-only on an idle and on a loaded machine (issue 34).
+
+Four workloads, each run through the CLI users run, with ``--compare`` (every input
+decoded by the method, then by the target alone, one after the other in the same
+process: both sides of a row's ratio see the same conditions):
+
+- ``demo``: ``vlmspec caption examples/images/ --compare`` (the default profile);
+- ``photos``: real photos, not tinyworld scenes: scikit-learn's bundled sample photos
+  (china.jpg, flower.jpg, read as files from ``--photos-from``, a ``pip install --target``
+  of scikit-learn; nothing of it is imported) cut into ``--photos`` crops at seeded sizes
+  and places and rescaled, written into a temporary folder;
+- ``bad``: the demo with a draft whose decoder layers are redrawn at random
+  (bench/auto_gamma.py's ``bad_draft``): τ ≈ 1, drafting never pays;
+- ``video``: ``vlmspec describe-video examples/videos/ --compare`` (its default profile).
+
+Each workload runs idle and beside 1 and 2 CPU-bound competitor processes started here
+(``--loads``). A competitor spins in Python and stops by itself after ``--competitor-s``
+seconds; the bench kills each one when its row is done (in a ``finally``). Variants
+(``--variants``): ``default`` (the profile as shipped), ``fixed`` and ``auto``
+(``--set drafting.length=fixed|auto``). Rows take turns: workload by workload, each
+load, each variant.
+
+A row's speedup is the sum of target-only's wall times over the sum of the method's
+(the records' ``compare.target_only_wall_s`` and ``stats.wall_s``), its τ the records'
+mean acceptance length; the row also says how many outputs were identical, what the
+auto draft length did, the load average before and after it and its wall time.
+
+    python bench/load.py [--rows demo,photos,bad,video] [--loads 0,1,2]
+                         [--variants default] [--json bench/load-cpu.json]
+
+Prints a markdown table (and every command with its load average as it runs); ``--json``
+writes the raw rows with the machine and the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from auto_gamma import bad_draft  # noqa: E402 (this directory is on sys.path)
+
+SPIN = "import time\nend = time.monotonic() + {s}\nx = 0\nwhile time.monotonic() < end:\n    x += 1\n"
+VARIANTS = {"default": [], "fixed": ["--set", "drafting.length=fixed"],
+            "auto": ["--set", "drafting.length=auto"]}
+
+
+def photo_set(src: Path, out: Path, n: int, seed: int = 34) -> Path:
+    """``n`` crops of the sample photos: squares and 4:3 boxes of 25-100% of the shorter
+    side at seeded places, rescaled to 96-448 px wide (the adapter resizes them again)."""
+    from PIL import Image
+
+    photos = [Image.open(src / name).convert("RGB") for name in ("china.jpg", "flower.jpg")]
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        im = photos[i % len(photos)]
+        w, h = im.size
+        side = int(min(w, h) * rng.uniform(0.25, 1.0))
+        bw, bh = (side, side) if rng.random() < 0.5 else (min(w, side * 4 // 3), side)
+        x, y = rng.randrange(0, w - bw + 1), rng.randrange(0, h - bh + 1)
+        width = rng.choice((96, 160, 224, 320, 448))
+        crop = im.crop((x, y, x + bw, y + bh)).resize((width, max(1, width * bh // bw)))
+        crop.save(out / f"photo{i:02d}.png")
+    return out
+
+
+def commands(args, photos: Path | None) -> dict[str, list[str]]:
+    py = [sys.executable, "-m", "vlmspec_cli"]
+    rows = {}
+    if "demo" in args.rows:
+        rows["demo"] = py + ["caption", "examples/images/", "--compare", "--json"]
+    if "photos" in args.rows:
+        rows["photos"] = py + ["caption", str(photos), "--compare", "--json"]
+    if "bad" in args.rows:
+        rows["bad"] = py + ["caption", "examples/images/", "--compare", "--json",
+                            "--set", f"draft.model={bad_draft(Path(args.bad_draft))}"]
+    if "video" in args.rows:
+        rows["video"] = py + ["describe-video", "examples/videos/", "--compare", "--json"]
+    return rows
+
+
+def competitors(n: int, seconds: float) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", SPIN.format(s=seconds)]) for _ in range(n)]
+
+
+def run_row(cmd: list[str], load: int, args) -> dict:
+    procs = competitors(load, args.competitor_s)
+    try:
+        if procs:
+            time.sleep(2.0)   # let them take the cores before the row starts
+        before = os.getloadavg()
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                              env=dict(os.environ, COLUMNS="140"))
+        seconds = time.perf_counter() - t0
+        after = os.getloadavg()
+        alive = sum(p.poll() is None for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    done = [r for r in records if "compare" in r]
+    row = {"rc": proc.returncode, "seconds": round(seconds, 2),
+           "loadavg_before": [round(x, 2) for x in before],
+           "loadavg_after": [round(x, 2) for x in after],
+           "competitors": load, "competitors_alive_at_end": alive, "inputs": len(done),
+           "errors": len(records) - len(done)}
+    if proc.returncode != 0 or not done:
+        row["stderr_tail"] = proc.stderr[-2000:]
+        return row
+    method_s = sum(r["stats"]["wall_s"] for r in done)
+    target_s = sum(r["compare"]["target_only_wall_s"] for r in done)
+    drafts = sum(r["stats"]["num_drafts"] for r in done)
+    lengths = [r["stats"]["draft_length"] for r in done if "draft_length" in r["stats"]]
+    row.update({
+        "method": done[0].get("method"), "gamma": done[0].get("gamma"),
+        "draft_length": done[0].get("draft_length"),
+        "speedup": round(target_s / method_s, 4) if method_s else None,
+        "method_wall_s": round(method_s, 3), "target_only_wall_s": round(target_s, 3),
+        "new_tokens": sum(r["stats"]["new_tokens"] for r in done),
+        "mean_acceptance_length": round(sum(r["stats"]["new_tokens"] for r in done) / drafts, 3)
+        if drafts else None,
+        "identical": sum(bool(r["compare"]["identical"]) for r in done),
+        "per_input_speedup": [r["compare"]["speedup"] for r in done],
+    })
+    if lengths:
+        drafted = sum(s["rounds_drafted"] for s in lengths)
+        row["auto"] = {"rounds_drafted": drafted,
+                       "rounds_plain": sum(s["rounds_plain"] for s in lengths),
+                       "probes": sum(s["probes"] for s in lengths),
+                       "mean_gamma": round(sum(s["mean_gamma"] * s["rounds_drafted"]
+                                               for s in lengths) / drafted, 2) if drafted else 0.0}
+    return row
+
+
+def machine() -> dict:
+    cpu = platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    import torch
+
+    return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "commit": head,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| workload | competitors | variant | speedup | τ | identical | auto: mean γ, rounds drafted/plain "
+             "| load avg before | s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        auto = r.get("auto")
+        auto_s = (f"{auto['mean_gamma']}, {auto['rounds_drafted']}/{auto['rounds_plain']}"
+                  if auto else "fixed")
+        speed = f"{r['speedup']:.2f}x" if r.get("speedup") else f"failed (rc {r['rc']})"
+        tau = f"{r['mean_acceptance_length']:.2f}" if r.get("mean_acceptance_length") else "-"
+        lines.append(f"| {r['workload']} | {r['competitors']} | {r['variant']} | {speed} | {tau} | "
+                     f"{r.get('identical', 0)}/{r['inputs']} | {auto_s} | "
+                     f"{r['loadavg_before'][0]:.2f} | {r['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="demo,photos,bad,video",
+                    help="workloads, comma-separated: demo, photos, bad, video")
+    ap.add_argument("--loads", default="0,1,2", help="competitor processes per row")
+    ap.add_argument("--variants", default="default", help="default, fixed, auto (comma-separated)")
+    ap.add_argument("--photos", type=int, default=24, help="crops in the real-photo set")
+    ap.add_argument("--photos-from", default="/tmp/sk-site/sklearn/datasets/images",
+                    help="folder holding scikit-learn's china.jpg and flower.jpg")
+    ap.add_argument("--bad-draft", default="/tmp/vlmspec-bad-draft")
+    ap.add_argument("--competitor-s", type=float, default=240.0,
+                    help="a competitor stops by itself after this many seconds")
+    ap.add_argument("--json", dest="json_out", help="write the raw rows here")
+    ap.add_argument("--note", default="", help="recorded as is in the JSON (e.g. background load)")
+    args = ap.parse_args()
+    args.rows = args.rows.split(",")
+    loads = [int(x) for x in args.loads.split(",")]
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        ap.error(f"unknown variant(s): {', '.join(sorted(unknown))}")
+    info = machine()
+    info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    print(f"# {info['date']}, {info['cpu']} ({info['cpus']} CPUs), commit {info['commit']}, "
+          f"load average {info['loadavg_at_start']} at start", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vlmspec-load-") as tmp:
+        photos = (photo_set(Path(args.photos_from), Path(tmp) / "photos", args.photos)
+                  if "photos" in args.rows else None)
+        for workload, cmd in commands(args, photos).items():
+            for load in loads:
+                for variant in variants:
+                    full = cmd + VARIANTS[variant]
+                    row = {"workload": workload, "variant": variant,
+                           "command": " ".join(["vlmspec"] + full[3:])}
+                    row.update(run_row(full, load, args))
+                    rows.append(row)
+                    print(f"[{workload}, {load} competitors, {variant}] {row['command']}\n"
+                          f"    load {row['loadavg_before'][0]:.2f} -> {row['loadavg_after'][0]:.2f}, "
+                          f"{row['seconds']:.1f} s, rc {row['rc']}: speedup {row.get('speedup')}, "
+                          f"τ {row.get('mean_acceptance_length')}, identical "
+                          f"{row.get('identical')}/{row['inputs']}, auto {row.get('auto')}", flush=True)
+    print()
+    print(table(rows))
+    if args.json_out:
+        out = {"machine": info, "command": " ".join(["python"] + sys.argv), "note": args.note,
+               "photos": {"from": args.photos_from, "crops": args.photos} if photos else None,
+               "rows": rows}
+        Path(args.json_out).write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()
