@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -209,7 +210,7 @@ def main() -> None:
                 for variant in variants:
                     full = cmd + VARIANTS[variant]
                     row = {"workload": workload, "variant": variant,
-                           "command": " ".join(["vlmspec"] + full[3:])}
+                           "command": shlex.join(["vlmspec"] + full[3:])}
                     row.update(run_row(full, load, args))
                     rows.append(row)
                     print(f"[{workload}, {load} competitors, {variant}] {row['command']}\n"
@@ -220,7 +221,7 @@ def main() -> None:
     print()
     print(table(rows))
     if args.json_out:
-        out = {"machine": info, "command": " ".join(["python"] + sys.argv), "note": args.note,
+        out = {"machine": info, "command": shlex.join(["python"] + sys.argv), "note": args.note,
                "photos": {"from": args.photos_from, "crops": args.photos} if photos else None,
                "rows": rows}
         Path(args.json_out).write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
