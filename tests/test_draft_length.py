@@ -252,7 +252,7 @@ def test_auto_length_follows_the_target_distribution(tiny_pair):  # noqa: F811
         return k
 
     policy.choose = counted
-    _assert_samples_follow_target(engine, target, params, n=1500)
+    _assert_samples_follow_target(engine, target, params, n=1000)
     # with room for two proposals the policy chose plain, one and two; with room for one,
     # plain and one
     assert min(choices[(2, k)] for k in (0, 1, 2)) > 50, choices
