@@ -15,11 +15,13 @@ and auto) and ``text`` (drafting input T on the default pair: fixed and auto).
 
     python bench/auto_gamma.py [--rounds 3] [--gammas 2,3,4,5,6,7,8,9,10] [--ceilings 7,10]
                                [--cases demo,bad,text] [--bad-draft /tmp/vlmspec-bad-draft]
+                               [--json RUNS.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -95,7 +97,11 @@ def main() -> None:
     ap.add_argument("--ceilings", default="7,10")
     ap.add_argument("--cases", default="demo,bad,text")
     ap.add_argument("--bad-draft", default="/tmp/vlmspec-bad-draft")
+    ap.add_argument("--json", dest="json_out", help="write every run (command, load, summary) here")
     args = ap.parse_args()
+    raw = {"command": " ".join(["python"] + sys.argv), "cpus": os.cpu_count(),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+           "loadavg_at_start": os.getloadavg(), "runs": []}
     base = [sys.executable, "-m", "vlmspec_cli", "caption", "examples/images/", "--compare", "--json"]
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} CPUs, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} before the first run")
@@ -107,6 +113,8 @@ def main() -> None:
             for name in names[r % len(names):] + names[:r % len(names)]:
                 res = run(base + table[name])
                 results[name].append(res)
+                raw["runs"].append({"case": case, "round": r + 1, "config": name,
+                                    "args": table[name], **res})
                 s = res["summary"]
                 print(f"[{case} round {r + 1}] vlmspec caption examples/images/ --compare "
                       f"{' '.join(table[name])}\n    load {res['load'][0]:.2f}, {res['seconds']:.1f} s, "
@@ -123,6 +131,8 @@ def main() -> None:
             print(f"| {name} | {statistics.median(sp):.2f}x | {min(sp):.2f}x | {max(sp):.2f}x | "
                   f"{statistics.median(tps):.0f} | {all(x['identical'] for x in results[name])} |")
         print(flush=True)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(raw, indent=1, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
