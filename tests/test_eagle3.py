@@ -69,6 +69,30 @@ def test_greedy_equals_the_targets_generate(targets, family, shape):
     assert len(session.engine.hidden_layer) == 3
 
 
+def test_auto_length_on_a_chain_with_drafting_off_and_on(targets):
+    """drafting.length auto on an EAGLE-3 chain: γ chosen per round, drafting switched off
+    and on (a made-up cost: a draft step as dear as a target step), every output the
+    target's greedy one; a tree keeps its shape (the hidden head's rule, which reads
+    hidden.tree, is not the one that applies)."""
+    from test_draft_length import Costs
+    from vlmspec_cli.drafters import method_class
+    from vlmspec_cli.runtime.draft_length import AutoGamma
+
+    target, head = targets["llava"]
+    sets = [f"target.model={target}", "method=eagle3", f"eagle3.model={head}", "drafting.length=auto"]
+    assert method_class("eagle3").draft_length(load_profile("tinyworld-caption", sets + TREE)) == "fixed"
+    session = _session(target, head, "drafting.gamma=3", "drafting.length=auto")
+    assert isinstance(session.engine.length, AutoGamma)
+    session.engine.length = AutoGamma(3, costs=Costs(1.0), probe_after=1, max_backoff=2)
+    plain = drafted = 0
+    for req in image_requests(IMAGES, max_new_tokens=10):
+        res = session.engine.generate(req)
+        assert res.tokens == reference(session.target, req)
+        plain += res.state.stats.draft_length["rounds_plain"]
+        drafted += res.state.stats.draft_length["rounds_drafted"]
+    assert plain > 0 and drafted > 0
+
+
 def test_every_path_hands_over_the_same_three_layers(targets):
     """The target's forwards hand the head low ⊕ mid ⊕ high, concatenated, alike through
     transformers, the fast path and the compiled step's graph (run eagerly here): at the

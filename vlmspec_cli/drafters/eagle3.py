@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmspec_cli.drafters.base import register
+from vlmspec_cli.drafters.base import gamma_text, register
 from vlmspec_cli.drafters.hidden import HiddenDrafter, HiddenState, TreeSettings
 from vlmspec_cli.runtime.eagle3_format import target_layers
 from vlmspec_cli.runtime.engine import eos_token_ids
@@ -110,9 +110,15 @@ class Eagle3Drafter(HiddenDrafter):
         return profile.tree.depth if profile.eagle3.tree else profile.drafting.gamma
 
     @classmethod
+    def draft_length(cls, profile) -> str:
+        # a tree's shape is its tree: section; a chain as DraftingMethod says (not the
+        # hidden head's rule, which reads hidden.tree)
+        return "fixed" if profile.eagle3.tree else super(HiddenDrafter, cls).draft_length(profile)
+
+    @classmethod
     def label(cls, profile) -> str:
         if not profile.eagle3.tree:
-            return f"{cls.name} (γ={cls.gamma(profile)})"
+            return f"{cls.name} ({gamma_text(cls, profile)})"
         t = profile.tree
         return f"eagle3 tree (depth={t.depth}, top_k={t.top_k}, total_tokens={t.total_tokens})"
 
@@ -136,7 +142,7 @@ class Eagle3Drafter(HiddenDrafter):
     def describe(cls, profile) -> str:
         e = profile.eagle3
         shape = (f"tree depth={profile.tree.depth} top_k={profile.tree.top_k}" if e.tree
-                 else f"γ={profile.drafting.gamma}")
+                 else gamma_text(cls, profile))
         return f", EAGLE-3 head {e.model} {shape}"
 
     # -- head forwards ----------------------------------------------------------------
