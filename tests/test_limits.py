@@ -256,10 +256,22 @@ def test_profile_yaml_numbers_are_profile_errors(tmp_path):
             load_profile(str(path))
 
 
-def test_contexts_past_the_target_positions_are_exit_2():
-    res = run(["profile", "--contexts", "256,5000", "-q", "--device", "cpu", *QUICK])
-    assert res.exit_code == 2
-    assert "--contexts 5,000: the target has 1,024 positions" in res.stderr
+def test_contexts_too_short_are_exit_2_and_too_long_are_timed_at_the_longest(zoo_target):
+    """--contexts 4 is an error; 1024 and 5000 (past the 1024-position target) are timed at
+    944, the longest context that leaves room to verify, and a note says so. No number is
+    written with a thousands separator: in S,S,... "1,024" would read as two values."""
+    from types import SimpleNamespace
+
+    from vlmspec_cli.tasks.hwprofile import check_contexts
+
+    res = run(["profile", "--contexts", "4,256", "-q", "--device", "cpu", *QUICK])
+    assert res.exit_code == 2 and "--contexts 4: context lengths run from 8" in res.stderr
+    assert "1024 positions" in res.stderr and not re.search(r"\d,\d", res.stderr), res.stderr
+    target = SimpleNamespace(model=zoo_target.model)
+    assert check_contexts(target, [128, 1024, 5000])[0] == [128, 944]
+    note = check_contexts(target, [128, 1024, 5000])[1]
+    assert note.startswith("--contexts 1024 5000: the target has 1024 positions") and "S = 944" in note
+    assert check_contexts(target, [128, 512]) == ([128, 512], "")
 
 
 # ------------------------------------------------------------- 13: files too big

@@ -81,12 +81,14 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
         session = build_session(prof)
         if prof.task != "image":   # an image profile's sample is a prompt and its grid
             session.check_fits(sample_request(prof))
-        check_contexts(session.target, extra)
+        extra, note = check_contexts(session.target, extra)
         if compile_steps and session.target.fast is None:
             raise ValueError("--compile times the fast path's compiled steps; the target is not "
                              f"on the fast path ({session.target.fast_off_reason})")
     except (OutputRefused, SessionError, ModelLoadError, ValueError) as exc:
         fail(str(exc))
+    if note:
+        ui.warning(note)
     with ui.Status(quiet) as status:
         try:
             hardware = run_profile(session, contexts=extra, warmup=warmup, repeats=repeats,

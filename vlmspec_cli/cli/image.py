@@ -158,7 +158,7 @@ def _images_per_prompt(prof) -> int:
 
     n = prof.image.images_per_prompt
     if n > MAX_IMAGES_PER_PROMPT:
-        fail(f"-n / image.images_per_prompt {n:,} is more than {MAX_IMAGES_PER_PROMPT:,} "
+        fail(f"-n / image.images_per_prompt {n} is more than {MAX_IMAGES_PER_PROMPT} "
              "images per prompt; run the rest as another batch (--seed picks up where it ended)")
     return n
 

@@ -76,15 +76,26 @@ def context_range(target) -> tuple[int, int]:
     return 8, (position_limit(target) or 4096) - VERIFY_ROOM
 
 
-def check_contexts(target, extra: list[int] | None) -> None:
-    """ValueError naming the first requested context length the target cannot be timed at
-    (rather than dropping it from the tables without a word)."""
+def check_contexts(target, extra: list[int] | None) -> tuple[list[int] | None, str]:
+    """The context lengths to time for ``extra`` (--contexts), and a note ("" if none): one
+    longer than the target can be timed at is timed at the longest it can (the note says
+    so); ValueError for one shorter than the shortest. Numbers are written without
+    thousands separators: in a comma-separated option "1,024" reads as two values."""
+    if not extra:
+        return extra, ""
     lo, hi = context_range(target)
-    for s in extra or []:
-        if not lo <= s <= hi:
-            raise ValueError(f"--contexts {s:,}: the target has {hi + VERIFY_ROOM:,} positions, "
-                             f"so context lengths run from {lo} to {hi:,} ({VERIFY_ROOM} stay "
-                             "free for the tokens verified)")
+    short = [s for s in extra if s < lo]
+    if short:
+        raise ValueError(f"--contexts {short[0]}: context lengths run from {lo} (the target "
+                         f"has {hi + VERIFY_ROOM} positions, {VERIFY_ROOM} kept free for the "
+                         f"tokens verified, so at most {hi})")
+    long = [s for s in extra if s > hi]
+    note = ""
+    if long:
+        note = (f"--contexts {' '.join(map(str, long))}: the target has {hi + VERIFY_ROOM} "
+                f"positions and {VERIFY_ROOM} stay free for the tokens verified, so "
+                f"{'this is' if len(long) == 1 else 'these are'} timed at S = {hi}")
+    return sorted({min(s, hi) for s in extra}), note
 
 
 def context_lengths(target, prompt_len: int, extra: list[int] | None) -> list[int]:
