@@ -238,3 +238,25 @@ def test_env_var_priority(tmp_path, monkeypatch):
     listed = {n: path for n, path, _ in list_profiles()}
     assert listed["tinyworld-caption"] == d / "tinyworld-caption.yaml"
     assert "llava15-7b" in listed
+
+
+def test_profiles_keys_lists_every_set_key_with_its_value():
+    """`vlmspec profiles --keys [NAME]`: one line per key --set takes (every schema key, in
+    schema order), what it takes and its value in that profile; each listed value, given
+    back with --set, loads."""
+    from click.testing import CliRunner
+
+    from vlmspec_cli.cli import cli
+    from vlmspec_cli.profile import profile_keys
+
+    res = CliRunner().invoke(cli, ["profiles", "--keys", "tinyworld-video"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    rows = [line.split("\t") for line in res.stdout.splitlines()]
+    assert [r[0] for r in rows] == profile_keys() and all(len(r) == 3 for r in rows)
+    table = {key: (what, value) for key, what, value in rows}
+    assert table["task"] == ("caption|image|video", "video")
+    assert table["drafting.gamma"] == ("int (>= 1, <= 64)", "5")
+    assert table["hidden.model"][1] == "zoo:tinyworld/qwen-video-hidden"   # tests/profiles
+    sets = [f"{key}={value}" for key, (_, value) in table.items()
+            if key.split(".")[0] in ("drafting", "tree", "video", "sampling", "generation")]
+    assert load_profile("tinyworld-video", sets).video.frames == 8

@@ -93,7 +93,8 @@ def method_option(task: str):
 
 
 set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                          help="Override a profile key, e.g. --set drafting.gamma=3 (repeatable).")
+                          help="Override a profile key, e.g. --set drafting.gamma=3 (repeatable; "
+                               "`vlmspec profiles --keys` lists the keys).")
 
 
 def decode_options(noun: str, column: str):

@@ -9,6 +9,7 @@ the YAML. Precedence, highest first: ``cli`` dict > ``--set`` overrides > profil
 from vlmspec_cli.profile.loader import (
     DEFAULT_PROFILE,
     include_chain,
+    key_rows,
     ENV_VAR,
     ProfileError,
     list_profiles,
@@ -42,7 +43,7 @@ from vlmspec_cli.profile.schema import (
 )
 
 __all__ = [
-    "include_chain",
+    "include_chain", "key_rows",
     "DEFAULT_PROFILE", "ENV_VAR", "ProfileError", "list_profiles", "load_profile", "profile_keys",
     "profile_search_path", "profile_to_dict", "profile_to_yaml", "resolve_profile_path",
     "with_settings",

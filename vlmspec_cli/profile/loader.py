@@ -20,7 +20,7 @@ import yaml
 
 from vlmspec_cli.profile.schema import Profile
 from vlmspec_cli.profile.values import (ProfileError, _check, _coerce, _is_optional,
-                                        _section_type, _union_args)
+                                        _section_type, _type_name, _union_args)
 from vlmspec_cli.profile.yaml_file import YamlFileError, load_file, load_text
 from vlmspec_cli.suggest import did_you_mean
 
@@ -49,6 +49,31 @@ def profile_keys(cls=Profile, prefix: str = "") -> list[str]:
     for name in _yaml_fields(cls):
         sect = _section_type(_hints(cls)[name])
         out += profile_keys(sect, _join(prefix, name)) if sect else [_join(prefix, name)]
+    return out
+
+
+def key_rows(profile: Profile | None = None, cls=Profile, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted key, what it takes, its value in ``profile``) for every key ``--set`` takes
+    (``vlmspec profiles --keys``): the type, or the choices, with its bounds."""
+    out = []
+    profile = Profile() if profile is None and cls is Profile else profile
+    for name, f in _yaml_fields(cls).items():
+        tp, key = _hints(cls)[name], _join(prefix, name)
+        value = getattr(profile, name, None) if profile is not None else None
+        sect = _section_type(tp)
+        if sect is not None:
+            out += key_rows(value if value is not None else sect(), sect, key)
+            continue
+        rule = f.metadata
+        what = ("|".join(map(str, rule["choices"])) if rule.get("choices")
+                else rule.get("allowed") or _type_name(tp))
+        if rule.get("choices") and _is_optional(tp):
+            what += " or null"
+        if rule.get("choices") and typing.get_origin(tp) is list:
+            what = f"list of {what}"
+        bounds = [f"{op} {rule[k]}" for k, op in (("ge", ">="), ("gt", ">"), ("le", "<="))
+                  if rule.get(k) is not None]
+        out.append((key, what + (f" ({', '.join(bounds)})" if bounds else ""), value))
     return out
 
 
