@@ -260,3 +260,32 @@ def test_profiles_keys_lists_every_set_key_with_its_value():
     sets = [f"{key}={value}" for key, (_, value) in table.items()
             if key.split(".")[0] in ("drafting", "tree", "video", "sampling", "generation")]
     assert load_profile("tinyworld-video", sets).video.frames == 8
+
+
+def test_model_paths_in_a_file_resolve_against_that_file(tmp_path, monkeypatch):
+    """A ``*.model`` path written in a profile (or an included one) is read from that file's
+    folder, as ``include:`` is; hub ids, zoo names, none and --set values (the current
+    directory's) stay as given; a missing folder is "no such directory" before loading."""
+    from vlmspec_cli.runtime.models import ModelLoadError, require_safetensors
+
+    (tmp_path / "base" / "head").mkdir(parents=True)
+    (tmp_path / "mine").mkdir()
+    write(tmp_path / "base" / "base.yaml", """
+        target: {model: ./target}
+        draft: {model: org/some-draft}
+        hidden: {model: head}
+        twig: {model: none}
+        """)
+    child = write(tmp_path / "mine" / "child.yaml", """
+        include: ../base/base.yaml
+        captioner: {model: ../models/captioner}
+        """)
+    monkeypatch.chdir(tmp_path / "mine")
+    p = load_profile(str(child))
+    assert p.target.model == str(tmp_path / "base" / "target")
+    assert p.hidden.model == str(tmp_path / "base" / "head")
+    assert p.captioner.model == str(tmp_path / "models" / "captioner")
+    assert (p.draft.model, p.twig.model) == ("org/some-draft", "none")
+    assert load_profile(str(child), ["target.model=./here"]).target.model == "./here"
+    with pytest.raises(ModelLoadError, match=r"^target model '.*/base/target': no such directory$"):
+        require_safetensors(p.target.model, "target")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -87,6 +88,10 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     prof = load_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
                                          "sampling.seed": seed, "target.device": device,
                                          "draft.device": device}, task=None)
+    # a head or twig folder named here is written into the profile absolute: a profile's
+    # model paths are read from its own folder (profiles/), not from this directory
+    heads, twigs = (tuple(os.path.abspath(m) if os.path.isdir(m) else m for m in given)
+                    for given in (heads, twigs))
     items = _sample_items(prof.task, samples)
     inputs = [] if prof.task == "image" else [item.path for item in items]
     path = profile_write_path(write_name) if write_name else None

@@ -303,13 +303,41 @@ def _no_cycle(path: Path, chain: tuple[Path, ...]) -> Path:
     return real
 
 
+def _local_model(value, folder: Path):
+    """A ``*.model`` value written in a profile file in ``folder``: a relative local path
+    (``./m``, ``../m``, or a folder that exists there) is made absolute against the file's
+    folder, as ``include:`` is; ``~`` is expanded. Hub ids (``org/name`` with no such
+    folder), ``zoo:`` names, ``none`` and absolute paths stay as written. --set values are
+    not files' values: they stay relative to the current directory."""
+    if not isinstance(value, str) or not value or value.startswith("zoo:") or value == "none":
+        return value
+    if value.startswith("~"):
+        return os.path.expanduser(value)
+    if os.path.isabs(value):
+        return value
+    here = folder / value
+    if value.startswith(("./", "../", ".\\", "..\\")) or value in (".", "..") or here.is_dir():
+        return os.path.abspath(here)
+    return value
+
+
+def _resolve_models(data: dict, folder: Path) -> dict:
+    """``data`` (one file's checked layer) with its sections' ``model`` values resolved."""
+    out = dict(data)
+    for key, section in data.items():
+        if isinstance(section, dict) and "model" in section:
+            out[key] = {**section, "model": _local_model(section["model"], folder)}
+    return out
+
+
 def _file_layer(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     real = _no_cycle(path, chain)
     data = dict(_read_yaml(path))
     merged: dict = {}
     for target in _includes(path, data):
         merged = _merge(merged, _file_layer(target, (*chain, real)))
-    return _merge(merged, _normalize(Profile, data, "", _display(path)))
+    layer = _resolve_models(_normalize(Profile, data, "", _display(path)), path.parent)
+    return _merge(merged, layer)
 
 
 def include_chain(name_or_path: str | os.PathLike) -> list[Path]:

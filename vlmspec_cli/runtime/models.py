@@ -63,6 +63,11 @@ def resolve_model_source(name: str) -> str:
     return name
 
 
+def looks_local(name: str) -> bool:
+    """A model name written as a path (``./m``, ``../m``, ``/abs``, ``~/m``), never a hub id."""
+    return name.startswith(("./", "../", "/", "~", ".\\", "..\\")) or name in (".", "..")
+
+
 # weight files that would be unpickled (torch.load): never read, even with weights_only
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
@@ -77,6 +82,9 @@ def require_safetensors(name: str | None, role: str) -> None:
         return
     path = Path(resolve_model_source(name))
     if not path.is_dir():
+        if looks_local(str(path)) and not os.path.lexists(path):
+            raise ModelLoadError(f"{role} model '{name}': no such directory"
+                                 + (f" ({path})" if str(path) != name else ""))
         return
     if any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json")):
         _checked_files(path)
@@ -213,7 +221,9 @@ def load_model(spec, role: str = "target", fast_path: str = "auto") -> LoadedMod
     if spec.revision:
         common["revision"] = spec.revision
     if not is_local:
-        if Path(source).exists() or source.startswith((".", "/", "~")):
+        if not Path(source).exists() and looks_local(source):
+            raise ModelLoadError(f"{role} model '{source}': no such directory")
+        if Path(source).exists() or looks_local(source):
             raise ModelLoadError(f"{role} model '{source}': not a model directory (no config.json)")
         # Use the local HF cache when it has the files; only then go to the network.
         try:
