@@ -75,7 +75,12 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
         "target.device": device, "draft.device": device, "runtime.fast_path": fast_path,
         "runtime.compile": compile_steps,
     }
-    prof = load_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values, task="video")
+    prof = load_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values)
+    if prof.task == "caption":   # your own profile, written for images: its models read videos
+        prof = load_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values | {"task": "video"})
+    elif prof.task != "video":
+        fail(f"profile '{prof.name}' is for task '{prof.task}', describe-video needs a caption "
+             "or video profile (task: video)")
     try:
         validate_method(prof)
     except SessionError as exc:
