@@ -181,6 +181,59 @@ def tree_methods() -> list[str]:
     return _supporting(lambda m: m.trees)
 
 
+def _same_model(a: str, b: str) -> bool:
+    """Whether two model names (zoo names, paths, hub ids) name one model."""
+    import os
+
+    from vlmspec_cli.runtime.models import ModelLoadError, resolve_model_source
+
+    if a == b:
+        return True
+    try:
+        return os.path.realpath(resolve_model_source(a)) == os.path.realpath(resolve_model_source(b))
+    except ModelLoadError:
+        return False
+
+
+def _trained_for(name: str | None) -> str | None:
+    """The shipped target a shipped head or twig was trained on (None: not a shipped one)."""
+    from vlmspec_cli.tasks.calibrate_space import SHIPPED_COMPANIONS
+
+    for target, kinds in SHIPPED_COMPANIONS.items():
+        if name and any(_same_model(name, m) for models in kinds.values() for m in models):
+            return target
+    return None
+
+
+def _shipped_for(target: str) -> dict:
+    from vlmspec_cli.tasks.calibrate_space import SHIPPED_COMPANIONS
+
+    return next((kinds for t, kinds in SHIPPED_COMPANIONS.items() if _same_model(t, target)), {})
+
+
+def match_companions(profile) -> tuple[object, list[str]]:
+    """``profile`` with the shipped head or twig its method loads replaced by the one
+    shipped for its target, where the profile's (often the schema's default, under ``-m
+    hidden`` or ``-m twig``) was trained for another shipped target; and a note per
+    replacement. A head or twig trained for another target and none shipped for this
+    one is left for ``validate_method`` to refuse."""
+    from vlmspec_cli.profile import with_settings
+
+    method = method_class(profile.method)
+    notes = []
+    for role, name in method.models(profile):
+        trained = _trained_for(name)
+        if trained is None or _same_model(trained, profile.target.model):
+            continue
+        shipped = tuple(_shipped_for(profile.target.model).get(role, ()))
+        settings = method.beside(profile, shipped) if shipped else {}
+        if settings:
+            profile = with_settings(profile, settings, source=f"method {profile.method}")
+            notes.append(f"{role}.model {name} was trained for {trained}; using "
+                         f"{shipped[0]}, trained for target {profile.target.model}")
+    return profile, notes
+
+
 def validate_method(profile) -> type[DraftingMethod]:
     """Checks that need no model: run them before loading anything (and for --dry-run).
     Returns the method's class."""
@@ -219,6 +272,11 @@ def validate_method(profile) -> type[DraftingMethod]:
         method.check(profile)
     except ValueError as exc:
         raise SessionError(str(exc)) from None
+    for role, name in method.models(profile):   # a shipped head or twig of another target
+        trained = _trained_for(name)
+        if trained is not None and not _same_model(trained, profile.target.model):
+            raise SessionError(f"{role}.model {name} was trained for target {trained}, not "
+                               f"{profile.target.model}: " + method.untrained_hint(profile))
     return method
 
 

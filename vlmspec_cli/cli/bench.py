@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (exit_130_on_interrupt, fail, json_line, load_profile,
+from vlmspec_cli.cli.common import (decoding_profile, exit_130_on_interrupt, fail, json_line,
                                     nonempty_path, print_plan, profile_option, records_sink,
                                     set_option, start_decoding, stdout_guard)
 from vlmspec_cli.cli.types import FiniteFloat, Seed
@@ -86,7 +86,7 @@ def bench(dataset, methods, categories, limit, batch_size, profile, sets, max_ne
     cli_values = {"generation.max_new_tokens": max_new_tokens, "generation.batch_size": batch_size,
                   "sampling.temperature": temperature, "sampling.seed": seed,
                   "target.device": device, "draft.device": device}
-    prof = load_profile(profile, sets, cli_values, task="caption")
+    prof = decoding_profile(profile, sets, cli_values, task="caption")
     try:
         plan = make_plan(dataset, prof, methods, categories, limit,
                          prof.generation.batch_size)

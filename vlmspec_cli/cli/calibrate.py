@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import fail, load_profile, nonempty_path, profile_option, set_option
+from vlmspec_cli.cli.common import decoding_profile, fail, nonempty_path, profile_option, set_option
 from vlmspec_cli.cli.types import FiniteFloat, IntList, Seed
 
 
@@ -85,7 +85,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     if not samples:
         raise click.UsageError("no SAMPLES given (images, videos or directories; prompts for an "
                                "image profile)")
-    prof = load_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
+    prof = decoding_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
                                          "sampling.seed": seed, "target.device": device,
                                          "draft.device": device}, task=None)
     # a head or twig folder named here is written into the profile absolute: a profile's

@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_interrupt, fail,
-                                    finish_batch, load_profile, method_option, nonempty_path,
-                                    parse_inputs, print_plan, profile_option, record_printer,
+from vlmspec_cli.cli.common import (decode_options, decoding_profile, draft_summary,
+                                    exit_130_on_interrupt, fail, finish_batch, method_option,
+                                    nonempty_path, parse_inputs, print_plan, profile_option, record_printer,
                                     records_sink, set_option, start_decoding)
 from vlmspec_cli.cli.types import Utf8Text
 
@@ -94,7 +94,7 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
         "target.device": device, "draft.device": device, "runtime.fast_path": fast_path,
         "runtime.compile": compile_steps,
     }
-    prof = load_profile(profile, sets, cli_values, task="caption")
+    prof = decoding_profile(profile, sets, cli_values, task="caption")
     try:
         validate_method(prof)
     except SessionError as exc:

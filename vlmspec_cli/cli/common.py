@@ -60,6 +60,24 @@ def load_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task: st
     return prof
 
 
+def decoding_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task: str | None = None):
+    """``load_profile`` for a command that decodes: the head or twig its method loads is
+    the one shipped for its target (``-m hidden`` on a profile written for another
+    target), saying so on stderr; one trained for another target and none shipped for
+    this one is refused by ``validate_method``."""
+    from vlmspec_cli import ui
+    from vlmspec_cli.session import SessionError, match_companions
+
+    prof = load_profile(profile, sets, cli, task)
+    try:
+        prof, notes = match_companions(prof)
+    except (SessionError, ValueError):   # an unknown method: validate_method says so
+        return prof
+    for note in notes:
+        ui.info(note)
+    return prof
+
+
 DEFAULT_CAPTION_PROFILE = "tinyworld-caption"   # profile.DEFAULT_PROFILE (not imported: slow)
 
 

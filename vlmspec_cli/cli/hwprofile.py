@@ -6,7 +6,7 @@ import json
 
 import click
 
-from vlmspec_cli.cli.common import fail, load_profile, nonempty_path, profile_option, set_option
+from vlmspec_cli.cli.common import decoding_profile, fail, nonempty_path, profile_option, set_option
 from vlmspec_cli.cli.types import FiniteFloat, IntList
 
 
@@ -69,7 +69,7 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
                                              run_profile, sample_request, save_outputs)
     from vlmspec_cli.tasks.output_files import OutputRefused
 
-    prof = load_profile(profile, sets, {"target.device": device, "draft.device": device})
+    prof = decoding_profile(profile, sets, {"target.device": device, "draft.device": device})
     if prof.task == "image" and (contexts or compile_steps):
         fail(f"{'--contexts' if contexts else '--compile'}: profile '{prof.name}' is for task "
              "'image', timed at its sample prompt and without compiled steps")

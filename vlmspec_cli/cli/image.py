@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (TSV_HELP, echo_result, fail, load_profile, lossy_row,
+from vlmspec_cli.cli.common import (decoding_profile, TSV_HELP, echo_result, fail, lossy_row,
                                     method_option, nonempty_path, print_plan, profile_option,
                                     set_option, start_decoding, stdout_guard, tsv_field)
 from vlmspec_cli.cli.types import FiniteFloat, Seed, Utf8Text
@@ -88,7 +88,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
                   "sampling.temperature": temperature, "sampling.seed": seed,
                   "target.device": device, "draft.device": device,
                   "runtime.fast_path": fast_path, "runtime.compile": compile_steps}
-    prof = load_profile(profile or DEFAULT_IMAGE_PROFILE, sets, cli_values, task="image")
+    prof = decoding_profile(profile or DEFAULT_IMAGE_PROFILE, sets, cli_values, task="image")
     try:
         method_cls = validate_method(prof)
     except SessionError as exc:

@@ -7,10 +7,10 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (decode_options, draft_summary, exit_130_on_interrupt, fail,
-                                    finish_batch, load_profile, method_option, parse_inputs,
-                                    print_plan, profile_option, record_printer, records_sink,
-                                    set_option, start_decoding)
+from vlmspec_cli.cli.common import (decode_options, decoding_profile, draft_summary,
+                                    exit_130_on_interrupt, fail, finish_batch, method_option,
+                                    parse_inputs, print_plan, profile_option, record_printer,
+                                    records_sink, set_option, start_decoding)
 from vlmspec_cli.cli.types import FiniteFloat, Utf8Text
 
 DEFAULT_VIDEO_PROFILE = "tinyworld-video"
@@ -75,9 +75,9 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
         "target.device": device, "draft.device": device, "runtime.fast_path": fast_path,
         "runtime.compile": compile_steps,
     }
-    prof = load_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values)
+    prof = decoding_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values)
     if prof.task == "caption":   # your own profile, written for images: its models read videos
-        prof = load_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values | {"task": "video"})
+        prof = decoding_profile(profile or DEFAULT_VIDEO_PROFILE, sets, cli_values | {"task": "video"})
     elif prof.task != "video":
         fail(f"profile '{prof.name}' is for task '{prof.task}', describe-video needs a caption "
              "or video profile (task: video)")

@@ -164,6 +164,13 @@ class DraftingMethod(Drafter):
         return {}
 
     @classmethod
+    def untrained_hint(cls, profile) -> str:
+        """What to do when ``profile``'s target has no model of this method's trained for
+        it (``models``' head or twig was trained for another target): the end of a
+        one-line refusal."""
+        return ""
+
+    @classmethod
     def task_error(cls, task: str, methods: list[str]) -> str:
         """The message when ``task`` is not among ``tasks`` (``methods``: those it allows)."""
         hint = " (a chain is tree.top_k: 1)" if task == "image" else ""

@@ -124,6 +124,11 @@ class HiddenDrafter(DraftingMethod):
         return {"hidden.model": shipped[0], "hidden.layer": None} if shipped else {}
 
     @classmethod
+    def untrained_hint(cls, profile) -> str:
+        return ("train one for it (python -m vlmspec_cli.zoo.hidden --target "
+                f"{profile.target.model} SAMPLES --out HEAD) and set hidden.model to HEAD")
+
+    @classmethod
     def gamma(cls, profile) -> int:
         return profile.tree.depth if profile.hidden.tree else profile.drafting.gamma
 

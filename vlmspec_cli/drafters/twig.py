@@ -149,6 +149,11 @@ class TwigDrafter(DraftingMethod):
         return {"twig.model": shipped[0], "twig.layers": None} if shipped else {}
 
     @classmethod
+    def untrained_hint(cls, profile) -> str:
+        return ("draft with the target's own first layers and head instead (layer-skip, no "
+                "training): --set twig.model=none --set twig.layers=K")
+
+    @classmethod
     def drafting_inputs(cls, profile) -> list[str]:
         return []   # it drafts from the target's own layer-K states
 
