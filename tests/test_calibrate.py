@@ -244,8 +244,13 @@ def test_write_refuses_existing_and_foreign_files(quick):
         line = _refused([str(sample), "--write", str(target), *fast])
         assert str(target) in line and "exists (use --force" in line
         line = _refused([str(sample), "--write", str(target), "--force", *fast])
-        assert "is not a vlmspec profile" in line and "even with --force" in line
-        assert target.read_bytes() == before
+        assert "is not a profile written by `vlmspec calibrate`" in line
+        assert "even with --force" in line and target.read_bytes() == before
+    # a profile a person wrote is kept too: --force replaces only what calibrate wrote
+    mine = root / "mine.yaml"
+    mine.write_text("name: mine\ninclude: tinyworld-caption\ndrafting: {gamma: 3}\n")
+    line = _refused([str(sample), "--write", str(mine), "--force", *fast])
+    assert "is not a profile written by `vlmspec calibrate`" in line and "gamma: 3" in mine.read_text()
     line = _refused([str(sample), "--write", str(root / "mine.yaml" / "x.yaml"), *fast])
     assert "is not a folder" in line     # found before the work, not after it
 

@@ -175,6 +175,11 @@ def test_write_and_plot_never_destroy_a_file(tmp_path):
     mine.write_text("include: tinyworld-caption\nname: mine\n")
     kept[mine] = mine.read_bytes()
     assert "is not a hardware profile" in _refused(["--write", str(mine), "--force", *fast])
+    # a hardware section a person wrote (no `vlmspec profile` header): kept as well
+    hand = tmp_path / "hand-hw.yaml"
+    hand.write_text("hardware: {latency_ratio: 0.1}\n")
+    kept[hand] = hand.read_bytes()
+    assert "is not a hardware profile" in _refused(["--write", str(hand), "--force", *fast])
     # the profile it measures is an input, --write and --plot one file is a mistake
     line = _refused(["-p", str(mine), "--write", str(mine), "--force", *fast])
     assert "is an input" in line

@@ -127,12 +127,15 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     if path is not None:
         text = winner_yaml(winner, prof.source, path.stem, include_for(profile, prof.source, path),
                            result.candidates, task=base.task)
+        replaced = path.exists()
         try:
             write_profile(path, text, force=force, inputs=inputs)
         except OutputRefused as exc:
             fail(str(exc))
-        if not quiet:
-            ui.info(f"wrote {path}: {winner.label}")
+        if not quiet:   # --force replaces only a profile calibrate wrote: say which
+            ui.info(f"{'replaced' if replaced else 'wrote'} {path}"
+                    + (" (written by an earlier vlmspec calibrate)" if replaced else "")
+                    + f": {winner.label}")
     if as_json:
         click.echo(json.dumps({"winner": winner.label, "method": winner.method, "task": base.task,
                                "note": result.note, "latency": result.latency,

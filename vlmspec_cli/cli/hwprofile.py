@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -99,12 +100,14 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
             fail(str(exc))
     if not quiet:
         ui.latency_table(hardware)
+    existed = {str(p) for p in (write_path, plot_path) if p and os.path.lexists(p)}
     try:
         written = save_outputs(write_path, plot_path, hardware, prof.source, force)
     except OutputRefused as exc:
         fail(str(exc))
-    for path in [] if quiet else written:
-        ui.info(f"wrote {path}")
+    for path in [] if quiet else written:   # --force replaces only vlmspec profile's own
+        ui.info(f"replaced {path} (written by an earlier vlmspec profile)" if str(path) in existed
+                else f"wrote {path}")
     if as_json:
         click.echo(json.dumps(hardware))
     elif not write_path:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.fileio import same_file
-from vlmspec_cli.tasks.output_files import OutputRefused, check_output, is_profile, write_checked
+from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_profile, write_checked,
+                                            written_by)
 
 
 # ------------------------------------------------------------------ samples
@@ -89,7 +90,13 @@ def include_for(profile_arg: str | None, base_source: str, path: Path) -> str:
 
 
 def _profile_rules(force: bool, inputs) -> dict:
-    return dict(force=force, ours=is_profile, what="vlmspec profile", inputs=list(inputs))
+    return dict(force=force, ours=is_calibrated, what="profile written by `vlmspec calibrate`",
+                inputs=list(inputs))
+
+
+def is_calibrated(path: Path) -> bool:
+    """A profile `vlmspec calibrate` wrote: --force replaces that, never one a person wrote."""
+    return written_by(path, "calibrate") and is_profile(path)
 
 
 def check_profile_write(path: Path, base_source: str, *, force: bool, inputs=()) -> None:

@@ -24,7 +24,7 @@ from vlmspec_cli.runtime.round_timing import time_rounds
 from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.fileio import same_file
 from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_png, is_profile,
-                                            write_checked)
+                                            write_checked, written_by)
 from vlmspec_cli.zoo import world
 
 TAUS = (2.0, 3.0, 4.0)
@@ -345,7 +345,9 @@ def hardware_yaml(hardware: dict, source: str) -> str:
 
 
 def _is_hardware_profile(path) -> bool:
-    return is_profile(path, "hardware")
+    """A hardware profile `vlmspec profile` wrote (never one a person wrote or edited into
+    another profile)."""
+    return written_by(path, "profile") and is_profile(path, "hardware")
 
 
 def output_rules(write_path: str | None, plot_path: str | None, source: str, force: bool

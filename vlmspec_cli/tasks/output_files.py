@@ -93,6 +93,17 @@ def is_png(path: Path) -> bool:
         return False
 
 
+def written_by(path: Path, command: str) -> bool:
+    """Whether the file starts with the line vlmspec COMMAND writes first ("# written by
+    `vlmspec calibrate`..."): a profile of vlmspec's own, not one a person wrote."""
+    mark = f"# written by `vlmspec {command}`".encode()
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(mark)) == mark
+    except OSError:
+        return False
+
+
 def is_profile(path: Path, required: str | None = None) -> bool:
     """A vlmspec profile: a YAML mapping whose keys are all profile keys (or ``include``),
     with ``required`` among them when given (``hardware`` for a hardware profile)."""
