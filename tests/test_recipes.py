@@ -139,29 +139,59 @@ steps:
               json: false, compare: true, seed: "${seed}", temperature: 0.5}
   - profiles: {name: tinyworld-caption}
 """)
-    res = run(["r.yaml", "--dry-run", "--var", "out=x y.jsonl"])
+    (tmp_path / "imgs").mkdir()     # a step with none of its inputs there is refused
+    res = run(["r.yaml", "--dry-run", "--var", "out=x y.jsonl", "--var", "folder=imgs"])
     assert res.exit_code == 0, res.output
     assert res.stdout.splitlines() == [
         "vlmspec caption --out 'x y.jsonl' --inputs M,T --set a=1 --set b=2 --compare "
         "--temperature 0.5 -- imgs -odd.png",
         "vlmspec profiles tinyworld-caption",
     ]
-    assert os.listdir(tmp_path) == ["r.yaml"]
+    assert sorted(os.listdir(tmp_path)) == ["imgs", "r.yaml"]
 
 
 def test_shipped_recipes_validate():
     res = run([str(ROOT / "recipes" / "caption-folder.yaml"), "--dry-run"])
     assert res.exit_code == 0, res.output
-    assert res.stdout == ("vlmspec caption examples/images --profile tinyworld-caption "
-                          "--out captions.jsonl --quiet\n")
+    assert res.stdout == (f"vlmspec caption {ROOT / 'examples' / 'images'} --profile "
+                          "tinyworld-caption --out captions.jsonl --quiet\n")
     res = run([str(ROOT / "recipes" / "calibrate-then-caption.yaml"), "--dry-run"])
-    if res.exit_code == 0:  # profile/calibrate built: the full pipeline resolves
-        assert [l.split()[:2] for l in res.stdout.splitlines()] == [
-            ["vlmspec", "profile"], ["vlmspec", "calibrate"], ["vlmspec", "caption"]]
-        assert res.stdout.splitlines()[2].endswith("--profile tuned --out captions.jsonl --quiet")
-    else:  # until they land, only their steps may be flagged
-        errors = [l for l in res.stderr.splitlines() if l.startswith("error:")]
-        assert errors and all(" for profile" in l or " for calibrate" in l for l in errors), errors
+    assert res.exit_code == 0, res.output
+    assert [l.split()[:2] for l in res.stdout.splitlines()] == [
+        ["vlmspec", "profile"], ["vlmspec", "calibrate"], ["vlmspec", "caption"]]
+    assert res.stdout.splitlines()[2].endswith("--profile calibrated --out captions.jsonl --quiet")
+
+
+def test_paths_a_step_reads_resolve_against_the_recipe_and_vars_against_the_cwd(tmp_path,
+                                                                                monkeypatch):
+    """Next to the recipe first (then the current directory); a --var value from the
+    current directory; what a step writes stays in the current directory; a step whose
+    inputs are none of them there is refused before anything runs, --dry-run included,
+    unless an earlier step writes it."""
+    (tmp_path / "book" / "pics").mkdir(parents=True)
+    (tmp_path / "book" / "prompts.txt").write_text("a red circle\n")
+    (tmp_path / "work" / "mine").mkdir(parents=True)
+    (tmp_path / "work" / "mine" / "x.png").write_bytes(b"")
+    recipe = write(tmp_path / "book" / "r.yaml", """
+vars: {folder: pics, other: pics}
+steps:
+  - caption: {inputs: ["${folder}", "${other}/x.png"], out: caps.jsonl}
+  - generate-image: {prompts_file: prompts.txt, out_dir: imgs}
+  - caption: {inputs: [imgs], chat: caps.jsonl}
+""")
+    monkeypatch.chdir(tmp_path / "work")
+    res = run([str(recipe), "--dry-run", "--var", "other=mine"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines() == [
+        f"vlmspec caption {tmp_path / 'book' / 'pics'} mine/x.png --out caps.jsonl",
+        f"vlmspec generate-image --prompts-file {tmp_path / 'book' / 'prompts.txt'} --out-dir imgs",
+        "vlmspec caption imgs --chat caps.jsonl"]
+    res = run([str(recipe), "--dry-run", "--var", "folder=nowhere", "--var", "other=mine"])
+    assert res.exit_code == 0, res.output       # one input of step 1 is there
+    res = run([str(recipe), "--var", "folder=nowhere", "--var", "other=nowhere"])
+    assert res.exit_code == 2 and res.stdout == "" and os.listdir(".") == ["mine"]
+    (line,) = [l for l in res.stderr.splitlines() if l.startswith("error:")]
+    assert line.startswith(f"error: {recipe}:3: step 1 (caption): INPUTS nowhere: no such file")
 
 
 def test_two_steps_run_then_rerun_skips(folder, tmp_path, monkeypatch):
@@ -225,8 +255,8 @@ steps:
 
     write(tmp_path / "r.yaml", (tmp_path / "r.yaml").read_text().replace("no-such-profile",
                                                                          "tinyworld-caption"))
-    write(tmp_path / "r.yaml", (tmp_path / "r.yaml").read_text().replace("{inputs: [imgs], profile",
-                                                                         "{inputs: [missing.png], profile"))
+    write(tmp_path / "r.yaml", (tmp_path / "r.yaml").read_text().replace(
+        "{inputs: [imgs], profile", "{inputs: [imgs/s1.png, missing.png], max_new_tokens: 4, profile"))
     res = run(["r.yaml"])  # step 1 fails again (exit 1), step 3 now fails an input too
     assert res.exit_code == 1, res.output
     assert "step 2 (profiles): done in an earlier run, skipped" in res.stderr

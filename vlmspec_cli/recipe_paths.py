@@ -25,7 +25,9 @@ folder, or when it is a folder above one of the step's paths.  Knows click, not 
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -34,7 +36,8 @@ import click
 
 from vlmspec_cli.fileio import same_file
 
-__all__ = ["StepPath", "DERIVED_PATHS", "step_paths", "path_params", "state_collision"]
+__all__ = ["StepPath", "DERIVED_PATHS", "step_paths", "path_params", "state_collision",
+           "READ_PARAMS", "resolve_reads", "missing_reads"]
 
 
 def _profile_file(name: str, given: Mapping) -> list[tuple[Path, bool]]:
@@ -172,3 +175,90 @@ def state_collision(state_path: str | os.PathLike, recipe, commands: Mapping[str
             return (f"state file {state}: {how} {what} of step {step.index} ({step.command}, "
                     f"{recipe.path}:{step.line}), {kind}: give another --state PATH")
     return None
+
+
+# ------------------------------------------------------------ what a step reads
+# The parameters whose values a step reads (by parameter name): a relative one written in
+# the recipe is looked up next to the recipe file first (as a profile's include: is), then
+# in the current directory; what a step writes (--out, --write, --plot, --trace,
+# --out-dir) stays relative to the current directory, and so does every value that takes
+# a --var (the user typed it there). ``profile`` and ``name`` are profile names or files.
+READ_PARAMS = ("inputs", "samples", "dataset", "chat_file", "prompts_file", "profile", "name",
+               "heads", "twigs")
+_PROFILE_PARAMS = ("profile", "name")
+# the reads that must exist before a recipe runs (a calibrate SAMPLE may be a prompt, a
+# profile a name, a head a hub id: those are their commands' to check)
+CHECKED_READS = ("inputs", "dataset", "chat_file", "prompts_file")
+_GLOB = re.compile(r"[*?[]")
+_VAR_NAMES = re.compile(r"\$\{([^}]*)\}")
+
+
+def _next_to(folder: Path, value, profile: bool):
+    """``value`` as a path next to the recipe (absolute) when something is there: a file
+    for a profile, else a file, folder or glob match; else ``value`` as given."""
+    if not isinstance(value, str) or value in ("", "-") or "\0" in value or os.path.isabs(value):
+        return value
+    here = folder / value
+    found = (here.is_file() if profile else
+             os.path.lexists(here) or (_GLOB.search(value) and glob.glob(str(here), recursive=True)))
+    return os.path.abspath(here) if found else value
+
+
+def resolve_reads(param_names: Mapping[str, str], raw: Mapping, options: Mapping, folder: Path,
+                  overrides: set) -> dict:
+    """A step's ``options`` (recipe key -> value, ``${vars}`` substituted from ``raw``) with
+    the paths it reads resolved against the recipe's ``folder`` (see READ_PARAMS);
+    ``param_names``: recipe key -> parameter name; ``overrides``: the --var names."""
+    folder = Path(os.path.abspath(folder))
+    out = dict(options)
+    for key, value in options.items():
+        name = param_names.get(str(key).replace("-", "_"))
+        if name not in READ_PARAMS:
+            continue
+        profile = name in _PROFILE_PARAMS
+
+        def resolved(word, value):
+            if isinstance(word, str) and set(_VAR_NAMES.findall(word)) & overrides:
+                return value   # a --var value: the current directory's
+            if isinstance(value, list):
+                return [_next_to(folder, v, profile) for v in value]
+            return _next_to(folder, value, profile)
+
+        given = raw.get(key)
+        if isinstance(given, list) and isinstance(value, list) and len(given) == len(value):
+            out[key] = [resolved(w, v) for w, v in zip(given, value)]
+        else:   # one word ("${list_var}" included)
+            out[key] = resolved(given, value)
+    return out
+
+
+def _within(path: str, used: StepPath) -> bool:
+    real, other = os.path.abspath(path), os.path.abspath(used.path)
+    return real == other or (used.folder and real.startswith(other.rstrip(os.sep) + os.sep))
+
+
+def missing_reads(recipe, commands: Mapping[str, click.Command]) -> list[str]:
+    """One line per step whose paths of a kind it reads (CHECKED_READS) are none of them
+    there, nor named by an earlier step (written by it, like a caption step's --out):
+    checked before step 1, so a recipe does not run for minutes and then stop on a typo."""
+    problems, earlier = [], []
+    for step in recipe.steps:
+        command = commands[step.command]
+        ctx, values = _parsed(command, step.argv)
+        for name in CHECKED_READS:
+            param = next((p for p in command.params if p.name == name), None)
+            if param is None:
+                continue
+            given = _strings(values.get(name) or [])
+            missing = [value for value in given
+                       if not (_GLOB.search(value) or os.path.lexists(value)
+                               or any(_within(value, used) for used in earlier))]
+            # a step with one input there runs (the missing ones fail alone, exit 1, as
+            # on the command line); one with none there could only fail
+            for value in missing[:1] if missing == given else []:
+                problems.append(f"{recipe.path}:{step.line}: step {step.index} ({step.command}): "
+                                f"{_label(param)} {value}: no such file or directory (a path "
+                                "written in a recipe is looked up next to the recipe, then in "
+                                "the current directory; a --var value in the current directory)")
+        earlier += list(step_paths(command, step.argv))
+    return problems

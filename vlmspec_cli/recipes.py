@@ -25,7 +25,7 @@ import click
 import yaml
 
 from vlmspec_cli.profile.yaml_file import YamlFileError, check_events, read_text
-from vlmspec_cli.recipe_paths import state_collision
+from vlmspec_cli.recipe_paths import missing_reads, resolve_reads, state_collision
 from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.fileio import atomic_write_text, same_file
 from vlmspec_cli.tasks.output_files import MAX_OWN_BYTES, OutputRefused, check_output
@@ -295,7 +295,10 @@ def load_recipe(path, commands: Mapping[str, click.Command],
         for k in _duplicates(opts_node) if isinstance(opts_node, yaml.MappingNode) else ():
             err(f"duplicate option '{k.value}' for {name}")
         problems: list[str] = []
+        raw = options
         options = {k: _substitute(v, variables, used, problems) for k, v in options.items()}
+        options = resolve_reads({k: p.name for k, (p, _) in _param_keys(commands[name]).items()},
+                                raw, options, path.parent, set(overrides or {}))
         for message in dict.fromkeys(problems):
             err(message)
         argv = _step_argv(commands[name], name, options, err)
@@ -442,6 +445,11 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
         recipe = load_recipe(recipe_path, commands, overrides)
     except RecipeError as exc:
         for message in exc.messages:
+            ui.error(message)
+        return 2
+    missing = missing_reads(recipe, commands)   # before step 1, and under --dry-run
+    if missing:
+        for message in missing:
             ui.error(message)
         return 2
     state_path = Path(state) if state else default_state_path(recipe_path)
