@@ -468,3 +468,27 @@ def test_step_paths_come_from_each_commands_click_params():
         got = {(s.option, s.path, s.folder) for s in step_paths(
             cli.commands["caption"], ["imgs", "--out", "c.jsonl", "--executor", executor])}
         assert got & {("--out", "c.jsonl.shards", True)} == shards   # ray: its shard folder
+
+
+def test_shipped_recipe_runs_from_outside_the_repository(tmp_path, monkeypatch):
+    """From a directory outside the repository (a subprocess, as a user runs it): the
+    shipped recipes read their example folder next to themselves and write into the current
+    directory; a --var folder that is not there stops the run before step 1."""
+    images = ROOT / "examples" / "images"
+    monkeypatch.chdir(tmp_path)
+    res = run([str(ROOT / "recipes" / "calibrate-then-caption.yaml"), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert f"vlmspec calibrate {images} " in res.stdout and f"vlmspec caption {images} " in res.stdout
+    res = run([str(ROOT / "recipes" / "calibrate-then-caption.yaml"), "--var", "folder=shots/"])
+    assert res.exit_code == 2 and "step 3 (caption): INPUTS shots/: no such file" in res.stderr
+    assert os.listdir(tmp_path) == []                      # nothing ran, nothing written
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "run",
+                           str(ROOT / "recipes" / "caption-folder.yaml"), "--var", "out=caps.jsonl"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = lines(tmp_path / "caps.jsonl")
+    assert sorted(r["source"] for r in records) == sorted(str(p) for p in images.glob("*.png"))
+    assert all(r["error"] is None and r["output"] for r in records)
+    assert sorted(os.listdir(tmp_path)) == ["caps.jsonl", "caption-folder.state.json"]
