@@ -47,3 +47,101 @@ def test_method_refuses_a_head_or_twig_trained_for_another_target(tmp_path, meth
     (line,) = res.stderr.strip().splitlines()
     assert f"was trained for target zoo:tinyworld/llava-target, not {tmp_path}" in line
     assert hint in line
+
+
+# ------------------------------------------------------------------ the README's walk
+def readme_examples():
+    """scripts/readme_examples.py as a module (it extracts the README's examples)."""
+    import importlib.util
+    import sys
+
+    name = "readme_examples"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "readme_examples.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _readme_walk():
+    """The README's "A model folder, end to end": its python block (the models), its
+    yaml block (the profile) and its commands, as the README writes them."""
+    import importlib.util
+    import re
+    import shlex
+
+    module = readme_examples()
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("### A model folder, end to end")
+    first = readme[:start].count("\n") + 1
+    last = first + readme[start:readme.index("## Python API", start)].count("\n")
+    examples = [ex for ex in module.extract() if first <= ex.line <= last]
+    (build,) = [ex.text for ex in examples if ex.kind == "python"]
+    profile = re.search(r"```yaml\n(.*?)```", readme[start:], re.S).group(1)
+    commands = [shlex.split(ex.text, comments=True) for ex in examples if ex.kind == "bash"]
+    return build, profile, commands
+
+
+# what the README runs for real, cut to seconds: the last value of an option wins
+CHEAPER = {"caption": ["--max-new-tokens", "4"], "describe-video": ["--max-new-tokens", "4", "--frames", "4"],
+           "profile": ["--repeats", "3", "--warmup", "0"],
+           "calibrate": ["--budget", "1", "--gammas", "2", "--top", "1", "--max-new-tokens", "4"],
+           "vlmspec_cli.zoo.hidden": ["--stage1", "4", "--stage2", "2", "--feedback", "1",
+                                      "--max-new-tokens", "4"]}
+
+
+def test_the_readme_walk_runs_on_a_tiny_random_model(tmp_path, monkeypatch, capsys):
+    """save_pretrained -> a profile beside the folders (model paths read from its folder)
+    -> caption, describe-video (a caption profile, made a video one), profile, calibrate
+    (its written profile decodes), a hidden-state head trained for the target; every
+    decode equals target-only. Run from another directory than the models'."""
+    from vlmspec_cli.zoo.hidden import main as train_head
+
+    build, profile, commands = _readme_walk()
+    for name in ("images", "videos"):
+        (tmp_path / "examples" / name).mkdir(parents=True)
+    for image in sorted((ROOT / "examples" / "images").glob("*.png"))[:2]:
+        (tmp_path / "examples" / "images" / image.name).write_bytes(image.read_bytes())
+    video = ROOT / "examples" / "videos" / "red-circle-left-to-right.mp4"
+    (tmp_path / "examples" / "videos" / video.name).write_bytes(video.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    exec(compile(build, "README.md (A model folder, end to end)", "exec"), {"__name__": "walk"})
+    assert {p.name for p in (tmp_path / "my-models" / "target").iterdir()} >= {
+        "config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja",
+        "preprocessor_config.json"}
+    (tmp_path / "my-models" / "my-vlm.yaml").write_text(profile)
+    assert [c[:2] for c in commands] == [
+        ["vlmspec", "caption"], ["vlmspec", "describe-video"], ["vlmspec", "profile"],
+        ["vlmspec", "calibrate"], ["vlmspec", "caption"], ["python", "-m"], ["vlmspec", "caption"]]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for argv in commands:
+        if argv[0] == "python":
+            module, args = argv[2], argv[3:]
+            with pytest.raises(SystemExit) as done:
+                train_head(args + CHEAPER[module])
+            assert done.value.code == 0, capsys.readouterr().err
+            continue
+        args = argv[1:] + CHEAPER[argv[1]]
+        if argv[1] in ("caption", "describe-video"):
+            args += ["--json"] + (["--compare"] if "--compare" not in args else [])
+        res = invoke(*args)
+        assert res.exit_code == 0, (argv, res.output)
+        if argv[1] in ("caption", "describe-video"):
+            records = [json.loads(line) for line in res.stdout.splitlines()]
+            assert records and all(r["error"] is None and r["compare"]["identical"] for r in records)
+            if argv[1] == "describe-video":
+                assert records[0]["task"] == "video"
+            if "hidden.model=my-models/head" in args:
+                assert records[0]["method"] == "hidden" and records[0]["stats"]["num_drafts"] > 0
+    tuned = (tmp_path / "my-models" / "tuned.yaml").read_text()
+    assert "include: my-vlm.yaml" in tuned and "hardware:" in (tmp_path / "my-models" / "hw.yaml").read_text()
+    # the profile's model paths are its folder's, whatever the current directory
+    monkeypatch.chdir(elsewhere)
+    res = invoke("caption", tmp_path / "examples" / "images", "-p", tmp_path / "my-models" / "tuned.yaml",
+                 "--max-new-tokens", "4", "-q")
+    assert res.exit_code == 0 and len(res.stdout.splitlines()) == 2, res.output
+    res = invoke("caption", tmp_path / "examples" / "images", "-p", tmp_path / "my-models" / "my-vlm.yaml",
+                 "-m", "hidden", "--dry-run")
+    assert res.exit_code == 2 and "python -m vlmspec_cli.zoo.hidden --target" in res.stderr
