@@ -92,6 +92,12 @@ def extract(readme: Path = ROOT / "README.md", run_slow: bool = False) -> list[E
             while text.endswith("\\") and j + 1 < len(body):
                 j += 1
                 text = text[:-1].rstrip() + " " + body[j].strip()
+            heredoc = re.search(r"<<-?\s*'?(\w+)'?\s*$", text)
+            while heredoc and j + 1 < len(body):   # cat > FILE <<'EOF' ... EOF: one example
+                j += 1
+                text += "\n" + body[j]
+                if body[j].strip() == heredoc.group(1):
+                    break
             j += 1
             if text.strip() and not text.lstrip().startswith("#"):
                 out.append(Example(start + first + 1, "bash", text.strip()))
