@@ -150,11 +150,12 @@ steps:
     assert sorted(os.listdir(tmp_path)) == ["imgs", "r.yaml"]
 
 
-def test_shipped_recipes_validate():
-    res = run([str(ROOT / "recipes" / "caption-folder.yaml"), "--dry-run"])
+def test_shipped_recipes_validate(monkeypatch):
+    monkeypatch.chdir(ROOT)     # the recipe's ../examples/images, as the cwd names it
+    res = run(["recipes/caption-folder.yaml", "--dry-run"])
     assert res.exit_code == 0, res.output
-    assert res.stdout == (f"vlmspec caption {ROOT / 'examples' / 'images'} --profile "
-                          "tinyworld-caption --out captions.jsonl --quiet\n")
+    assert res.stdout == ("vlmspec caption examples/images --profile tinyworld-caption "
+                          "--out captions.jsonl --quiet\n")
     res = run([str(ROOT / "recipes" / "calibrate-then-caption.yaml"), "--dry-run"])
     assert res.exit_code == 0, res.output
     assert [l.split()[:2] for l in res.stdout.splitlines()] == [

@@ -194,14 +194,19 @@ _VAR_NAMES = re.compile(r"\$\{([^}]*)\}")
 
 
 def _next_to(folder: Path, value, profile: bool):
-    """``value`` as a path next to the recipe (absolute) when something is there: a file
-    for a profile, else a file, folder or glob match; else ``value`` as given."""
+    """``value`` as a path next to the recipe when something is there (a file for a
+    profile, else a file, folder or glob match), relative to the current directory when
+    it lies below it, else absolute; else ``value`` as given."""
     if not isinstance(value, str) or value in ("", "-") or "\0" in value or os.path.isabs(value):
         return value
     here = folder / value
     found = (here.is_file() if profile else
              os.path.lexists(here) or (_GLOB.search(value) and glob.glob(str(here), recursive=True)))
-    return os.path.abspath(here) if found else value
+    if not found:
+        return value
+    # as the current directory names it (imgs, examples/images), else absolute
+    rel = os.path.relpath(here)
+    return os.path.abspath(here) if rel == ".." or rel.startswith(".." + os.sep) else rel
 
 
 def resolve_reads(param_names: Mapping[str, str], raw: Mapping, options: Mapping, folder: Path,

@@ -447,11 +447,6 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
         for message in exc.messages:
             ui.error(message)
         return 2
-    missing = missing_reads(recipe, commands)   # before step 1, and under --dry-run
-    if missing:
-        for message in missing:
-            ui.error(message)
-        return 2
     state_path = Path(state) if state else default_state_path(recipe_path)
     # before any step runs (or is shown): never a path a step reads or writes (the step's
     # output would become the state, or the state its output), never a file not a state
@@ -463,6 +458,11 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
         check_state_path(state_path, recipe_path)
     except OutputRefused as exc:
         ui.error(str(exc))
+        return 2
+    missing = missing_reads(recipe, commands)   # before step 1, and under --dry-run
+    if missing:
+        for message in missing:
+            ui.error(message)
         return 2
     if dry_run:
         done = {} if restart else _read_state(state_path, ui)
