@@ -228,6 +228,18 @@ def _duplicates(node) -> list:
     return dups
 
 
+def _step_options(command: click.Command, options: dict, variables, used: set, err,
+                  folder: Path, overrides: set) -> dict:
+    """A step's options with ``${vars}`` substituted and the paths it reads resolved next
+    to the recipe (a --var value: the current directory's; recipe_paths.resolve_reads)."""
+    problems: list[str] = []
+    given = {k: _substitute(v, variables, used, problems) for k, v in options.items()}
+    for message in dict.fromkeys(problems):
+        err(message)
+    names = {k: p.name for k, (p, _) in _param_keys(command).items()}
+    return resolve_reads(names, options, given, folder, overrides)
+
+
 def load_recipe(path, commands: Mapping[str, click.Command],
                 overrides: Mapping[str, str] | None = None) -> Recipe:
     """Parse and check a recipe; every step's argv resolved.  Raises RecipeError."""
@@ -294,13 +306,8 @@ def load_recipe(path, commands: Mapping[str, click.Command],
             continue
         for k in _duplicates(opts_node) if isinstance(opts_node, yaml.MappingNode) else ():
             err(f"duplicate option '{k.value}' for {name}")
-        problems: list[str] = []
-        raw = options
-        options = {k: _substitute(v, variables, used, problems) for k, v in options.items()}
-        options = resolve_reads({k: p.name for k, (p, _) in _param_keys(commands[name]).items()},
-                                raw, options, path.parent, set(overrides or {}))
-        for message in dict.fromkeys(problems):
-            err(message)
+        options = _step_options(commands[name], options, variables, used, err, path.parent,
+                                set(overrides or {}))
         argv = _step_argv(commands[name], name, options, err)
         steps.append(Step(index, line, name, argv))
     for var in overrides or {}:
