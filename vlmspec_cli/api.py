@@ -113,8 +113,12 @@ class Pipeline:
     def build(cls, profile, target=None) -> "Pipeline":
         """Load the profile's models (``target``: one already loaded) and, as the CLI does
         before decoding, decide and warm up compiled steps for a job of one request."""
-        from vlmspec_cli.session import build_session
+        from vlmspec_cli.session import build_session, match_companions
 
+        try:   # the head or twig shipped for the target, as the CLI's -m takes it
+            profile, _ = match_companions(profile)
+        except ValueError:   # an unknown method: build_session says so
+            pass
         session = build_session(profile, target=target)
         if session.plan_compile(profile.generation.max_new_tokens):
             session.warm_up()
