@@ -78,8 +78,11 @@ def _readme_walk():
     last = first + readme[start:readme.index("## Python API", start)].count("\n")
     examples = [ex for ex in module.extract() if first <= ex.line <= last]
     (build,) = [ex.text for ex in examples if ex.kind == "python"]
-    profile = re.search(r"```yaml\n(.*?)```", readme[start:], re.S).group(1)
-    commands = [shlex.split(ex.text, comments=True) for ex in examples if ex.kind == "bash"]
+    (written,) = [ex.text for ex in examples if ex.text.startswith("cat > ")]
+    path, profile = re.fullmatch(r"cat > (\S+) <<'EOF'\n(.*\n)EOF", written, re.S).groups()
+    assert path == "my-models/my-vlm.yaml"
+    commands = [shlex.split(ex.text, comments=True) for ex in examples
+                if ex.kind == "bash" and ex.text != written]
     return build, profile, commands
 
 
