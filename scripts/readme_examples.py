@@ -47,7 +47,8 @@ SKIP = [
     (r"^python3 -m venv", "installs into a new virtual environment (the script uses this one)"),
     (r"^git clone", "downloads a data set"),
     (r"MMSpec/dataset", "the real MMSpec split (after git clone) on a 7B hub model"),
-    (r"llava-hf/|JackFram/|--profile (llava-next-7b|qwen25-vl-7b)\b", "downloads 7B models from the hub"),
+    (r"llava-hf/|JackFram/|Qwen/|--profile (llava-next-7b|qwen25-vl-7b)", "downloads 7B models from the hub"),
+    (r"^vllm serve", "needs vLLM (and a GPU): not a vlmspec dependency"),
     (r"--ray-address auto", "needs a running Ray cluster"),
     (r"^bash bench/gpu\.sh", "needs a CUDA GPU"),
 ]

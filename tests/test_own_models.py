@@ -75,7 +75,7 @@ def _readme_walk():
     readme = (ROOT / "README.md").read_text()
     start = readme.index("### A model folder, end to end")
     first = readme[:start].count("\n") + 1
-    last = first + readme[start:readme.index("## Python API", start)].count("\n")
+    last = first + readme[start:readme.index("The adapter is picked by", start)].count("\n")
     examples = [ex for ex in module.extract() if first <= ex.line <= last]
     (build,) = [ex.text for ex in examples if ex.kind == "python"]
     (written,) = [ex.text for ex in examples if ex.text.startswith("cat > ")]

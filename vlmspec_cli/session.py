@@ -275,8 +275,9 @@ def validate_method(profile) -> type[DraftingMethod]:
     for role, name in method.models(profile):   # a shipped head or twig of another target
         trained = _trained_for(name)
         if trained is not None and not _same_model(trained, profile.target.model):
+            hint = method.untrained_hint(profile)
             raise SessionError(f"{role}.model {name} was trained for target {trained}, not "
-                               f"{profile.target.model}: " + method.untrained_hint(profile))
+                               f"{profile.target.model}" + (f": {hint}" if hint else ""))
     return method
 
 

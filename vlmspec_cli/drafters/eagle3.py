@@ -139,6 +139,11 @@ class Eagle3Drafter(HiddenDrafter):
         return (False, 0, (t.depth, t.top_k, t.total_tokens)) if profile.eagle3.tree else (True, 0, None)
 
     @classmethod
+    def untrained_hint(cls, profile) -> str:
+        return ("train one for it (python -m vlmspec_cli.zoo.hidden --arch eagle3 --target "
+                f"{profile.target.model} SAMPLES --out HEAD) and set eagle3.model to HEAD")
+
+    @classmethod
     def describe(cls, profile) -> str:
         e = profile.eagle3
         shape = (f"tree depth={profile.tree.depth} top_k={profile.tree.top_k}" if e.tree
