@@ -88,10 +88,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     prof = decoding_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
                                          "sampling.seed": seed, "target.device": device,
                                          "draft.device": device}, task=None)
-    # a head or twig folder named here is written into the profile absolute: a profile's
-    # model paths are read from its own folder (profiles/), not from this directory
-    heads, twigs = (tuple(os.path.abspath(m) if os.path.isdir(m) else m for m in given)
-                    for given in (heads, twigs))
+    heads, twigs = _absolute_folders(heads), _absolute_folders(twigs)
     items = _sample_items(prof.task, samples)
     inputs = [] if prof.task == "image" else [item.path for item in items]
     path = profile_write_path(write_name) if write_name else None
@@ -132,10 +129,8 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
             write_profile(path, text, force=force, inputs=inputs)
         except OutputRefused as exc:
             fail(str(exc))
-        if not quiet:   # --force replaces only a profile calibrate wrote: say which
-            ui.info(f"{'replaced' if replaced else 'wrote'} {path}"
-                    + (" (written by an earlier vlmspec calibrate)" if replaced else "")
-                    + f": {winner.label}")
+        if not quiet:   # --force replaces only a profile calibrate wrote: say so
+            ui.info(f"{'replaced' if replaced else 'wrote'} {path}: {winner.label}")
     if as_json:
         click.echo(json.dumps({"winner": winner.label, "method": winner.method, "task": base.task,
                                "note": result.note, "latency": result.latency,
@@ -146,6 +141,12 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
         click.echo(winner.label)
     sys.exit(1 if errors else 0)
 
+
+
+def _absolute_folders(models) -> tuple:
+    """--hidden / --twig folders made absolute: the written profile's model paths are read
+    from its own folder (profiles/), not from this directory. Hub ids stay as given."""
+    return tuple(os.path.abspath(m) if os.path.isdir(m) else m for m in models)
 
 
 def _sample_items(task: str, samples) -> list:
