@@ -24,67 +24,12 @@ has not been run to the end on the shared CPU (bench/RESULTS.md).
 
 from __future__ import annotations
 
-import argparse
-import random
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-WEIGHTS = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld"
-SEED = 31337          # the samples' seed: none of the fresh-sample seeds the benches use
-# task -> (target, head folder, prompt, max new tokens, default samples)
-TASKS = {"caption": ("zoo:tinyworld/llava-target-deep", "llava-deep-eagle3",
-                     "describe the image.", 64, 400),
-         "video": ("zoo:tinyworld/qwen-video-target-deep", "qwen-video-deep-eagle3",
-                   "Describe the video.", 48, 400)}
-
-
-def render(folder: Path, task: str, n: int) -> None:
-    rng = random.Random(SEED)
-    if task == "video":
-        from vlmspec_cli.zoo.video import world as vworld
-
-        for i in range(n):
-            script = vworld.random_script(rng)
-            vworld.write_video(folder / f"video{i:04d}.mp4", vworld.render_script(script))
-        return
-    from vlmspec_cli.zoo import world
-
-    for i in range(n):
-        world.render(world.sample_scene(rng)).save(folder / f"scene{i:04d}.png")
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--task", choices=sorted(TASKS), default="caption")
-    ap.add_argument("--samples", "--images", type=int, default=None,
-                    help="rendered images or videos (default 400)")
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--ttt", type=int, default=3, help="self-fed steps of the training-time test")
-    ap.add_argument("--draft-vocab", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--force", action="store_true", help="replace a head written there before")
-    args = ap.parse_args()
-    target, folder, prompt, max_new, samples = TASKS[args.task]
-    out = args.out or WEIGHTS / folder
-    with tempfile.TemporaryDirectory(prefix="tinyworld-samples-") as tmp:
-        render(Path(tmp), args.task, args.samples or samples)
-        command = [sys.executable, "-m", "vlmspec_cli.zoo.hidden", "--arch", "eagle3",
-                   *(["--task", "video"] if args.task == "video" else []),
-                   "--target", target, tmp, "--out", str(out),
-                   "--prompt", prompt, "--max-new-tokens", str(max_new),
-                   "--stage1", str(args.steps), "--stage2", "0", "--feedback", str(args.ttt),
-                   "--draft-vocab", str(args.draft_vocab), "--threads", str(args.threads),
-                   "--device", "cpu", *(["--force"] if args.force else [])]
-        shown = "IMAGES/" if args.task == "caption" else "VIDEOS/"
-        print("$", " ".join(command).replace(tmp, shown), flush=True)
-        return subprocess.call(command, cwd=ROOT)
-
+from vlmspec_cli.zoo.eagle3_build import main  # noqa: E402  (the build lives in the zoo)
 
 if __name__ == "__main__":
     raise SystemExit(main())

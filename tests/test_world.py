@@ -264,7 +264,7 @@ def test_build_all_lists_every_shipped_model_as_runnable_steps(capsys):
 
     build.main(["--list"])
     listed = capsys.readouterr().out
-    assert listed.count("python -m vlmspec_cli.zoo.") == len(pipeline.STEPS) == 12
+    assert listed.count("python -m vlmspec_cli.zoo.") == len(pipeline.STEPS) == 13
     shipped = {p.name for p in (Path(build.__file__).parent / "weights" / "tinyworld").iterdir() if p.is_dir()}
     named = " ".join(s.name for s in pipeline.STEPS)
     assert not [m for m in shipped if m not in named.replace(",", " ").split()], shipped
@@ -276,5 +276,5 @@ def test_build_all_lists_every_shipped_model_as_runnable_steps(capsys):
         if step.module == "deepen":
             assert argv[argv.index("--family") + 1] in deepen.FAMILIES
     assert [i for i, _ in pipeline.select(9, 10)] == [9, 10]
-    with pytest.raises(ValueError, match="steps run from 1 to 12"):
-        pipeline.select(13)
+    with pytest.raises(ValueError, match="steps run from 1 to 13"):
+        pipeline.select(14)

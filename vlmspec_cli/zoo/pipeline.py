@@ -59,6 +59,8 @@ STEPS = (
     Step("llava-deep-twig", "deep_twig", (), 14),
     Step("llava-deep-draft (distilled on the 32-layer target's answers)", "distill_draft",
          ("--examples", "1500", "--batch-size", "16", "--steps", "500", "--eval", "40"), 37),
+    Step("llava-deep-eagle3 (EAGLE-3 head of the 32-layer target, zoo.hidden --arch eagle3)",
+         "eagle3_build", ("--task", "caption"), 19),
 )
 
 
