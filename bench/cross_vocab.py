@@ -83,7 +83,7 @@ def main() -> None:
         new = sum(map(len, tokens[name]))
         out.append({"config": name, "wall_s": round(wall, 3), "speedup": round(base / wall, 3),
                     "new_tokens": new, "tokens_per_s": round(new / wall, 1),
-                    "mean_accept_len": round(accept[name], 3), "identical": same,
+                    "mean_acceptance_length": round(accept[name], 3), "identical": same,
                     "requests": len(requests)})
         rows.append([name, f"{wall:.2f}", f"{new / wall:.0f}", f"{base / wall:.2f}x", f"{accept[name]:.2f}",
                      f"{same}/{len(requests)}"])

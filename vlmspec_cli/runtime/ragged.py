@@ -17,9 +17,14 @@ enough space is wasted) packs each row's valid slots to the right.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from vlmspec_cli.runtime.static_cache import StaticKVCache
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 class RaggedCache:

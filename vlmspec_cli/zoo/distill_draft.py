@@ -100,7 +100,7 @@ def chain_tau(target, draft, evaluation: list[tuple], gamma: int = 5) -> dict:
         stats.merge(res.state.stats)
         same += res.tokens == reference
     return {"requests": len(evaluation), "identical": same,
-            "mean_accept_len": round(stats.mean_accept_len, 3)}
+            "mean_acceptance_length": round(stats.mean_accept_len, 3)}
 
 
 def main(argv=None) -> None:

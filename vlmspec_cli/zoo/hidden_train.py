@@ -211,4 +211,4 @@ def measure(lm, head, requests, gamma: int = 5) -> dict:
         acc += a.state.stats.num_accepted_tokens
         drafts += a.state.stats.num_drafts
     return {"requests": len(requests), "identical": same,
-            "mean_accept_len": round(1 + acc / max(drafts, 1), 3)}
+            "mean_acceptance_length": round(1 + acc / max(drafts, 1), 3)}

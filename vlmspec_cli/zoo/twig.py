@@ -121,7 +121,7 @@ def measure_tokar(target_lm, twig, k: int, requests, gamma: int = 5) -> dict:
     total = SpecStats()
     for req in requests:
         total.merge(engine.generate(req).state.stats)
-    return {"tokar": round(total.draft_accept_rate, 4), "mean_accept_len": round(total.mean_accept_len, 3)}
+    return {"tokar": round(total.draft_accept_rate, 4), "mean_acceptance_length": round(total.mean_accept_len, 3)}
 
 
 def build_twig(out, processor, data, report: dict, steps: int, seed: int, batch_tokens: int,
