@@ -49,7 +49,7 @@ def configs(reversed_dir: Path) -> dict[str, list[str]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--scenes", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=4242)

@@ -278,3 +278,16 @@ def test_build_all_lists_every_shipped_model_as_runnable_steps(capsys):
     assert [i for i, _ in pipeline.select(9, 10)] == [9, 10]
     with pytest.raises(ValueError, match="steps run from 1 to 13"):
         pipeline.select(14)
+
+
+@pytest.mark.parametrize("module", ["hidden", "eagle3_build", "mmspec_sample"])
+def test_zoo_help_describes_in_whole_sentences(module, capsys):
+    """A zoo script's --help states its docstring's first paragraph whole (it used to stop
+    at the first line: "… for the tinyworld targets, on")."""
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(f"vlmspec_cli.zoo.{module}").main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    first = importlib.import_module(f"vlmspec_cli.zoo.{module}").__doc__.split("\n\n")[0]
+    assert " ".join(first.split()) in text and first.rstrip().endswith((".", ":", "``"))

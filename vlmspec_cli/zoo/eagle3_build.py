@@ -50,7 +50,7 @@ def render(folder: Path, task: str, n: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vlmspec_cli.zoo.eagle3_build",
-                                 description=__doc__.split("\n")[0])
+                                 description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--task", choices=sorted(TASKS), default="caption")
     ap.add_argument("--samples", "--images", type=int, default=None,
                     help="rendered images or videos (default 400)")

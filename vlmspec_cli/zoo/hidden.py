@@ -99,7 +99,7 @@ def build(name: str, examples: int, stage1: int, stage2: int, feedback: int, lay
 
 
 def main(argv=None) -> None:
-    ap = arg_parser(__doc__.split("\n")[0], out=None)
+    ap = arg_parser(" ".join(__doc__.split("\n\n")[0].split()), out=None)
     ap.add_argument("--target", default="llava",
                     help=f"a tinyworld target ({', '.join(sorted(TARGETS))}), or any model: a "
                          "directory or hub id, trained on SAMPLES into --out")

@@ -102,11 +102,11 @@ def build(out_dir: str | Path, seed: int = SEED, per_category: int = PER_CATEGOR
     return samples
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("out_dir", nargs="?", default="examples/mmspec")
     parser.add_argument("--seed", type=int, default=SEED)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     samples = build(args.out_dir, args.seed)
     print(f"wrote {len(samples)} samples to {args.out_dir}/mmspec.jsonl")
 
