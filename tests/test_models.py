@@ -46,9 +46,11 @@ def test_unreachable_hub_fails_fast_and_clearly(monkeypatch):
     assert "llava-hf/llava-1.5-7b-hf" in msg and "unreachable" in msg and "target.model" in msg
 
 
-def test_missing_local_path_is_named():
-    with pytest.raises(ModelLoadError, match="not a model directory"):
+def test_missing_local_path_is_named(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"draft model './no/such/dir': no such directory"):
         load_model(ModelSpec(model="./no/such/dir"), "draft")
+    with pytest.raises(ModelLoadError, match="not a model directory .no config.json."):
+        load_model(ModelSpec(model=str(tmp_path)), "draft")      # a folder, but no model
 
 
 def test_device_and_dtype_auto_on_cpu():

@@ -215,6 +215,8 @@ def load_model(spec, role: str = "target", fast_path: str = "auto") -> LoadedMod
     require_safetensors(spec.model, role)
     source = resolve_model_source(spec.model)
     is_local = Path(source).is_dir()
+    if is_local and not (Path(source) / "config.json").is_file():
+        raise ModelLoadError(f"{role} model '{source}': not a model directory (no config.json)")
     if is_local:
         require_config_fits(source, role)
     common: dict[str, Any] = {"trust_remote_code": bool(spec.trust_remote_code)}
