@@ -384,6 +384,6 @@ def test_utf8_text_options_still_count_as_paths_for_recipe_state_checks():
     state file never collides with one); Utf8Text must stay a string type for that."""
     from vlmspec_cli.cli.caption import caption
     from vlmspec_cli.cli.image import generate_image
-    from vlmspec_cli.recipe_paths import path_params
+    from vlmspec_cli.cli.recipe_paths import path_params
 
     assert "prompts" in path_params(generate_image) and "prompt" in path_params(caption)

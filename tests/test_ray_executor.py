@@ -145,7 +145,7 @@ def test_missing_ray_says_how_to_install(monkeypatch, tmp_path):
 def test_ray_usage_errors_and_recipe_key(tmp_path):
     res = run([IMAGES[0], "--executor", "ray", "--compare", *FAST])
     assert res.exit_code == 2 and "--executor ray" in res.output
-    from vlmspec_cli.recipes import load_recipe
+    from vlmspec_cli.cli.recipes import load_recipe
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("steps:\n  - caption: {inputs: [a.png], out: o.jsonl, executor: ray, "

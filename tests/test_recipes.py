@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from conftest import fresh_scenes
 from corpus import write_foreign_json, write_user_notes
 from vlmspec_cli.cli import cli
-from vlmspec_cli.recipe_paths import path_params, step_paths
-from vlmspec_cli.recipes import Recipe, Step, run_recipe
+from vlmspec_cli.cli.recipe_paths import path_params, step_paths
+from vlmspec_cli.cli.recipes import Recipe, Step, run_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""``vlmspec run``: a recipe of vlmspec steps (recipes.py does the work)."""
+"""``vlmspec run``: a recipe of vlmspec steps (cli/recipes.py does the work)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def run_recipe(recipe, var_pairs, state, restart, dry_run):
     finished is recorded in the state file and skipped on a rerun while its
     command line is unchanged; caption steps with --out resume on their own.
     """
-    from vlmspec_cli.recipes import cli_run
+    from vlmspec_cli.cli.recipes import cli_run
 
     commands = click.get_current_context().find_root().command.commands  # vlmspec's commands
     sys.exit(cli_run(commands, recipe, var_pairs, state, restart, dry_run))

@@ -25,7 +25,7 @@ import click
 import yaml
 
 from vlmspec_cli.profile.yaml_file import YamlFileError, check_events, read_text
-from vlmspec_cli.recipe_paths import missing_reads, resolve_reads, state_collision
+from vlmspec_cli.cli.recipe_paths import missing_reads, resolve_reads, state_collision
 from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.fileio import atomic_write_text, same_file
 from vlmspec_cli.tasks.output_files import MAX_OWN_BYTES, OutputRefused, check_output
