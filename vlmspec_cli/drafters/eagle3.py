@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vlmspec_cli.drafters.base import gamma_text, register
+from vlmspec_cli.drafters.base import register
 from vlmspec_cli.drafters.hidden import HiddenDrafter, HiddenState, TreeSettings
 from vlmspec_cli.runtime.eagle3_format import target_layers
 from vlmspec_cli.runtime.engine import eos_token_ids
@@ -63,6 +63,7 @@ class Eagle3Drafter(HiddenDrafter):
     uses_draft = False
     help = "a published EAGLE-3 head (SpecForge/vLLM/SGLang layout)"
     searched_first = ()
+    head_kind = "EAGLE-3 head"
 
     def __init__(self, target, head, sampling: SamplingParams, eos_ids=(),
                  tree: TreeSettings | None = None) -> None:
@@ -106,49 +107,17 @@ class Eagle3Drafter(HiddenDrafter):
         return {"eagle3.model": shipped[0], "eagle3.tree": False} if shipped else {}
 
     @classmethod
-    def gamma(cls, profile) -> int:
-        return profile.tree.depth if profile.eagle3.tree else profile.drafting.gamma
-
-    @classmethod
-    def draft_length(cls, profile) -> str:
-        # a tree's shape is its tree: section; a chain as DraftingMethod says (not the
-        # hidden head's rule, which reads hidden.tree)
-        return "fixed" if profile.eagle3.tree else super(HiddenDrafter, cls).draft_length(profile)
-
-    @classmethod
-    def label(cls, profile) -> str:
-        if not profile.eagle3.tree:
-            return f"{cls.name} ({gamma_text(cls, profile)})"
-        t = profile.tree
-        return f"eagle3 tree (depth={t.depth}, top_k={t.top_k}, total_tokens={t.total_tokens})"
+    def settings(cls, profile):
+        return profile.eagle3    # the shape answers (γ, label, compile plan, …) read it
 
     @classmethod
     def record_fields(cls, profile, task: str) -> dict:
         return super().record_fields(profile, task) | {"eagle3": vars(profile.eagle3).copy()}
 
     @classmethod
-    def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
-        if not profile.eagle3.tree:
-            return [("target", cls.gamma(profile) + 1, "causal", None)]
-        return [("target", 1, "causal", None),
-                ("target", profile.tree.total_tokens + 1, "tree", None)]
-
-    @classmethod
-    def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
-        t = profile.tree
-        return (False, 0, (t.depth, t.top_k, t.total_tokens)) if profile.eagle3.tree else (True, 0, None)
-
-    @classmethod
     def untrained_hint(cls, profile) -> str:
         return ("train one for it (python -m vlmspec_cli.zoo.hidden --arch eagle3 --target "
                 f"{profile.target.model} SAMPLES --out HEAD) and set eagle3.model to HEAD")
-
-    @classmethod
-    def describe(cls, profile) -> str:
-        e = profile.eagle3
-        shape = (f"tree depth={profile.tree.depth} top_k={profile.tree.top_k}" if e.tree
-                 else gamma_text(cls, profile))
-        return f", EAGLE-3 head {e.model} {shape}"
 
     # -- head forwards ----------------------------------------------------------------
     @torch.inference_mode()

@@ -128,20 +128,29 @@ class HiddenDrafter(DraftingMethod):
         return ("train one for it (python -m vlmspec_cli.zoo.hidden --target "
                 f"{profile.target.model} SAMPLES --out HEAD) and set hidden.model to HEAD")
 
+    head_kind = "hidden-state head"    # what describe() calls the head
+
+    @classmethod
+    def settings(cls, profile):
+        """The profile section of this kind of head (hidden:; eagle3.py: eagle3:). The shape
+        answers below (γ, label, compile plan, probe, line) read it, so a head kind that
+        subclasses this one declares only its section."""
+        return profile.hidden
+
     @classmethod
     def gamma(cls, profile) -> int:
-        return profile.tree.depth if profile.hidden.tree else profile.drafting.gamma
+        return profile.tree.depth if cls.settings(profile).tree else profile.drafting.gamma
 
     @classmethod
     def draft_length(cls, profile) -> str:
-        return "fixed" if profile.hidden.tree else super().draft_length(profile)
+        return "fixed" if cls.settings(profile).tree else super().draft_length(profile)
 
     @classmethod
     def label(cls, profile) -> str:
-        if not profile.hidden.tree:
+        if not cls.settings(profile).tree:
             return super().label(profile)
         t = profile.tree
-        return f"hidden tree (depth={t.depth}, top_k={t.top_k}, total_tokens={t.total_tokens})"
+        return f"{cls.name} tree (depth={t.depth}, top_k={t.top_k}, total_tokens={t.total_tokens})"
 
     @classmethod
     def drafting_inputs(cls, profile) -> list[str]:
@@ -149,7 +158,7 @@ class HiddenDrafter(DraftingMethod):
 
     @classmethod
     def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
-        if not profile.hidden.tree:
+        if not cls.settings(profile).tree:
             return [("target", cls.gamma(profile) + 1, "causal", None)]
         return [("target", 1, "causal", None),
                 ("target", profile.tree.total_tokens + 1, "tree", None)]
@@ -157,14 +166,15 @@ class HiddenDrafter(DraftingMethod):
     @classmethod
     def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
         t = profile.tree
-        return (False, 0, (t.depth, t.top_k, t.total_tokens)) if profile.hidden.tree else (True, 0, None)
+        tree = cls.settings(profile).tree
+        return (False, 0, (t.depth, t.top_k, t.total_tokens)) if tree else (True, 0, None)
 
     @classmethod
     def describe(cls, profile) -> str:
-        h = profile.hidden
+        h = cls.settings(profile)
         shape = (f"tree depth={profile.tree.depth} top_k={profile.tree.top_k}" if h.tree
                  else gamma_text(cls, profile))
-        return f", hidden-state head {h.model} {shape}"
+        return f", {cls.head_kind} {h.model} {shape}"
 
     # -- head forwards ----------------------------------------------------------------
     @torch.inference_mode()
