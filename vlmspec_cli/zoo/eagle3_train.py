@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from vlmspec_cli.runtime.eagle3_format import Eagle3Config
 from vlmspec_cli.runtime.eagle3_head import Eagle3Head
 from vlmspec_cli.zoo.hidden_train import answer_ids
+from vlmspec_cli.zoo.hidden_train import measure as hidden_measure
 from vlmspec_cli.zoo.train import optimize, warmup_cosine
 
 TOP_K = 8
@@ -238,21 +239,5 @@ def train(head: Eagle3Head, embed, data: list[Example], steps: int, ttt: int, ba
 
 
 def measure(lm, head, requests, gamma: int = 5) -> dict:
-    """Mean acceptance length of the head drafting chains for the target (T = 0) and
-    equality with target-only decoding."""
-    from vlmspec_cli.drafters import create_drafter
-    from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
-    from vlmspec_cli.runtime.verify import SamplingParams
-
-    greedy = SamplingParams(0.0)
-    spec = SpeculativeEngine(lm, create_drafter("eagle3", target=lm, head=head, sampling=greedy,
-                                                eos_ids=eos_token_ids(lm)), gamma, greedy)
-    base = SpeculativeEngine(lm, create_drafter("none"), 1, greedy)
-    acc = drafts = same = 0
-    for req in requests:
-        a, b = spec.generate(req), base.generate(req)
-        same += a.tokens == b.tokens
-        acc += a.state.stats.num_accepted_tokens
-        drafts += a.state.stats.num_drafts
-    return {"requests": len(requests), "identical": same,
-            "mean_acceptance_length": round(1 + acc / max(drafts, 1), 3)}
+    """zoo/hidden_train.measure for an EAGLE-3 head (its chains against target-only)."""
+    return hidden_measure(lm, head, requests, gamma, method="eagle3")

@@ -193,15 +193,15 @@ def frozen_io(lm):
     return embed, lm_head
 
 
-def measure(lm, head, requests, gamma: int = 5) -> dict:
-    """Mean acceptance length of the head drafting for the target (T = 0), and equality
-    with target-only decoding."""
+def measure(lm, head, requests, gamma: int = 5, method: str = "hidden") -> dict:
+    """Mean acceptance length of the head drafting chains for the target (T = 0), and
+    equality with target-only decoding. ``method``: the head's kind (hidden, eagle3)."""
     from vlmspec_cli.drafters import create_drafter
     from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
     from vlmspec_cli.runtime.verify import SamplingParams
 
     greedy = SamplingParams(0.0)
-    spec = SpeculativeEngine(lm, create_drafter("hidden", target=lm, head=head, sampling=greedy,
+    spec = SpeculativeEngine(lm, create_drafter(method, target=lm, head=head, sampling=greedy,
                                                 eos_ids=eos_token_ids(lm)), gamma, greedy)
     base = SpeculativeEngine(lm, create_drafter("none"), 1, greedy)
     acc = drafts = same = 0
