@@ -151,6 +151,23 @@ def test_cli_pickle_only_draft_refused_before_any_model_loads(tmp_path):
     assert str(pickled) in lines[0] and "pytorch_model.bin" in lines[0] and "safetensors" in lines[0]
 
 
+def test_cli_empty_draft_folder_refused_before_any_model_loads(tmp_path):
+    """A folder with no config.json is named before the (broken) target would load."""
+    from click.testing import CliRunner
+
+    from vlmspec_cli.cli import cli
+
+    broken, empty = make_broken_model_dir(tmp_path / "broken"), tmp_path / "empty"
+    empty.mkdir()
+    image = tmp_path / "a.png"
+    Image.new("RGB", (16, 16), "red").save(image)
+    res = CliRunner().invoke(cli, ["caption", str(image), "-q", "--set", f"target.model={broken}",
+                                   "--set", f"draft.model={empty}", "--max-new-tokens", "2"])
+    assert res.exit_code == 2, res.output
+    (line,) = res.stderr.strip().splitlines()
+    assert line == f"error: draft model '{empty}': not a model directory (no config.json)"
+
+
 # ------------------------------------------------------------ corrupt model files (issue 40)
 def _md5s(folder) -> dict:
     import hashlib

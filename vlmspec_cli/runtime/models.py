@@ -96,6 +96,8 @@ def require_safetensors(name: str | None, role: str) -> None:
             "*.safetensors; vlmspec loads safetensors only (it never unpickles): convert it "
             "where you trust it (save_pretrained(..., safe_serialization=True)) and point "
             f"'{role}.model' at the result")
+    if not (path / "config.json").is_file():   # an empty or unrelated folder
+        raise ModelLoadError(f"{role} model '{name}': not a model directory (no config.json)")
 
 
 def _checked_files(path: Path):
@@ -215,7 +217,7 @@ def load_model(spec, role: str = "target", fast_path: str = "auto") -> LoadedMod
     require_safetensors(spec.model, role)
     source = resolve_model_source(spec.model)
     is_local = Path(source).is_dir()
-    if is_local and not (Path(source) / "config.json").is_file():
+    if is_local and not (Path(source) / "config.json").is_file():   # weights, no config
         raise ModelLoadError(f"{role} model '{source}': not a model directory (no config.json)")
     if is_local:
         require_config_fits(source, role)
