@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -36,21 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def bad_draft(path: Path) -> Path:
     """The default's draft with its decoder layers drawn at random (seed 1234)."""
-    import torch
-    from safetensors.torch import load_file, save_file
+    sys.path.insert(0, str(ROOT))
+    from vlmspec_cli.zoo.scrambled import scrambled_draft
 
-    if path.exists():
-        return path
-    src = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld" / "llava-deep-draft"
-    shutil.copytree(src, path)
-    gen = torch.Generator().manual_seed(1234)
-    for f in path.glob("*.safetensors"):
-        state = load_file(f)
-        for k, v in state.items():
-            if ".layers." in k and v.dtype.is_floating_point and v.dim() >= 2:
-                state[k] = (torch.randn(v.shape, generator=gen) * float(v.float().std())).to(v.dtype)
-        save_file(state, f, metadata={"format": "pt"})
-    return path
+    return scrambled_draft(path, "llava-deep-draft", seed=1234)
 
 
 def configs(args) -> dict[str, dict[str, list[str]]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -312,23 +311,9 @@ def test_the_pick_can_be_target_only():
 
 def _useless_draft(root):
     """The tinyworld draft with its decoder layers drawn at random: it proposes nonsense."""
-    import shutil
+    from vlmspec_cli.zoo.scrambled import scrambled_draft
 
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    import vlmspec_cli
-
-    src = Path(vlmspec_cli.__file__).parent / "zoo" / "weights" / "tinyworld" / "llava-draft"
-    shutil.copytree(src, root)
-    gen = torch.Generator().manual_seed(1234)
-    for f in root.glob("*.safetensors"):
-        state = load_file(f)
-        for k, v in state.items():
-            if ".layers." in k and v.dtype.is_floating_point and v.dim() >= 2:
-                state[k] = (torch.randn(v.shape, generator=gen) * float(v.float().std())).to(v.dtype)
-        save_file(state, f, metadata={"format": "pt"})
-    return root
+    return scrambled_draft(root, "llava-draft", seed=1234)
 
 
 def test_calibrate_answers_none_when_target_only_is_fastest(setup, tmp_path):
