@@ -89,16 +89,10 @@ class Eagle3Drafter(HiddenDrafter):
                              "directory or hub id")
 
     @classmethod
-    def models(cls, profile) -> list[tuple[str, str | None]]:
-        return [("eagle3", profile.eagle3.model)]
-
-    @classmethod
     def from_profile(cls, profile, target, sampling, trace=None) -> "Eagle3Drafter":
         head = load_eagle3_head(profile.eagle3.model, target)
-        t = profile.tree
-        tree = (TreeSettings(t.depth, t.top_k, t.total_tokens, static=t.policy == "static")
-                if profile.eagle3.tree else None)
-        return cls(target, head, sampling, eos_ids=eos_token_ids(target), tree=tree)
+        return cls(target, head, sampling, eos_ids=eos_token_ids(target),
+                   tree=cls.tree_settings(profile))
 
     @classmethod
     def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:

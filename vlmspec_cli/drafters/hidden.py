@@ -100,7 +100,14 @@ class HiddenDrafter(DraftingMethod):
 
     @classmethod
     def models(cls, profile) -> list[tuple[str, str | None]]:
-        return [("hidden", profile.hidden.model)]
+        return [(cls.name, cls.settings(profile).model)]
+
+    @classmethod
+    def tree_settings(cls, profile) -> TreeSettings | None:
+        """The tree: section as this head drafts it, or None when it drafts chains."""
+        t = profile.tree
+        return (TreeSettings(t.depth, t.top_k, t.total_tokens, static=t.policy == "static")
+                if cls.settings(profile).tree else None)
 
     @classmethod
     def from_profile(cls, profile, target, sampling, trace=None) -> "HiddenDrafter":
@@ -112,10 +119,8 @@ class HiddenDrafter(DraftingMethod):
             raise ValueError(f"hidden head '{profile.hidden.model}' was trained on target layer "
                              f"{trained} (hidden_states[{trained}]), but hidden.layer is {layer}; "
                              f"set hidden.layer: {trained} or train a head for layer {layer}")
-        t = profile.tree
-        tree = (TreeSettings(t.depth, t.top_k, t.total_tokens, static=t.policy == "static")
-                if profile.hidden.tree else None)
-        return cls(target, head, sampling, eos_ids=eos_token_ids(target), tree=tree)
+        return cls(target, head, sampling, eos_ids=eos_token_ids(target),
+                   tree=cls.tree_settings(profile))
 
     @classmethod
     def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
