@@ -9,7 +9,7 @@ at once: one draft forward per drafted position over a ragged cache (runtime/rag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,7 +20,7 @@ from vlmspec_cli.drafters.inputs import prefill_input
 from vlmspec_cli.drafters.retokenized import RetokenizedDrafter
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS, VIDEO_INPUTS
 from vlmspec_cli.runtime.adapters.base import cache_length
-from vlmspec_cli.runtime.draft import BatchDrafter, Draft
+from vlmspec_cli.runtime.draft import BatchDrafter, Draft, DraftCursor, Verdict
 from vlmspec_cli.runtime.ragged import RaggedCache
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.verify import SamplingParams, probabilities
@@ -76,8 +76,7 @@ class ChainRow:
     """One batch row's drafting state (``state.drafter_state``)."""
 
     next_logits: torch.Tensor | None   # the draft's next-token logits after prefill
-    covered: int = 0                   # committed tokens the draft cache holds
-    fed: int = 0                       # proposals fed to the draft this round
+    cursor: DraftCursor = field(default_factory=DraftCursor)   # what the draft cache read
     drop: int = 0                      # fed proposals to forget after this round
 
 
@@ -136,7 +135,7 @@ class ChainBatchDrafter(BatchDrafter):
                     feed.append([])
                 else:
                     feed.append([tok])
-                    row.fed += 1
+                    row.cursor.fed += 1
             if any(feed):
                 outs = self.cache.feed(feed)
                 logits = [outs[b][-1] if feed[b] else logits[b] for b in range(len(rows))]
@@ -146,14 +145,14 @@ class ChainBatchDrafter(BatchDrafter):
                   budgets: list[int]) -> list[torch.Tensor]:
         """Feed the committed tokens the draft has not read (last round's target token, and
         x_n after a fully accepted chain) of the rows that draft; each row's next logits."""
-        lag = [st.tokens[row.covered:] if budgets[b] > 0 else []
+        lag = [row.cursor.unseen(st.tokens) if budgets[b] > 0 else []
                for b, (st, row) in enumerate(zip(states, rows))]
         outs = self.cache.feed(lag) if any(lag) else [None] * len(rows)
         logits = []
         for b, (st, row) in enumerate(zip(states, rows)):
             if lag[b]:
                 logits.append(outs[b][-1])
-                row.covered = len(st.tokens)
+                row.cursor.read(st.tokens)
             else:
                 logits.append(row.next_logits)
             if budgets[b] > 0:
@@ -184,7 +183,7 @@ class ChainBatchDrafter(BatchDrafter):
             if not drafting[b]:
                 drafts.append(Draft([]))
                 continue
-            row.fed += steps - 1
+            row.cursor.fed += steps - 1
             tokens = proposals[b][:budgets[b]]
             # EOS is never proposed: the chain stops before it
             stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), len(tokens))
@@ -196,13 +195,9 @@ class ChainBatchDrafter(BatchDrafter):
         q = probabilities(logits.float(), self.sampling)
         return int(torch.multinomial(q.cpu(), 1, generator=state.draft_generator)), q
 
-    def accept(self, state: DecodeState, n_accepted: int,
-               target_logits: torch.Tensor | None = None) -> None:
+    def accept(self, state: DecodeState, verdict: Verdict) -> None:
         row: ChainRow = state.drafter_state
-        keep = min(n_accepted, row.fed)       # the draft fed x_1..x_fed
-        row.drop = row.fed - keep
-        row.covered += keep
-        row.fed = 0
+        row.drop = row.cursor.settle(len(verdict.accepted))   # the draft fed x_1..x_fed
 
     def end_round(self, states: list[DecodeState]) -> None:
         self.cache.rollback([st.drafter_state.drop for st in states])

@@ -29,7 +29,7 @@ from vlmspec_cli.drafters.inputs import (check_inputs, input_embeds, prefill_enc
                                          reads_by_encode, visuals)
 from vlmspec_cli.drafters.weights import EnsembleWeights
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
-from vlmspec_cli.runtime.draft import Draft
+from vlmspec_cli.runtime.draft import Draft, DraftCursor, Verdict
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.verify import SamplingParams, probabilities
 
@@ -40,9 +40,9 @@ class EnsembleState:
     prompt_mask: torch.Tensor        # (m, width): 0 on each row's left padding
     offsets: torch.Tensor            # (m,): each row's prompt length (its first free position)
     weights: EnsembleWeights
-    covered: int = 0                 # generated tokens already in the cache
+    # committed tokens in the cache (after the prompts) and this round's proposals fed
+    cursor: DraftCursor = field(default_factory=DraftCursor)
     next_logits: torch.Tensor | None = None   # (m, V) after prefill
-    proposed: int = 0                # proposals fed into the cache by the last propose()
     drafted: int = 0                 # proposals made by the last propose()
     block_q: list[torch.Tensor] = field(default_factory=list)  # (m, V) per proposal, if adaptive
     block_weights: list[list[float]] = field(default_factory=list)
@@ -209,10 +209,10 @@ class EnsembleDrafter(DraftingMethod):
 
     def propose(self, state: DecodeState, max_tokens: int) -> Draft:
         st: EnsembleState = state.drafter_state
-        unseen = state.tokens[st.covered:]
+        unseen = st.cursor.unseen(state.tokens)
         if unseen:  # committed tokens the draft has not read yet (bonus/correction tokens)
             logits = self._extend(st, unseen)[:, -1]
-            st.covered = len(state.tokens)
+            st.cursor.read(state.tokens)
         else:
             logits = st.next_logits
         w = st.weights.current().to(logits.device)
@@ -253,13 +253,14 @@ class EnsembleDrafter(DraftingMethod):
                 st.block_q.append(member_q)
             if i + 1 < max_tokens:
                 logits = self._extend(st, [tok])[:, -1]
-        st.proposed = max(0, len(tokens) - 1)
+        st.cursor.fed = max(0, len(tokens) - 1)   # its last proposal is never fed
         st.drafted = len(tokens)
         st.next_logits = None
         return Draft(tokens, torch.stack(mixtures) if mixtures else None)
 
-    def accept(self, state: DecodeState, n_accepted: int, target_logits: torch.Tensor | None = None) -> None:
+    def accept(self, state: DecodeState, verdict: Verdict) -> None:
         st: EnsembleState = state.drafter_state
+        n_accepted, target_logits = len(verdict.accepted), verdict.logits
         # verified positions with both p and the members' q: the accepted proposals and the
         # first rejected one (its prefix was accepted too); the bonus position has no q
         seen = min(n_accepted + 1, len(st.block_q))
@@ -272,10 +273,8 @@ class EnsembleDrafter(DraftingMethod):
                         # verified proposals (the engine cuts a draft at EOS)
                         "drafted": len(target_logits) - 1 if target_logits is not None else st.drafted,
                         "accepted": n_accepted})
-        keep = min(n_accepted, st.proposed)
-        truncate_cache(st.cache, st.width + st.covered + keep)
-        st.covered += keep
-        st.proposed = 0
+        st.cursor.settle(n_accepted)
+        truncate_cache(st.cache, st.width + st.cursor.covered)
         st.drafted = 0
         st.block_q = []
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from vlmspec_cli.drafters.base import DraftingMethod, gamma_text, register
-from vlmspec_cli.runtime.draft import Draft
+from vlmspec_cli.runtime.draft import Draft, Verdict
 from vlmspec_cli.runtime.engine import eos_token_ids
 from vlmspec_cli.runtime.fast_decoder import FastDecoder, follow_target
 from vlmspec_cli.runtime.models import load_hidden_head
@@ -298,8 +298,7 @@ class HiddenDrafter(DraftingMethod):
                               state.draft_generator, self.eos_ids, static=s.static)
         return st.tree
 
-    def accept(self, state: DecodeState, n_accepted: int,
-               target_logits: torch.Tensor | None = None) -> None:
+    def accept(self, state: DecodeState, verdict: Verdict) -> None:
         st: HiddenState = state.drafter_state
         # speculative entries (the head's own states) go; the target's verified states of
         # the kept rows come in, to be read at the next proposal
@@ -315,7 +314,8 @@ class HiddenDrafter(DraftingMethod):
         state.features = None
         if st.tree is not None:
             depth, top_k = st.shape
-            st.log.add(TreeRound(len(state.tokens) - n_accepted - 1, depth, top_k, n_accepted))
+            n = len(verdict.accepted)
+            st.log.add(TreeRound(len(state.tokens) - n - 1, depth, top_k, n))
             st.tree = None
 
     def finish(self, state: DecodeState) -> None:

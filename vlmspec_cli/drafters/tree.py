@@ -24,6 +24,7 @@ from vlmspec_cli.drafters.inputs import check_inputs, prefill_input
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
 from vlmspec_cli.runtime.adapters.base import cache_length, keep_branch
 from vlmspec_cli.runtime.engine import eos_token_ids
+from vlmspec_cli.runtime.draft import DraftCursor, Verdict
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.tree import DraftTree, attention_for
 from vlmspec_cli.runtime.tree_growth import FrontierFeed, expand_tree
@@ -36,7 +37,7 @@ TREE_POLICIES = ("dynamic", "static")
 @dataclass
 class TreeState:
     cache: Any
-    covered: int = 0                          # committed tokens in the cache
+    cursor: DraftCursor = field(default_factory=DraftCursor)   # committed tokens it read
     next_logits: torch.Tensor | None = None   # after prefill
     feed: FrontierFeed = field(default_factory=FrontierFeed)   # this round's fed nodes
     tree: DraftTree | None = None
@@ -156,11 +157,11 @@ class TreeDrafter(DraftingMethod):
     def propose(self, state: DecodeState, max_tokens: int) -> DraftTree:
         st: TreeState = state.drafter_state
         lm = self.draft
-        unseen = state.tokens[st.covered:]
+        unseen = st.cursor.unseen(state.tokens)
         if unseen:  # committed tokens the draft has not read (last round's target token …)
             ids = torch.tensor([unseen], device=lm.device)
             root = lm.adapter.extend(lm, ids, st.cache)[0, -1]
-            st.covered = len(state.tokens)
+            st.cursor.read(state.tokens)
         else:
             root = st.next_logits
         st.next_logits = None
@@ -181,20 +182,20 @@ class TreeDrafter(DraftingMethod):
                               state.draft_generator, self.eos_ids, static=self.static)
         return st.tree
 
-    def accept(self, state: DecodeState, n_accepted: int,
-               target_logits: torch.Tensor | None = None) -> None:
+    def accept(self, state: DecodeState, verdict: Verdict) -> None:
         st: TreeState = state.drafter_state
         tree = st.tree
         if tree is None:  # no tree this round (the token budget allowed no proposal)
             return
         # keep the prefix and the accepted nodes the draft fed, in path order (fed nodes
         # off the path stay past the cache's length, unread)
-        fed_path = st.feed.slots(tree, tree.accepted)
+        fed_path = st.feed.slots(tree, verdict.path or [])
         keep_branch(st.cache, st.feed.prefix, fed_path)
-        st.covered += len(fed_path)
+        st.cursor.covered += len(fed_path)
         st.tree = None
         depth, top_k = st.shape
-        st.log.add(TreeRound(len(state.tokens) - n_accepted - 1, depth, top_k, n_accepted))
+        n = len(verdict.accepted)
+        st.log.add(TreeRound(len(state.tokens) - n - 1, depth, top_k, n))
 
     def finish(self, state: DecodeState) -> None:
         summary = state.drafter_state.log.summary(len(state.tokens))

@@ -34,7 +34,7 @@ import torch
 
 from vlmspec_cli.drafters.base import DraftingMethod, gamma_text, register
 from vlmspec_cli.runtime.adapters.base import TextStack
-from vlmspec_cli.runtime.draft import Draft
+from vlmspec_cli.runtime.draft import Draft, Verdict
 from vlmspec_cli.runtime.fast_decoder import FastDecoder, follow_target
 from vlmspec_cli.runtime.models import load_twig
 from vlmspec_cli.runtime.request import DecodeState
@@ -334,7 +334,7 @@ class TwigDrafter(DraftingMethod):
                 hook.remove()
         return twig.lm_head(twig.model.norm(hidden)), captured.get("attention")
 
-    def accept(self, state: DecodeState, n_accepted: int, target_logits=None) -> None:
+    def accept(self, state: DecodeState, verdict: Verdict) -> None:
         st: TwigState = state.drafter_state
         if self.twig is None or st.verified_states is None:
             return

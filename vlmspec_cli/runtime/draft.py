@@ -1,20 +1,25 @@
 """The drafter protocol: what the engines ask of a drafting method, what they get back, and
 the one place a verified round is recorded (``commit``).
 
-A round, for one request (engine.py) or for every row of a batch (batch.py):
+A round, for one request (engine.py ``SpeculativeEngine.step``; every row of a batch in
+batch.py), reads top to bottom in ``step``:
 
 1. the drafter proposes: a ``Proposal`` of at most n tokens, a chain (``Draft``) or a tree
-   (tree.DraftTree);
-2. the proposal is verified against the target: ``Proposal.verify`` runs the target's
-   forward the way its shape needs and lets verify.py decide acceptance, returning a
-   ``Verdict`` (accepted tokens, the token the target adds, the verified logits);
-3. ``commit`` records the verdict: target cache rolled back to the accepted prefix, tokens
-   appended, the drafter told (``accept``), the stats counted, the request ended at EOS or
-   its token limit.
+   (tree.DraftTree). A proposal is data: its tokens, and (``target_feed``) how the target
+   reads them: ids, explicit positions and a visibility mask where the shape needs them;
+2. the engine runs the one target forward over the pending token and the proposals;
+3. ``Proposal.judge`` hands the target's logits to verify.py, the one place acceptance is
+   decided, and returns a ``Verdict`` (accepted tokens, the token the target adds, the
+   verified logits; a tree's accepted path);
+4. ``commit`` records the verdict: target cache rolled back to the accepted prefix, tokens
+   appended, the drafter told (``accept(state, verdict)``), the stats counted, the request
+   ended at EOS or its token limit.
 
 Every hook the engines call is declared on ``Drafter`` (one request at a time) or
 ``BatchDrafter`` (a batch's rows together) with a default, so a method overrides only
-what it uses; the engines never probe a drafter for optional attributes.
+what it uses; the engines never probe a drafter for optional attributes. What a draft
+model's cache has read of the committed tokens, and what to forget after a round, is one
+helper for every drafter that keeps a cache of its own (``DraftCursor``).
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length, keep_branch, truncate_cache
-from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.verify import SamplingParams, verify_chain
+from vlmspec_cli.runtime.request import DecodeState, TargetFeatures
+from vlmspec_cli.runtime.verify import Relaxation, SamplingParams, verify_chain
 
 
 @dataclass
@@ -40,14 +45,33 @@ class Verdict:
     rejected: int = 0              # chain: trailing proposals the target cache must forget
     # tree: the target cache's (prefix, slots) to keep: the prefix, then those slots
     keep: tuple[int, list[int]] | None = None
+    path: list[int] | None = None  # tree: the accepted nodes, root to leaf (None: a chain)
 
     def roll_back(self, state: DecodeState) -> None:
         """Cut the request's target cache back to the prompt, the committed tokens and the
-        accepted proposals."""
-        if self.keep is not None:
-            keep_branch(state.target_cache, *self.keep)
-        else:
+        accepted proposals (and the target's hidden-state rows read from this round's
+        forward, for a drafter that reads them, to the same rows)."""
+        if self.keep is None:
             truncate_cache(state.target_cache, cache_length(state.target_cache) - self.rejected)
+            return
+        prefix, slots = self.keep
+        keep_branch(state.target_cache, prefix, slots)
+        f = state.features
+        if f is not None and f.ids is None:
+            rows = list(range(prefix - f.start)) + [s - f.start for s in slots]
+            state.features = TargetFeatures(f.hidden[rows], f.start)
+
+
+@dataclass
+class TargetFeed:
+    """How the target reads a proposal in its one verification forward: ``ids`` = the
+    pending token(s) then the proposals; ``positions`` (len(ids),) and ``allowed``
+    (len(ids), past + len(ids)) bool visibility where the proposal is not a plain
+    continuation of the cache (a tree); None: the cache's next positions, causal."""
+
+    ids: list[int]
+    positions: torch.Tensor | None = None
+    allowed: torch.Tensor | None = None
 
 
 class Proposal:
@@ -62,10 +86,18 @@ class Proposal:
         took, for the auto draft length's cost model."""
         return len(self)
 
-    def verify(self, engine, state: DecodeState) -> Verdict:
-        """Run the target over the pending token and the proposals (``engine.extend``;
-        ``engine`` is engine.SpeculativeEngine, not imported: it imports this module) and
-        decide, with verify.py, which proposals stay."""
+    def cut_at(self, eos_ids: set[int]) -> "Proposal":
+        """The proposal without anything after an EOS (a tree never grows past one)."""
+        return self
+
+    def target_feed(self, state: DecodeState) -> TargetFeed:
+        """The target forward that verifies it (after the target cache)."""
+        raise NotImplementedError
+
+    def judge(self, state: DecodeState, out: torch.Tensor | None, sampling: SamplingParams,
+              relax: Relaxation | None = None) -> Verdict:
+        """Given ``out``, the target's logits (m, V) for ``target_feed``'s ids (None when
+        nothing was fed), let verify.py decide which proposals stay."""
         raise NotImplementedError
 
 
@@ -92,17 +124,12 @@ class Draft(Proposal):
                 return self.truncated(i)
         return self
 
-    def verify(self, engine, state: DecodeState) -> Verdict:
-        """p_1..p_{n+1}: one target forward over the pending token and the proposals."""
-        draft = self.cut_at(engine.eos_ids)
-        feed = state.target_pending + draft.tokens
-        out = None
-        if feed:
-            out = engine.extend(state, torch.tensor([feed], device=engine.target.device))
-        return draft.judge(state, out, engine.sampling)
+    def target_feed(self, state: DecodeState) -> TargetFeed:
+        """pending, x_1..x_n at the cache's next positions: p_1..p_{n+1} in one forward."""
+        return TargetFeed(state.target_pending + self.tokens)
 
-    def judge(self, state: DecodeState, out: torch.Tensor | None,
-              sampling: SamplingParams) -> Verdict:
+    def judge(self, state: DecodeState, out: torch.Tensor | None, sampling: SamplingParams,
+              relax: Relaxation | None = None) -> Verdict:
         """Accept x_1..x_k (verify_chain) given ``out``, the target's logits (m, V) for the
         fed pending token and proposals (None or empty when nothing was fed)."""
         rows = [] if state.target_next_logits is None else [state.target_next_logits[None]]
@@ -114,6 +141,34 @@ class Draft(Proposal):
                               state.target_generator)
         return Verdict(self.tokens[:n], tok, target_logits, drafted=len(self),
                        rejected=len(self) - n)
+
+
+@dataclass
+class DraftCursor:
+    """What a draft model's own cache has read, for drafters that keep one: ``covered``
+    committed tokens (after its prompt), plus ``fed`` of this round's proposals. A round
+    feeds the draft the committed tokens it has not read (``unseen``: last round's target
+    token, and x_n after a fully accepted chain), then proposals; after verification the
+    cache keeps the accepted ones it fed and forgets the rest (``settle``)."""
+
+    covered: int = 0
+    fed: int = 0
+
+    def unseen(self, tokens: list[int]) -> list[int]:
+        return tokens[self.covered:]
+
+    def read(self, tokens: list[int]) -> None:
+        """Every committed token is now in the draft's cache."""
+        self.covered = len(tokens)
+
+    def settle(self, n_accepted: int) -> int:
+        """After a round that accepted ``n_accepted`` proposals: the fed ones kept become
+        covered; returns how many fed entries the cache must drop."""
+        keep = min(n_accepted, self.fed)
+        drop = self.fed - keep
+        self.covered += keep
+        self.fed = 0
+        return drop
 
 
 def commit(state: DecodeState, verdict: Verdict, drafter: "Drafter | BatchDrafter",
@@ -134,7 +189,7 @@ def commit(state: DecodeState, verdict: Verdict, drafter: "Drafter | BatchDrafte
     state.tokens.extend(verdict.accepted)
     state.tokens.append(verdict.token)
     n = len(verdict.accepted)
-    drafter.accept(state, n, verdict.logits)
+    drafter.accept(state, verdict)
     state.stats.record_round(verdict.drafted, n, n + 1, positions=verdict.positions)
     if verdict.token in eos_ids or len(state.tokens) >= state.request.max_new_tokens:
         state.done = True
@@ -169,11 +224,11 @@ class Drafter:
         """Propose at most ``max_tokens`` tokens continuing ``state.tokens``."""
         return Draft([])
 
-    def accept(self, state: DecodeState, n_accepted: int,
-               target_logits: torch.Tensor | None = None) -> None:
-        """The first ``n_accepted`` proposals were kept (``state.tokens`` is extended and the
-        target cache cut back): roll the drafter's own state back to match.
-        ``target_logits`` are the target's logits at the verified positions (``Verdict``)."""
+    def accept(self, state: DecodeState, verdict: Verdict) -> None:
+        """The round's ``verdict`` is committed (``state.tokens`` is extended and the target
+        cache cut back): roll the drafter's own state back to match. ``verdict.accepted``:
+        the kept proposals; ``verdict.logits``: the target's logits at the verified
+        positions; ``verdict.path``: a tree's accepted nodes."""
 
     def finish(self, state: DecodeState) -> None:
         """After the last round: copy what the record reports to ``state.stats``."""
@@ -215,8 +270,7 @@ class BatchDrafter:
         """At most ``budgets[b]`` proposals for row b."""
         return [Draft([]) for _ in states]
 
-    def accept(self, state: DecodeState, n_accepted: int,
-               target_logits: torch.Tensor | None = None) -> None:
+    def accept(self, state: DecodeState, verdict: Verdict) -> None:
         """One row's verdict (as ``Drafter.accept``); the cache is rolled back in
         ``end_round`` for every row at once."""
 

@@ -4,12 +4,18 @@ One round, for a request whose target cache holds the prompt and the committed t
 except ``pending`` (the token the target added last round, not yet run through it):
 
 1. the drafter proposes up to γ tokens x_1..x_n (never past max_new_tokens; a chain is cut
-   at EOS), as a chain or a tree (draft.py);
-2. one target forward over pending + x_1..x_n gives p_1..p_{n+1} (``Proposal.verify``);
-3. ``verify_chain`` / ``verify_tree`` accept x_1..x_k and add one token of the target's;
-4. ``commit`` rolls the target cache back to the accepted prefix, and the drafter its own.
+   at EOS), as a chain or a tree: data (draft.py ``Proposal``), with q_1..q_n at T > 0;
+2. the engine runs one target forward over pending + x_1..x_n (``Proposal.target_feed``:
+   ids, and for a tree explicit positions and a visibility mask), giving p_1..p_{n+1};
+3. ``Proposal.judge`` hands p and q to verify.py: ``verify_chain`` / ``verify_tree`` accept
+   x_1..x_k (x_i with probability min(1, p_i(x_i) / q_i(x_i)); at T = 0 while x_i is
+   argmax p_i) and add one token of the target's: from p_{k+1} after a full acceptance, or
+   from the residual norm(max(0, p_{k+1} − q_{k+1})) after a rejection;
+4. ``commit`` rolls the target cache back to the accepted prefix and tells the drafter the
+   ``Verdict``, so it rolls its own state back.
 
-Each round emits accepted + 1 tokens, so new_tokens = num_accepted_tokens + num_drafts.
+All four are ``SpeculativeEngine.step``, on one screen. Each round emits accepted + 1
+tokens, so new_tokens = num_accepted_tokens + num_drafts.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ from typing import Callable
 import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length
-from vlmspec_cli.runtime.draft import Draft, Drafter, commit
+from vlmspec_cli.runtime.draft import Draft, Drafter, TargetFeed, commit
 from vlmspec_cli.runtime.draft_length import AutoGamma
 from vlmspec_cli.runtime.models import LoadedModel
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.request import DecodeState, Request, TargetFeatures, make_generators
 from vlmspec_cli.runtime.threads import ThreadPlan
+from vlmspec_cli.runtime.tree import attention_for
 from vlmspec_cli.runtime.trunk import SegmentedCache
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
@@ -113,37 +120,46 @@ class SpeculativeEngine:
         return state
 
     def step(self, state: DecodeState) -> None:
-        """One draft → verify → accept round."""
-        remaining = state.request.max_new_tokens - len(state.tokens)
+        """One draft → verify → accept round (the module's docstring states the maths)."""
         # at most remaining - 1 proposals: the target always adds one token of its own
-        budget = min(self.gamma, remaining - 1)
-        if self.length is not None:
-            self._auto_step(state, budget)
-            return
-        proposal = self.drafter.propose(state, budget) if budget > 0 else Draft([])
-        commit(state, proposal.verify(self, state), self.drafter, self.eos_ids)
-
-    def _auto_step(self, state: DecodeState, budget: int) -> None:
-        """A round whose length ``self.length`` chooses (0: a plain target step), timed for
-        its cost model: the drafting, then verification and commit (no device sync: each
-        ends reading its tokens back to the host). A drafter whose prefill was deferred
-        is prefilled at the first round that drafts, and catches up there on the tokens
-        decoded so far; until then the rounds commit without it."""
-        k = self.length.choose(state, budget) if budget > 0 else 0
-        pending = len(state.target_pending)   # fed with the proposals (none in round one)
+        budget = min(self.gamma, state.request.max_new_tokens - len(state.tokens) - 1)
+        # drafting.length auto chooses k ≤ budget from this request's acceptance and this
+        # process's round costs (0: a plain target step); fixed: k = budget
+        k = (self.length.choose(state, budget) if self.length is not None and budget > 0
+             else max(budget, 0))
+        deferred = state.length is not None and state.length.deferred
         t0 = time.perf_counter()
-        if k > 0 and state.length.deferred:
+        if k > 0 and deferred:   # drafting turned on: the drafter's prefill was deferred
             self.drafter.prefill(state)
-            state.length.deferred = False
+            state.length.deferred = deferred = False
+        # 1. the drafter proposes x_1..x_n (n ≤ k): a chain or a tree, as data
         proposal = self.drafter.propose(state, k) if k > 0 else Draft([])
+        proposal = proposal.cut_at(self.eos_ids)   # nothing follows an EOS
         t1 = time.perf_counter()
-        verdict = proposal.verify(self, state)
-        commit(state, verdict, _NO_DRAFTER if state.length.deferred else self.drafter,
-               self.eos_ids)
-        t2 = time.perf_counter()
-        self.length.observe(state, k, levels=proposal.levels, fed=pending + verdict.drafted,
-                            drafted=verdict.drafted, accepted=len(verdict.accepted),
-                            draft_s=t1 - t0, verify_s=t2 - t1)
+        # 2. one target forward over the pending token and the proposals, at the positions
+        #    and with the visibility the proposal's shape needs: p_1..p_{n+1}
+        feed = proposal.target_feed(state)
+        out = self._target_forward(state, feed) if feed.ids else None
+        # 3. verify.py decides: x_1..x_m accepted (p/q ratio tests), one token of the
+        #    target's added (from p, or the residual norm(max(0, p - q)) after a rejection)
+        verdict = proposal.judge(state, out, self.sampling, self.relax)
+        # 4. commit: caches cut back to the accepted prefix, tokens appended, stats counted
+        commit(state, verdict, _NO_DRAFTER if deferred else self.drafter, self.eos_ids)
+        if self.length is not None:   # the round's costs and acceptance, for the next k
+            self.length.observe(state, k, levels=proposal.levels,
+                                fed=len(feed.ids), drafted=verdict.drafted,
+                                accepted=len(verdict.accepted), draft_s=t1 - t0,
+                                verify_s=time.perf_counter() - t1)
+
+    def _target_forward(self, state: DecodeState, feed: TargetFeed) -> torch.Tensor:
+        """Target logits (n, V) for ``feed.ids`` after the target cache."""
+        lm = self.target
+        ids = torch.tensor([feed.ids], device=lm.device)
+        if feed.allowed is None:
+            return self.extend(state, ids)
+        return self.extend(state, ids,
+                           attention_mask=attention_for(lm, feed.allowed, state.target_cache),
+                           position_ids=feed.positions[None].to(lm.device))
 
     def extend(self, state: DecodeState, ids: torch.Tensor, **extra) -> torch.Tensor:
         """Target logits (n, V) for ``ids`` (1, n) after the target cache (``extra``: a tree's

@@ -10,19 +10,15 @@ creation order, parents before children, and siblings in the order they were dra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length
-from vlmspec_cli.runtime.draft import Proposal, Verdict
+from vlmspec_cli.runtime.draft import Proposal, TargetFeed, Verdict
 from vlmspec_cli.runtime.fast_decoder import additive
-from vlmspec_cli.runtime.request import DecodeState, TargetFeatures
+from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.static_cache import StaticKVCache
-from vlmspec_cli.runtime.verify import verify_tree
-
-if TYPE_CHECKING:
-    from vlmspec_cli.runtime.engine import SpeculativeEngine
+from vlmspec_cli.runtime.verify import Relaxation, SamplingParams, verify_tree
 
 
 @dataclass
@@ -32,7 +28,6 @@ class DraftTree(Proposal):
     depth: list[int] = field(default_factory=list)
     # node (or -1 for the root) -> the distribution its children were drawn from (T > 0)
     q: dict[int, torch.Tensor] = field(default_factory=dict)
-    accepted: list[int] = field(default_factory=list)   # set by the engine after verifying
     origin: list[int] | None = None   # each node's index before subset() (None: its own)
 
     def __len__(self) -> int:
@@ -70,37 +65,33 @@ class DraftTree(Proposal):
                           if u < 0 or u in index},
                          origin=[self.origin[i] if self.origin else i for i in keep])
 
-    def verify(self, engine: "SpeculativeEngine", state: DecodeState) -> Verdict:
-        """One target forward over the pending token and every node (4-D mask: a node sees
-        the cache, the pending token, its ancestors and itself; node i at position
-        base + depth_i); ``verify_tree`` picks the accepted path, and the target cache
-        will keep only that path (``Verdict.keep``: the accepted nodes' slots, moved down
-        after the prefix)."""
-        lm = engine.target
+    def target_feed(self, state: DecodeState) -> TargetFeed:
+        """The pending token, then every node: node i at position base + depth_i, seeing
+        the cache, the pending token, its ancestors and itself (nothing drafted: an
+        ordinary step of the pending token)."""
+        if not len(self):
+            return TargetFeed(list(state.target_pending))
         past = cache_length(state.target_cache)
         lead = len(state.target_pending)
-        if len(self):
-            ids = torch.tensor([state.target_pending + self.tokens], device=lm.device)
-            depth = torch.tensor(self.depth)
-            positions = torch.cat([torch.arange(past, past + lead), past + lead + depth])
-            allowed = tree_allowed(self.ancestry(), past, lead)
-            logits = engine.extend(state, ids, attention_mask=attention_for(lm, allowed, state.target_cache),
-                                   position_ids=positions[None].to(lm.device))
-            root = logits[lead - 1] if lead else state.target_next_logits
-            node_logits = logits[lead:]
-        else:  # nothing drafted: an ordinary step of the pending token
-            pending = torch.tensor([state.target_pending], device=lm.device)
-            root = engine.extend(state, pending)[-1] if lead else state.target_next_logits
-            node_logits = None
-        path, tok = verify_tree(self, root, node_logits, engine.sampling, state.target_generator,
-                                engine.relax)
-        if state.features is not None and len(self):  # the kept rows: pending, then the path
-            rows = state.features.hidden
-            state.features = TargetFeatures(torch.cat([rows[:lead], rows[lead:][path]]), past)
-        self.accepted = path
+        depth = torch.tensor(self.depth)
+        positions = torch.cat([torch.arange(past, past + lead), past + lead + depth])
+        return TargetFeed(state.target_pending + self.tokens, positions,
+                          tree_allowed(self.ancestry(), past, lead))
+
+    def judge(self, state: DecodeState, out: torch.Tensor | None, sampling: SamplingParams,
+              relax: Relaxation | None = None) -> Verdict:
+        """``verify_tree`` picks the accepted path from the target's logits at the root
+        (the pending token's row, or the prefill's) and after every node; the target
+        cache will keep only that path (``Verdict.keep``: the accepted nodes' slots, moved
+        down after the prefix)."""
+        lead = len(state.target_pending)
+        past = cache_length(state.target_cache) - (len(out) if out is not None else 0)
+        root = out[lead - 1] if lead else state.target_next_logits
+        node_logits = out[lead:] if len(self) else None
+        path, tok = verify_tree(self, root, node_logits, sampling, state.target_generator, relax)
         verified = torch.cat([root[None]] + ([node_logits[path]] if path else []))
         return Verdict([self.tokens[n] for n in path], tok, verified, drafted=len(self),
-                       positions=self.max_depth,
+                       positions=self.max_depth, path=path,
                        keep=(past + lead, [past + lead + n for n in path]))
 
 
