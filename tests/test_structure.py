@@ -12,7 +12,10 @@
 6. the runtime never reads a session: no runtime function takes a parameter named
    ``session`` (what it needs of one is passed in: models, readers, settings);
 7. floor 1 (vlmspec_cli/fileio.py: atomic writes, fsync, same-file) imports nothing from
-   the package, and every writer takes those from it: nothing else defines them.
+   the package, and every writer takes those from it: nothing else defines them;
+8. a round goes one way (runtime/engine.py ``step``): the engine calls the drafter and the
+   proposal, never the reverse; no function of the methods' package or of the proposal
+   modules (runtime/draft.py, runtime/tree.py) takes a parameter named ``engine``.
 
 Imports count wherever they are (module level or inside a function), absolute or
 relative; ``import a.b.c`` and ``from a.b import c`` depend on the module a.b.c itself,
@@ -222,9 +225,10 @@ def method_comparisons(root: Path, package: str, names: set[str]) -> dict[str, s
     return out
 
 
-def session_parameters(root: Path, package: str, prefix: str) -> list[str]:
+def session_parameters(root: Path, package: str, prefix: str,
+                       param: str = "session") -> list[str]:
     """``module.function`` for every function of the ``prefix`` modules with a parameter
-    named ``session``."""
+    named ``param`` (default ``session``)."""
     out = []
     for name, path in modules(root, package).items():
         if name != prefix and not name.startswith(prefix + "."):
@@ -233,7 +237,7 @@ def session_parameters(root: Path, package: str, prefix: str) -> list[str]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 args = node.args
                 params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
-                if any(a.arg == "session" for a in params):
+                if any(a.arg == param for a in params):
                     out.append(f"{name}.{node.name}")
     return sorted(out)
 
@@ -298,6 +302,15 @@ def test_the_runtime_never_reads_a_session():
     found = session_parameters(ROOT, PACKAGE, RUNTIME)
     assert not found, ("runtime functions taking a session (pass what they need):"
                        + _listing(found))
+
+
+ONE_WAY = ("vlmspec_cli.drafters", "vlmspec_cli.runtime.draft", "vlmspec_cli.runtime.tree")
+
+
+def test_a_round_goes_one_way():
+    found = [f for prefix in ONE_WAY for f in session_parameters(ROOT, PACKAGE, prefix, "engine")]
+    assert not found, ("drafters or proposals calling back into the engine (the engine runs "
+                       "the target forward and hands them the result):" + _listing(found))
 
 
 def test_floor_one_stands_alone_and_is_the_only_writer(graph):
@@ -383,6 +396,7 @@ def test_session_parameters_and_floor_one_copies_are_found(tmp_path):
     })
     assert session_parameters(root, "pkg", "pkg.runtime") == ["pkg.runtime.limits.fits",
                                                               "pkg.runtime.other.m"]
+    assert session_parameters(root, "pkg", "pkg.runtime", "target") == ["pkg.runtime.limits.ok"]
     global FLOOR_ONE
     saved, FLOOR_ONE = FLOOR_ONE, "pkg.fileio"
     try:
