@@ -54,10 +54,11 @@ def _calibrate(args: list[str]) -> dict:
     return json.loads(res.output)
 
 
-def _written_is_winner(path, base_source: str, winner: dict) -> None:
-    """The written profile is the base plus the winner's settings, nothing else."""
+def _written_is_winner(path, base_source: str, winner: dict, pinned: dict | None = None) -> None:
+    """The written profile is the base plus what --set pinned and the winner's settings,
+    nothing else."""
     tuned = load_profile(str(path))
-    expected = with_settings(load_profile(base_source), winner["settings"])
+    expected = with_settings(load_profile(base_source), {**(pinned or {}), **winner["settings"]})
     strip = lambda p: {k: v for k, v in profile_to_dict(p).items() if k not in ("name", "description")}  # noqa: E731
     assert strip(tuned) == strip(expected)
 
@@ -92,6 +93,21 @@ def test_calibrate_measures_the_default_and_is_deterministic(setup):
     assert load_profile(str(root / "tuned.yaml")).hardware.latency_ratio   # the base included
 
 
+def test_pinned_settings_are_typed_and_local_paths_absolute(tmp_path, monkeypatch):
+    """What --write adds for each --set: the loaded value (typed), a folder that exists
+    here written absolute (a relative one would resolve against the written profile's
+    folder), a name that is no path kept as given."""
+    from vlmspec_cli.tasks.calibrate_io import pinned_settings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mydraft").mkdir()
+    sets = ["draft.model=mydraft", "drafting.gamma=3", "drafting.inputs=[text]",
+            "captioner.model=zoo:tinyworld/captioner"]
+    pinned = pinned_settings(load_profile("tinyworld-caption", sets), sets)
+    assert pinned == {"draft.model": str(tmp_path / "mydraft"), "drafting.gamma": 3,
+                      "drafting.inputs": ["text"], "captioner.model": "zoo:tinyworld/captioner"}
+
+
 def _known_machine(tmp_path, draft_ms: float) -> str:
     """A made-up hardware profile: flat verification (10 ms for any k), a draft-model step
     of ``draft_ms`` per row, a hidden-head or twig level of 4 x ``draft_ms``."""
@@ -119,7 +135,7 @@ def test_calibrate_finds_the_known_answer_of_a_hardware_profile(setup, tmp_path,
     (one / "s0.png").write_bytes((samples / "s0.png").read_bytes())
     hw, tuned = _known_machine(tmp_path, draft_ms), tmp_path / "tuned.yaml"
     out = _calibrate([str(one), "--profile", hw, "--gammas", "1,4", "--max-new-tokens", "16",
-                      "--write", str(tuned)])
+                      "--set", "sampling.seed=99", "--write", str(tuned)])
     cands = out["candidates"]
     winner = next(c for c in cands if c["label"] == out["winner"])
     assert winner["mismatches"] == 0 and not out["skipped"]
@@ -145,7 +161,7 @@ def test_calibrate_finds_the_known_answer_of_a_hardware_profile(setup, tmp_path,
         assert top["predicted"] < 0.1 and winner["method"] == "none"
         assert out["note"] == ("target-only decoding was modelled fastest, and no candidate "
                                "measured faster")
-    _written_is_winner(tuned, hw, winner)
+    _written_is_winner(tuned, hw, winner, {"sampling.seed": 99})
     profile = load_profile(str(tuned))
     session = build_session(profile)
     request = sample_requests(profile, expand_inputs([str(one / "s0.png")]))[0][0]

@@ -78,8 +78,9 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session
     from vlmspec_cli.tasks.calibrate import as_dicts, calibrate, winner_yaml
-    from vlmspec_cli.tasks.calibrate_io import (check_profile_write, include_for, profile_write_path,
-                                                sample_requests, search_base, write_profile)
+    from vlmspec_cli.tasks.calibrate_io import (check_profile_write, include_for, pinned_settings,
+                                                profile_write_path, sample_requests, search_base,
+                                                write_profile)
     from vlmspec_cli.tasks.output_files import OutputRefused
 
     if not samples:
@@ -123,7 +124,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
                              errors=prediction, target_only=result.target_only, note=result.note)
     if path is not None:
         text = winner_yaml(winner, prof.source, path.stem, include_for(profile, prof.source, path),
-                           result.candidates, task=base.task)
+                           result.candidates, task=base.task, pinned=pinned_settings(prof, sets))
         replaced = path.exists()
         try:
             write_profile(path, text, force=force, inputs=inputs)

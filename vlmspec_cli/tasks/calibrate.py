@@ -455,14 +455,16 @@ def _nested(settings: dict) -> dict:
 
 
 def winner_yaml(winner: Candidate, base_source: str, name: str, include: str,
-                table: list[Candidate], task: str = "caption") -> str:
+                table: list[Candidate], task: str = "caption", pinned: dict | None = None) -> str:
     """A profile that includes the base one and sets the winner's settings, and the task
-    it was calibrated for."""
+    it was calibrated for. ``pinned``: dotted settings the calibration ran with on top of
+    the base (``--set``), written too (the winner's own settings take precedence), so the
+    profile decodes what was calibrated."""
     import yaml
 
     data: dict = {"include": include, "name": name,
                   "description": f"calibrated from {base_source}: {winner.label}",
-                  "task": task, **_nested(winner.settings)}
+                  "task": task, **_nested({**(pinned or {}), **winner.settings})}
     lines = ["# written by `vlmspec calibrate`; candidates (τ model, predicted, measured):"]
     for c in table[:12]:
         measured = f"{c.speedup:.2f}x" if c.speedup is not None else "-"

@@ -5,6 +5,7 @@ a vlmspec profile)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -71,6 +72,24 @@ def search_base(profile):
 
 
 # ------------------------------------------------------------------ the written profile
+def pinned_settings(profile, sets) -> dict:
+    """The ``--set KEY=VALUE`` keys a calibration ran with, as the loaded ``profile`` holds
+    them (typed, checked), for the written profile: a path that exists here is written
+    absolute (a profile's relative paths resolve against the profile's own folder)."""
+    out = {}
+    for item in sets:
+        key = str(item).partition("=")[0].strip()
+        value = profile
+        for part in key.split("."):
+            value = getattr(value, part)
+        if dataclasses.is_dataclass(value):     # a whole section
+            value = dataclasses.asdict(value)
+        if isinstance(value, str) and value and not os.path.isabs(value) and os.path.exists(value):
+            value = os.path.abspath(value)
+        out[key] = list(value) if isinstance(value, (list, tuple)) else value
+    return out
+
+
 def profile_write_path(name: str) -> Path:
     """``--write NAME`` -> profiles/NAME.yaml; FILE.yaml or a path as given."""
     if name.endswith((".yaml", ".yml")) or os.sep in name or "/" in name:
