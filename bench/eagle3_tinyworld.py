@@ -15,11 +15,12 @@ Renders fresh tinyworld samples to files (a folder of the user's images, or vide
 answers and is written in the published EAGLE-3 layout). Its training log goes to stdout;
 the head's BUILD_REPORT.json holds the acceptance it reached on its training samples.
 Measure it afterwards like any profile: ``vlmspec bench bench/demo-captions.jsonl --set
-drafting.gamma=8 --methods none,eagle3,hidden,chain`` (the caption head); ``--task video``
-has not been run to the end on the shared CPU (bench/RESULTS.md).
+drafting.gamma=8 --methods none,eagle3,hidden,chain`` (the caption head); ``python
+bench/video_eagle3.py`` (the video head: describe-video --compare against the hidden head
+and the chain).
 
     python bench/eagle3_tinyworld.py [--task caption|video] [--samples N] [--steps 600]
-                                     [--ttt 3] [--draft-vocab 256] [--threads 2] [--force]
+                                     [--ttt 3] [--draft-vocab 256] [--threads N] [--force]
 """
 
 from __future__ import annotations

@@ -264,7 +264,7 @@ def test_build_all_lists_every_shipped_model_as_runnable_steps(capsys):
 
     build.main(["--list"])
     listed = capsys.readouterr().out
-    assert listed.count("python -m vlmspec_cli.zoo.") == len(pipeline.STEPS) == 13
+    assert listed.count("python -m vlmspec_cli.zoo.") == len(pipeline.STEPS) == 14
     shipped = {p.name for p in (Path(build.__file__).parent / "weights" / "tinyworld").iterdir() if p.is_dir()}
     named = " ".join(s.name for s in pipeline.STEPS)
     assert not [m for m in shipped if m not in named.replace(",", " ").split()], shipped
@@ -276,8 +276,8 @@ def test_build_all_lists_every_shipped_model_as_runnable_steps(capsys):
         if step.module == "deepen":
             assert argv[argv.index("--family") + 1] in deepen.FAMILIES
     assert [i for i, _ in pipeline.select(9, 10)] == [9, 10]
-    with pytest.raises(ValueError, match="steps run from 1 to 13"):
-        pipeline.select(14)
+    with pytest.raises(ValueError, match="steps run from 1 to 14"):
+        pipeline.select(15)
 
 
 @pytest.mark.parametrize("module", ["hidden", "eagle3_build", "mmspec_sample"])

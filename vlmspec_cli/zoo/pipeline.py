@@ -61,6 +61,8 @@ STEPS = (
          ("--examples", "1500", "--batch-size", "16", "--steps", "500", "--eval", "40"), 37),
     Step("llava-deep-eagle3 (EAGLE-3 head of the 32-layer target, zoo.hidden --arch eagle3)",
          "eagle3_build", ("--task", "caption"), 19),
+    Step("qwen-video-deep-eagle3 (EAGLE-3 head of the 24-layer video target, the same command)",
+         "eagle3_build", ("--task", "video"), 7),
 )
 
 
