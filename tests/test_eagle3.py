@@ -326,14 +326,16 @@ def test_hostile_files_are_refused_by_the_bounded_checks(tmp_path):
     assert "'vocab_size' is 1099511627776" in hostile("vocab", huge_vocab)
 
 
-def test_bench_runs_the_shipped_head_beside_another_methods_profile():
-    """vlmspec bench runs eagle3 from the chain profile with the head shipped for its
-    target, as a chain (DraftingMethod.beside), not with the hidden head's settings."""
+@pytest.mark.parametrize("shipped, head", [("tinyworld-caption", "llava-deep-eagle3"),
+                                           ("tinyworld-video", "qwen-video-deep-eagle3")])
+def test_bench_runs_the_shipped_head_beside_another_methods_profile(shipped, head):
+    """vlmspec bench runs eagle3 from another method's profile with the head shipped for
+    its target, as a chain (DraftingMethod.beside), not with the hidden head's settings."""
     from vlmspec_cli.tasks.bench import method_profiles
 
-    base = load_profile(str(ROOT / "profiles" / "tinyworld-caption.yaml"), ["hidden.tree=true"])
+    base = load_profile(str(ROOT / "profiles" / f"{shipped}.yaml"), ["hidden.tree=true"])
     profile = method_profiles(base, ["none", "eagle3"])["eagle3"]
-    assert profile.eagle3.model == "zoo:tinyworld/llava-deep-eagle3" and not profile.eagle3.tree
+    assert profile.eagle3.model == f"zoo:tinyworld/{head}" and not profile.eagle3.tree
 
 
 def test_pickle_weights_are_never_read(tmp_path):

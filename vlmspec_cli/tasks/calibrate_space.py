@@ -48,7 +48,8 @@ SHIPPED_COMPANIONS = {
                                         "eagle3": ("zoo:tinyworld/llava-deep-eagle3",)},
     "zoo:tinyworld/llava-target": {"hidden": ("zoo:tinyworld/llava-hidden",),
                                    "twig": ("zoo:tinyworld/llava-twig",)},
-    "zoo:tinyworld/qwen-video-target-deep": {"hidden": ("zoo:tinyworld/qwen-video-deep-hidden",)},
+    "zoo:tinyworld/qwen-video-target-deep": {"hidden": ("zoo:tinyworld/qwen-video-deep-hidden",),
+                                             "eagle3": ("zoo:tinyworld/qwen-video-deep-eagle3",)},
     "zoo:tinyworld/qwen-video-target": {"hidden": ("zoo:tinyworld/qwen-video-hidden",)},
 }
 
