@@ -138,6 +138,30 @@ def test_the_shipped_video_profile_is_the_deep_target_and_equals_its_greedy_deco
         _equal_and_drafted(session, requests, lambda r: reference(target, r))
 
 
+def test_the_shipped_video_eagle3_head_through_describe_video():
+    """tinyworld-video-eagle3: the 24-layer video target's EAGLE-3 head (zoo.eagle3_build
+    --task video: the user's command), in the published layout, through describe-video:
+    the target's own greedy reply, mostly drafted. Sampled to 2 frames (it was trained on
+    8), the video makes the head miss some tokens, so the equality also checks rejections."""
+    from click.testing import CliRunner
+
+    from vlmspec_cli.cli import cli
+
+    video = ROOT / "examples" / "videos" / "red-circle-left-to-right.mp4"
+    res = CliRunner().invoke(cli, ["describe-video", str(video), "-p",
+                                   str(SHIPPED / "tinyworld-video-eagle3.yaml"), "--frames", "2",
+                                   "--max-new-tokens", "16", "--device", "cpu", "--compare", "--json"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    record = next(json.loads(line) for line in res.stdout.splitlines() if '"input"' in line)
+    assert record["settings"]["target"] == "zoo:tinyworld/qwen-video-target-deep"
+    assert record["eagle3"]["model"] == "zoo:tinyworld/qwen-video-deep-eagle3"
+    assert record["compare"]["identical"] is True
+    stats = record["stats"]
+    assert stats["num_accepted_tokens"] >= stats["new_tokens"] // 2, stats   # a trained head
+    assert stats["num_draft_tokens"] > stats["num_accepted_tokens"], stats   # and rejections
+
+
 def test_the_shipped_image_profile_is_the_deep_generator_and_equals_hf_generate():
     """tinyworld-image: ADT-Tree on the 24-layer generator (zoo/deepen.py --family image)
     gives the 64 codes of transformers' own guided greedy image generation."""
