@@ -3,7 +3,8 @@ random-weight Qwen2.5-VL pair saved with ``save_pretrained`` next to a profile f
 names them by relative path, run from another directory through caption, describe-video
 (the caption profile becomes a video one), profile, calibrate and a hidden-state head
 trained for it. And the shipped heads and twigs: ``-m hidden`` / ``-m twig`` take the one
-trained for the profile's target, or refuse one trained for another target."""
+trained for the profile's target, or refuse one trained for another target; ``-m eagle3``
+(no default head) takes the one shipped for the target."""
 
 from __future__ import annotations
 
@@ -36,6 +37,27 @@ def test_method_takes_the_head_or_twig_trained_for_the_target(method, key, shipp
     section = res.stdout.split(f"\n{method}:\n", 1)[1]
     assert section.splitlines()[0].strip() == f"model: {shipped}"
     assert f"{key} zoo:tinyworld/llava-" in res.stderr and f"using {shipped}" in res.stderr
+
+
+@pytest.mark.parametrize("command,profile,shipped", [
+    ("describe-video", "tinyworld-video", "zoo:tinyworld/qwen-video-deep-eagle3"),
+    ("caption", "tinyworld-caption", "zoo:tinyworld/llava-deep-eagle3")])
+def test_eagle3_takes_the_head_shipped_for_the_target(command, profile, shipped):
+    """eagle3 has no default head: -m eagle3 on a shipped profile whose target has one
+    shipped takes it and says so, leaving the rest of the eagle3: section the user's."""
+    inputs = ROOT / "examples" / ("videos" if command == "describe-video" else "images")
+    res = invoke(command, inputs, "-p", ROOT / "profiles" / f"{profile}.yaml", "-m", "eagle3",
+                 "--set", "eagle3.tree=true", "--dry-run")
+    assert res.exit_code == 0, res.output
+    section = res.stdout.split("\neagle3:\n", 1)[1].splitlines()
+    assert [line.strip() for line in section[:2]] == [f"model: {shipped}", "tree: true"]
+    assert f"eagle3.model not set; using {shipped}" in res.stderr
+
+
+def test_eagle3_without_a_head_for_the_target_is_refused():
+    res = invoke("caption", ROOT / "examples" / "images", "-m", "eagle3", "--dry-run")  # 8 layers
+    assert res.exit_code == 2 and res.stdout == ""
+    assert "method 'eagle3' needs a head: set eagle3.model" in res.stderr
 
 
 @pytest.mark.parametrize("method,hint", [("hidden", "python -m vlmspec_cli.zoo.hidden --target"),

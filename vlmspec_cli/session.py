@@ -214,14 +214,23 @@ def _shipped_for(target: str) -> dict:
 def match_companions(profile) -> tuple[object, list[str]]:
     """``profile`` with the shipped head or twig its method loads replaced by the one
     shipped for its target, where the profile's (often the schema's default, under ``-m
-    hidden`` or ``-m twig``) was trained for another shipped target; and a note per
-    replacement. A head or twig trained for another target and none shipped for this
-    one is left for ``validate_method`` to refuse."""
+    hidden`` or ``-m twig``) was trained for another shipped target, or set where the
+    profile names none (``-m eagle3``: no default head); and a note per replacement. A
+    head or twig trained for another target and none shipped for this one is left for
+    ``validate_method`` to refuse, as is no head at all."""
     from vlmspec_cli.profile import with_settings
 
     method = method_class(profile.method)
     notes = []
     for role, name in method.models(profile):
+        if name is None:   # only this key: the rest of the method's section is the user's
+            shipped = tuple(_shipped_for(profile.target.model).get(role, ()))
+            if shipped:
+                profile = with_settings(profile, {f"{role}.model": shipped[0]},
+                                        source=f"method {profile.method}")
+                notes.append(f"{role}.model not set; using {shipped[0]}, trained for target "
+                             f"{profile.target.model}")
+            continue
         trained = _trained_for(name)
         if trained is None or _same_model(trained, profile.target.model):
             continue
