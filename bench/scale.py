@@ -2,7 +2,7 @@
 fresh tinyworld requests, side by side in one run.
 
 Rows, all on the same requests (greedy), for each target precision (--precisions):
-  target-only B=b      the batched engine without a draft (runtime/batch.py)
+  target-only B=b      the batched engine without a draft (SpeculativeEngine.run)
   chain (M) B=b        the batched engine with the tinyworld Llava draft reading the image
   single engine        the one-request-at-a-time engine (engine.py), target-only and chain:
                        B=1 of the batched engine should cost about the same
@@ -41,8 +41,6 @@ from benchlib import machine_info, print_table  # noqa: E402
 from conftest import fresh_scenes  # noqa: E402  (tests/conftest.py: fresh tinyworld scenes)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.profile import ModelSpec  # noqa: E402
-from vlmspec_cli.drafters.chain import ChainBatchDrafter  # noqa: E402
-from vlmspec_cli.runtime.batch import BatchedEngine  # noqa: E402
 from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
 from vlmspec_cli.runtime.models import load_model, use_fast_path  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
@@ -75,9 +73,10 @@ def run_single(target, draft, gamma, reqs):
 
 
 def run_batched(target, draft, gamma, reqs, batch_size):
-    drafter = None if draft is None else ChainBatchDrafter(draft, "multimodal",
-                                                           target.adapter.image_token(target))
-    engine = BatchedEngine(target, drafter, gamma, GREEDY, batch_size)
+    drafter = None if draft is None else create_drafter(
+        "chain", draft=draft, sampling=GREEDY, drafting_input="multimodal",
+        image_token=target.adapter.image_token(target))
+    engine = SpeculativeEngine(target, drafter, gamma, GREEDY, batch_size)
     list(engine.run(reqs[:batch_size], lambda r: r))  # warm-up at this batch size
 
     def go():

@@ -1,4 +1,4 @@
-"""Batched decoding (B > 1, runtime/batch.py): at temperature 0 every row's output equals
+"""Batched decoding (B > 1, SpeculativeEngine.run): at temperature 0 every row's output equals
 that request decoded alone, with prompts of different lengths, rows finishing at different
 times, rows leaving and new requests joining; and the ragged cache underneath keeps each
 row's attention exactly what it would be alone."""
@@ -14,8 +14,6 @@ from click.testing import CliRunner
 from conftest import fresh_scenes
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
-from vlmspec_cli.drafters.chain import ChainBatchDrafter
-from vlmspec_cli.runtime.batch import BatchedEngine
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.ragged import RaggedCache
 from vlmspec_cli.runtime.request import Message, Request
@@ -76,9 +74,9 @@ def _batched(engine, reqs):
 def test_batched_chain_equals_each_request_alone(zoo_target, zoo_draft, requests_, variant,
                                                  gamma, batch_size):
     refs = _single(zoo_target, zoo_draft, variant, gamma, requests_)
-    engine = BatchedEngine(zoo_target, ChainBatchDrafter(zoo_draft, variant,
-                                                         zoo_target.adapter.image_token(zoo_target)),
-                           gamma, GREEDY, batch_size)
+    drafter = create_drafter("chain", draft=zoo_draft, sampling=GREEDY, drafting_input=variant,
+                             image_token=zoo_target.adapter.image_token(zoo_target))
+    engine = SpeculativeEngine(zoo_target, drafter, gamma, GREEDY, batch_size)
     results, live = _batched(engine, requests_)
     for i, (res, ref) in enumerate(zip(results, refs)):
         assert res.tokens == ref.tokens, f"request {i} differs from its single decoding"
@@ -95,13 +93,14 @@ def test_batched_chain_equals_each_request_alone(zoo_target, zoo_draft, requests
 
 def test_batched_target_only_equals_each_request_alone(zoo_target, requests_):
     refs = _single(zoo_target, None, None, 1, requests_)
-    results, _ = _batched(BatchedEngine(zoo_target, None, 5, GREEDY, 4), requests_)
+    results, _ = _batched(SpeculativeEngine(zoo_target, None, 5, GREEDY, 4), requests_)
     assert [r.tokens for r in results] == [r.tokens for r in refs]
 
 
 def test_a_request_that_fails_to_start_leaves_the_batch_going(zoo_target, zoo_draft, requests_):
     reqs = requests_[:4]
-    engine = BatchedEngine(zoo_target, ChainBatchDrafter(zoo_draft, "text"), 3, GREEDY, 2)
+    engine = SpeculativeEngine(zoo_target, create_drafter("chain", draft=zoo_draft, sampling=GREEDY,
+                                                          drafting_input="text"), 3, GREEDY, 2)
 
     def admit(r):
         if r is reqs[1]:

@@ -123,14 +123,12 @@ def test_twig_first_tokens_follow_target_distribution(tiny_pair, with_twig):
 
 @pytest.mark.parametrize("batch_size,gamma", [(4, 2), (7, 3)])
 def test_batched_first_tokens_follow_target_distribution(tiny_pair, batch_size, gamma):
-    """Batched speculative sampling (runtime/batch.py): every row's samples follow the
+    """Batched speculative sampling (SpeculativeEngine.run): every row's samples follow the
     target's distribution, with rows at different accepted lengths in one batch."""
-    from vlmspec_cli.drafters.chain import ChainBatchDrafter
-    from vlmspec_cli.runtime.batch import BatchedEngine
-
     target, draft = tiny_pair
     params = SamplingParams(1.0)
-    engine = BatchedEngine(target, ChainBatchDrafter(draft, "text"), gamma, params, batch_size)
+    drafter = create_drafter("chain", draft=draft, sampling=params, drafting_input="text")
+    engine = SpeculativeEngine(target, drafter, gamma, params, batch_size)
 
     def decode(requests):
         for _, res in engine.run(requests, lambda r: r):

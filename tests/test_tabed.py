@@ -83,13 +83,16 @@ def test_ensembles_equal_target_greedy(zoo_target, zoo_draft, zoo_captioner, cas
 
 
 def test_caption_member_gets_captions_and_time(zoo_target, zoo_draft, zoo_captioner, cases):
-    engine = _engine(zoo_target, zoo_draft, zoo_captioner, "chain", drafting_input="caption")
     req = cases[0][0]
+    engine = _engine(zoo_target, zoo_draft, zoo_captioner, "tabed", inputs=["caption", "text"])
     state = engine.start(req)
     captions = state.drafter_state.captions
     assert len(captions) == 1 and captions[0]           # one caption for one image
     assert any(k in captions[0] for k in world.SHAPES)  # it describes shapes
     assert state.stats.caption_s > 0
+    # a chain reading the caption waits for the captioning prepare() started
+    chain = _engine(zoo_target, zoo_draft, zoo_captioner, "chain", drafting_input="caption")
+    assert chain.start(req).stats.caption_s > 0
 
 
 def test_input_prompts():
@@ -305,9 +308,9 @@ def test_ensemble_samples_from_the_mixture_it_hands_to_verification(zoo_target, 
     q = draft.probs[0]
     q_text = first_q("chain", drafting_input="text")[1].drafter_state.next_logits
     q_image = first_q("chain", drafting_input="multimodal")[1].drafter_state.next_logits
-    mixture = 0.5 * probabilities(q_text[0], params) + 0.5 * probabilities(q_image[0], params)
+    mixture = 0.5 * probabilities(q_text, params) + 0.5 * probabilities(q_image, params)
     torch.testing.assert_close(q, mixture, rtol=1e-4, atol=1e-6)
-    assert (probabilities(q_text[0], params) - mixture).abs().sum() > 0.05  # members differ
+    assert (probabilities(q_text, params) - mixture).abs().sum() > 0.05  # members differ
 
     big = q * n >= 5
     obs = torch.cat([counts[big], counts[~big].sum()[None]])

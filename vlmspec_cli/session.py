@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime import limits
-from vlmspec_cli.runtime.batch import BatchedEngine
 from vlmspec_cli.runtime.draft_length import AutoGamma
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, peek_adapter,
@@ -162,11 +161,13 @@ class Session:
             self._baseline.threads = self.threads
         return self._baseline
 
-    def batched_engine(self) -> BatchedEngine:
-        """generation.batch_size requests decoded together (the methods that batch)."""
+    def batched_engine(self) -> SpeculativeEngine:
+        """The engine, decoding generation.batch_size requests together (``run``; the
+        methods that batch), with the same drafter."""
         p = self.profile
-        engine = BatchedEngine(self.target, self.engine.drafter.batched(), self.engine.gamma,
-                               self.sampling, p.generation.batch_size)
+        self.engine.drafter.check_batch()
+        engine = SpeculativeEngine(self.target, self.engine.drafter, self.engine.gamma,
+                                   self.sampling, p.generation.batch_size)
         engine.threads = self.threads
         return engine
 

@@ -1,145 +1,186 @@
 """``chain``: a separate small draft model proposes γ tokens one by one, reading the request
 through one drafting input (inputs.py: multimodal, text, caption or pooled).
 
-One request at a time it is the ensemble drafter with a single member: the mixture is that
-member's own distribution and there are no weights to adapt. In a batch
-(generation.batch_size > 1, runtime/batch.py) ``ChainBatchDrafter`` drafts for every row
-at once: one draft forward per drafted position over a ragged cache (runtime/ragged.py).
+One implementation for any number of rows. ``propose_rows`` drafts for every row the
+engine hands it, one draft forward per drafted position over all of them: a request
+decoded alone keeps its draft cache to itself (the fast path's static cache, and with
+compiled steps a greedy chain drafted in one call); the rows of a batch
+(generation.batch_size > 1) share one ragged cache (runtime/ragged.py), each row at its
+own length. Either way a row drafts its budget of tokens (an EOS among them is cut by the
+engine before verification: nothing after it is verified), and after verification its
+draft cache keeps the accepted proposals it fed (``DraftCursor``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from vlmspec_cli.drafters.base import first_input, one_input, register
-from vlmspec_cli.drafters.draft_model import load_draft
-from vlmspec_cli.drafters.ensemble import EnsembleDrafter
-from vlmspec_cli.drafters.inputs import prefill_input
+from vlmspec_cli.drafters.base import (DraftingMethod, draft_line, first_input, one_input,
+                                      register)
+from vlmspec_cli.drafters.draft_model import draft_model_names, load_draft
+from vlmspec_cli.drafters.inputs import check_inputs, prefill_input
 from vlmspec_cli.drafters.retokenized import RetokenizedDrafter
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS, VIDEO_INPUTS
-from vlmspec_cli.runtime.adapters.base import cache_length
-from vlmspec_cli.runtime.draft import BatchDrafter, Draft, DraftCursor, Verdict
+from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
+from vlmspec_cli.runtime.draft import Draft, DraftCursor, Verdict
 from vlmspec_cli.runtime.ragged import RaggedCache
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.verify import SamplingParams, probabilities
 
 
+@dataclass
+class ChainRow:
+    """One request's drafting state (``state.drafter_state``)."""
+
+    next_logits: torch.Tensor | None   # (V,) the draft's next-token logits after prefill
+    cache: Any = None                  # its own draft cache; None: a row of the batch's
+    prompt: int = 0                    # prompt positions in its own cache
+    cursor: DraftCursor = field(default_factory=DraftCursor)   # what the draft cache read
+    drop: int = 0                      # fed proposals to forget after this round
+
+
 @register("chain")
-class ChainDrafter(EnsembleDrafter):
+class ChainDrafter(DraftingMethod):
     tasks = ("caption", "video")
     batches = True
     help = "a draft model, one drafting input"
     searched_first = ("caption", "video")
-
-    @classmethod
-    def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
-        return True, 1, None
-
-    @classmethod
-    def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
-        return first_input(profile)   # not the ensemble's pairing: a chain reads one input
+    late_prefill = True   # prefill: the request only; propose catches up on the tokens
 
     def __init__(self, draft, sampling: SamplingParams, drafting_input: str = "multimodal",
                  image_token: str | None = None, captioner=None, trace=None) -> None:
         if drafting_input not in DRAFTING_INPUTS:
             raise ValueError(f"chain drafting supports inputs {DRAFTING_INPUTS}, not "
                              f"'{drafting_input}'")
-        super().__init__(draft, sampling, [drafting_input], image_token=image_token,
-                         captioner=captioner, policy="static", trace=trace)
+        check_inputs([drafting_input], draft, captioner)
+        self.draft = draft
+        self.sampling = sampling
+        self.drafting_input = drafting_input
+        self.image_token = image_token          # the target's placeholder in the prompt
+        self.captioner = captioner
+        self.batch: RaggedCache | None = None   # the rows of the current batch
 
+    # -- from a profile --------------------------------------------------------------
     @classmethod
     def check(cls, profile) -> None:
         drafting_input = one_input(profile)
+        if drafting_input == "caption" and not profile.captioner.model:
+            raise ValueError("drafting input 'caption' needs a captioner: set captioner.model")
         if profile.task == "video" and drafting_input not in VIDEO_INPUTS:
             raise ValueError(f"describe-video drafts with --inputs {' or '.join(VIDEO_INPUTS)} "
                              f"(the draft reads the video, or the prompt without it), not "
                              f"'{drafting_input}'")
-        super().check(profile)
 
     @classmethod
-    def from_profile(cls, profile, target, sampling, trace=None) -> "ChainDrafter":
+    def models(cls, profile) -> list[tuple[str, str | None]]:
+        return draft_model_names(profile)
+
+    @classmethod
+    def from_profile(cls, profile, target, sampling, trace=None) -> DraftingMethod:
         m = load_draft(profile, target)
         if m.retokenized:     # a draft of another tokenizer proposes through text
             return RetokenizedDrafter(m.draft, target, sampling, one_input(profile),
                                       image_token=m.image_token, captioner=m.captioner)
         return cls(m.draft, sampling, one_input(profile), image_token=m.image_token,
-                   captioner=m.captioner, trace=trace)
+                   captioner=m.captioner)
 
-    def batched(self) -> "ChainBatchDrafter":
-        return ChainBatchDrafter(self.draft, self.inputs[0], self.image_token, self.captioner)
+    @classmethod
+    def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
+        return first_input(profile)   # not the ensemble's pairing: a chain reads one input
 
+    @classmethod
+    def describe(cls, profile) -> str:
+        return draft_line(profile, cls)
 
-@dataclass
-class ChainRow:
-    """One batch row's drafting state (``state.drafter_state``)."""
+    @classmethod
+    def plain_draft_steps(cls, profile) -> bool:
+        return True
 
-    next_logits: torch.Tensor | None   # the draft's next-token logits after prefill
-    cursor: DraftCursor = field(default_factory=DraftCursor)   # what the draft cache read
-    drop: int = 0                      # fed proposals to forget after this round
+    @classmethod
+    def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:
+        return True, 1, None
 
+    # -- a request's drafting state ------------------------------------------------------
+    def prepare(self, state: DecodeState) -> None:
+        """Before the target's prefill: start captioning so the two overlap."""
+        if self.drafting_input == "caption" and state.request.images:
+            state.drafter_state = self.captioner.submit(state.request.images)
 
-class ChainBatchDrafter(BatchDrafter):
-    """Chain drafting for a batch: every row's draft continues in one forward per position.
-    Per row the proposals are the chain's own: up to its budget, stopped before an EOS."""
+    def prefill(self, state: DecodeState) -> None:
+        """A request decoded alone: its own draft cache (static on the fast path)."""
+        cache, logits = prefill_input(self.draft, state, self.drafting_input, self.image_token,
+                                      self.captioner, pending=state.drafter_state)
+        state.drafter_state = ChainRow(logits, cache, prompt=cache_length(cache))
 
-    def __init__(self, draft, drafting_input: str = "multimodal", image_token: str | None = None,
-                 captioner=None) -> None:
-        self.draft = draft
-        self.drafting_input = drafting_input
-        self.image_token = image_token
-        self.captioner = captioner
-
-    def reset(self, sampling: SamplingParams, eos_ids: set[int]) -> None:
+    def start_batch(self, sampling: SamplingParams, eos_ids: set[int]) -> None:
         self.sampling = sampling
-        self.eos_ids = eos_ids
-        self.cache = RaggedCache(self.draft)
+        self.batch = RaggedCache(self.draft)
 
     def admit(self, state: DecodeState) -> None:
         single, logits = prefill_input(self.draft, state, self.drafting_input, self.image_token,
                                        self.captioner, static=False)   # joins a ragged cache
-        self.cache.add_row(single, cache_length(single))
+        self.batch.add_row(single, cache_length(single))
         state.drafter_state = ChainRow(logits)
 
     def discard_partial(self, n_rows: int) -> None:
-        if self.cache.rows > n_rows:
-            self.cache.keep_rows(list(range(n_rows)))
+        if self.batch.rows > n_rows:
+            self.batch.keep_rows(list(range(n_rows)))
 
     def keep_rows(self, rows: list[int]) -> None:
-        self.cache.keep_rows(rows)
+        self.batch.keep_rows(rows)
 
-    def propose(self, states: list[DecodeState], budgets: list[int]) -> list[Draft]:
-        """Up to budgets[b] draft tokens per row, one batched draft forward per position
-        (sampled: each row's token is drawn on the host from its q, with its own draft
-        generator)."""
+    # -- drafting --------------------------------------------------------------------
+    def propose(self, state: DecodeState, max_tokens: int) -> Draft:
+        return self.propose_rows([state], [max_tokens])[0]
+
+    def propose_rows(self, states: list[DecodeState], budgets: list[int]) -> list[Draft]:
+        """Up to budgets[b] draft tokens for row b, one draft forward per drafted position
+        for every drafting row (sampled: each row's token drawn on the host from its q,
+        with its own draft generator)."""
         rows: list[ChainRow] = [st.drafter_state for st in states]
         logits = self._catch_up(states, rows, budgets)
         if self.sampling.greedy:
             return self._propose_greedy(rows, logits, budgets)
         tokens: list[list[int]] = [[] for _ in rows]
         probs: list[list[torch.Tensor]] = [[] for _ in rows]
-        active = [budgets[b] > 0 for b in range(len(rows))]
-        while any(active):
+        for step in range(max(budgets, default=0)):
             feed: list[list[int]] = []
             for b, row in enumerate(rows):
-                tok, q = self._draw(logits[b], states[b]) if active[b] else (None, None)
-                if tok is None or tok in self.eos_ids:  # EOS is never proposed
-                    active[b] = False
+                if step >= budgets[b]:
                     feed.append([])
                     continue
+                q = probabilities(logits[b].float(), self.sampling)
+                tok = int(torch.multinomial(q.cpu(), 1, generator=states[b].draft_generator))
                 tokens[b].append(tok)
                 probs[b].append(q)
-                if len(tokens[b]) == budgets[b]:
-                    active[b] = False   # its last proposal need not be fed
-                    feed.append([])
-                else:
-                    feed.append([tok])
-                    row.cursor.fed += 1
+                last = step + 1 == budgets[b]     # its last proposal need not be fed
+                feed.append([] if last else [tok])
+                row.cursor.fed += 0 if last else 1
             if any(feed):
-                outs = self.cache.feed(feed)
+                outs = self._feed(rows, feed)
                 logits = [outs[b][-1] if feed[b] else logits[b] for b in range(len(rows))]
         return [Draft(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
+
+    def _feed(self, rows: list[ChainRow], feeds: list[list[int]]) -> list[torch.Tensor]:
+        """Each row's tokens through the draft, one forward; per row its logits (n, V)."""
+        if self.batch is not None and rows[0].cache is None:
+            return self.batch.feed(feeds)
+        (row,), (ids,) = rows, feeds
+        return [self._extend(row, torch.tensor([ids], device=self.draft.device))[0]]
+
+    def _extend(self, row: ChainRow, ids: torch.Tensor) -> torch.Tensor:
+        """A request alone: ``ids`` (1, n) after its own cache; logits (1, n, V). Off the
+        fast path, with the padding mask and positions transformers is given for rows."""
+        lm = self.draft
+        if lm.fast is not None:
+            return lm.adapter.extend(lm, ids, row.cache)
+        past, n = cache_length(row.cache), ids.shape[1]
+        mask = torch.ones((1, past + n), dtype=torch.long, device=lm.device)
+        positions = torch.arange(past, past + n, device=lm.device)[None]
+        return lm.adapter.extend(lm, ids, row.cache, attention_mask=mask, position_ids=positions)
 
     def _catch_up(self, states: list[DecodeState], rows: list[ChainRow],
                   budgets: list[int]) -> list[torch.Tensor]:
@@ -147,7 +188,7 @@ class ChainBatchDrafter(BatchDrafter):
         x_n after a fully accepted chain) of the rows that draft; each row's next logits."""
         lag = [row.cursor.unseen(st.tokens) if budgets[b] > 0 else []
                for b, (st, row) in enumerate(zip(states, rows))]
-        outs = self.cache.feed(lag) if any(lag) else [None] * len(rows)
+        outs = self._feed(rows, lag) if any(lag) else [None] * len(rows)
         logits = []
         for b, (st, row) in enumerate(zip(states, rows)):
             if lag[b]:
@@ -163,41 +204,42 @@ class ChainBatchDrafter(BatchDrafter):
                         budgets: list[int]) -> list[Draft]:
         """T = 0: the rows' argmax chains stay on the device and are read back once, for
         verification (no host sync per drafted position). Every drafting row is fed for the
-        longest budget, past its own budget or an EOS: the batched forward runs over every
-        row anyway, and ``accept`` drops what was fed beyond the accepted proposals."""
+        longest budget: the forward runs over every row anyway, and ``accept`` drops what
+        was fed beyond the accepted proposals. A request alone on compiled steps drafts
+        its whole chain in one call."""
         drafting = [n > 0 for n in budgets]
         steps = max(budgets, default=0)
         if steps == 0:
             return [Draft([]) for _ in rows]
         live = next(x for x, d in zip(logits, drafting) if d)
         last = torch.stack([x if d else torch.zeros_like(live) for x, d in zip(logits, drafting)])
-        fed_rows = torch.tensor(drafting, device=last.device)[:, None]   # (B, 1)
-        chain = []
-        for step in range(steps):
-            chain.append(last.argmax(-1, keepdim=True))                   # (B, 1), on device
-            if step + 1 < steps:
-                last = self.cache.feed_tensor(chain[-1], fed_rows)[:, -1]
-        proposals = torch.cat(chain, 1).tolist()                          # the one read-back
+        first = last.argmax(-1, keepdim=True)                             # (B, 1), on device
+        alone = rows[0].cache is not None
+        fused = (self.draft.adapter.greedy_chain(self.draft, first, rows[0].cache, steps)
+                 if alone else None)
+        if fused is not None:
+            proposals = fused.tolist()
+        else:
+            fed_rows = torch.tensor(drafting, device=last.device)[:, None]   # (B, 1)
+            chain = [first]
+            for _ in range(steps - 1):
+                last = (self._extend(rows[0], chain[-1]) if alone
+                        else self.batch.feed_tensor(chain[-1], fed_rows))[:, -1]
+                chain.append(last.argmax(-1, keepdim=True))
+            proposals = torch.cat(chain, 1).tolist()                      # the one read-back
         drafts = []
         for b, row in enumerate(rows):
-            if not drafting[b]:
-                drafts.append(Draft([]))
-                continue
-            row.cursor.fed += steps - 1
-            tokens = proposals[b][:budgets[b]]
-            # EOS is never proposed: the chain stops before it
-            stop = next((i for i, t in enumerate(tokens) if t in self.eos_ids), len(tokens))
-            drafts.append(Draft(tokens[:stop]))
+            if drafting[b]:
+                row.cursor.fed += steps - 1
+            drafts.append(Draft(proposals[b][:budgets[b]] if drafting[b] else []))
         return drafts
-
-    def _draw(self, logits: torch.Tensor, state: DecodeState):
-        """The row's next draft token, sampled, and the q it was drawn from."""
-        q = probabilities(logits.float(), self.sampling)
-        return int(torch.multinomial(q.cpu(), 1, generator=state.draft_generator)), q
 
     def accept(self, state: DecodeState, verdict: Verdict) -> None:
         row: ChainRow = state.drafter_state
         row.drop = row.cursor.settle(len(verdict.accepted))   # the draft fed x_1..x_fed
+        if row.cache is not None:
+            truncate_cache(row.cache, row.prompt + row.cursor.covered)
 
     def end_round(self, states: list[DecodeState]) -> None:
-        self.cache.rollback([st.drafter_state.drop for st in states])
+        if self.batch is not None and states and states[0].drafter_state.cache is None:
+            self.batch.rollback([st.drafter_state.drop for st in states])

@@ -14,6 +14,8 @@ batch.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import torch
 
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
@@ -136,15 +138,17 @@ def prefill_encoded(draft, state, static: bool = True):
 
 
 def prefill_input(draft, state, drafting_input: str, image_token: str | None, captioner=None,
-                  static: bool = True):
+                  static: bool = True, pending=None):
     """Prefill a fresh draft cache with one request read through ``drafting_input``
-    (captioning the images first for C). Returns (cache, logits of the last position (V,))."""
+    (captioning the images first for C, or waiting for ``pending``: the captioning Future
+    a ``prepare`` started). Returns (cache, logits of the last position (V,))."""
     if reads_by_encode(draft, state.request, drafting_input):
         cache, logits, _ = prefill_encoded(draft, state, static)
         return cache, logits[0]
     captions: list[str] = []
     if drafting_input == "caption" and state.request.images:
-        captions, seconds = captioner.submit(state.request.images).result()
+        future = pending if isinstance(pending, Future) else captioner.submit(state.request.images)
+        captions, seconds = future.result()
         state.stats.caption_s += seconds
     embeds = input_embeds(draft, state.prompt, visuals(state.request), drafting_input,
                           image_token, captions)

@@ -4,7 +4,6 @@ The protocol's defaults (runtime/draft.py) already draft nothing."""
 from __future__ import annotations
 
 from vlmspec_cli.drafters.base import DraftingMethod, register
-from vlmspec_cli.runtime.draft import BatchDrafter
 
 
 @register("none")
@@ -35,6 +34,3 @@ class NoDrafter(DraftingMethod):
     @classmethod
     def from_profile(cls, profile, target, sampling, trace=None) -> "NoDrafter":
         return cls()
-
-    def batched(self) -> BatchDrafter:
-        return BatchDrafter()

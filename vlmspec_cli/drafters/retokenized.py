@@ -89,7 +89,7 @@ class RetokenizedDrafter(DraftingMethod):
         self.draft_eos = draft.adapter.stop_token_ids(draft)
         self.draft_vocab = len(draft.tokenizer)   # ids past it are padding rows of the head
 
-    def batched(self):
+    def check_batch(self) -> None:
         raise ValueError(f"draft '{self.draft.name}' has another tokenizer than the target: it "
                          "drafts one request at a time (use --batch-size 1)")
 

@@ -1,8 +1,8 @@
 """The drafter protocol: what the engines ask of a drafting method, what they get back, and
 the one place a verified round is recorded (``commit``).
 
-A round, for one request (engine.py ``SpeculativeEngine.step``; every row of a batch in
-batch.py), reads top to bottom in ``step``:
+A round, for one request or every row of a batch (engine.py ``SpeculativeEngine.step``),
+reads top to bottom there:
 
 1. the drafter proposes: a ``Proposal`` of at most n tokens, a chain (``Draft``) or a tree
    (tree.DraftTree). A proposal is data: its tokens, and (``target_feed``) how the target
@@ -15,9 +15,10 @@ batch.py), reads top to bottom in ``step``:
    appended, the drafter told (``accept(state, verdict)``), the stats counted, the request
    ended at EOS or its token limit.
 
-Every hook the engines call is declared on ``Drafter`` (one request at a time) or
-``BatchDrafter`` (a batch's rows together) with a default, so a method overrides only
-what it uses; the engines never probe a drafter for optional attributes. What a draft
+Every hook the engine calls is declared on ``Drafter`` with a default, for a request
+decoded alone and for the rows of a batch alike (``propose_rows``, ``admit``,
+``end_round``), so a method overrides only what it uses; the engine never probes a drafter
+for optional attributes. What a draft
 model's cache has read of the committed tokens, and what to forget after a round, is one
 helper for every drafter that keeps a cache of its own (``DraftCursor``).
 """
@@ -171,7 +172,7 @@ class DraftCursor:
         return drop
 
 
-def commit(state: DecodeState, verdict: Verdict, drafter: "Drafter | BatchDrafter",
+def commit(state: DecodeState, verdict: Verdict, drafter: "Drafter",
            eos_ids: set[int], target_drops: list[int] | None = None) -> None:
     """Record one verified round: the target cache keeps the accepted prefix, the accepted
     tokens and the target's own token are appended (that token becomes ``pending``: the
@@ -243,22 +244,23 @@ class Drafter:
         cache, replacing the engine's own forward."""
         raise NotImplementedError(f"method '{self.name}' does not run the target")
 
-    def batched(self) -> "BatchDrafter":
-        """This method's drafting for BatchedEngine (generation.batch_size > 1)."""
-        raise ValueError(f"method '{self.name}' decodes one request at a time")
+    # -- the rows of a batch (generation.batch_size > 1: methods that declare ``batches``)
+    def check_batch(self) -> None:
+        """Raise ValueError (the user's message) when this drafter, as built, cannot draft
+        the rows of a batch although its method batches (e.g. a draft of another
+        tokenizer)."""
 
+    def propose_rows(self, states: list[DecodeState], budgets: list[int]) -> list[Proposal]:
+        """At most ``budgets[b]`` proposals for row b of the round (one row: a request
+        decoded alone). A method that drafts rows together overrides this."""
+        return [self.propose(st, n) if n > 0 else Draft([]) for st, n in zip(states, budgets)]
 
-class BatchDrafter:
-    """Drafting for BatchedEngine: the rows of a batch draft together. The rows' states are
-    passed in row order; a row's own drafting state lives on ``state.drafter_state``.
-    The defaults draft nothing (target-only batches)."""
-
-    def reset(self, sampling: SamplingParams, eos_ids: set[int]) -> None:
-        """A new batch (no rows yet): drafts are sampled with ``sampling`` and never
-        propose a token of ``eos_ids``."""
+    def start_batch(self, sampling: SamplingParams, eos_ids: set[int]) -> None:
+        """A new batch, no rows yet (its rows share the drafter's batch state)."""
 
     def admit(self, state: DecodeState) -> None:
-        """Prefill a new request alone and add it as the last row."""
+        """Prefill a request (its target already prefilled alone) as the batch's last row."""
+        self.prefill(state)
 
     def discard_partial(self, n_rows: int) -> None:
         """A request failed halfway through admission: keep only the first ``n_rows`` rows."""
@@ -266,13 +268,5 @@ class BatchDrafter:
     def keep_rows(self, rows: list[int]) -> None:
         """Only these rows go on (finished requests leave the batch)."""
 
-    def propose(self, states: list[DecodeState], budgets: list[int]) -> list[Draft]:
-        """At most ``budgets[b]`` proposals for row b."""
-        return [Draft([]) for _ in states]
-
-    def accept(self, state: DecodeState, verdict: Verdict) -> None:
-        """One row's verdict (as ``Drafter.accept``); the cache is rolled back in
-        ``end_round`` for every row at once."""
-
     def end_round(self, states: list[DecodeState]) -> None:
-        """After every row's ``accept``: roll the shared draft cache back."""
+        """After every row's ``accept``: roll state the rows share back at once."""

@@ -39,7 +39,7 @@ runs (the γ sequence follows timings), as it differs between two fixed γ.
 
 The engine (engine.py) asks ``choose`` before a round and reports with ``observe``; the
 costs are an injectable object (``RoundCosts``, or a test's own), so tests can force the
-switch. Batches (runtime/batch.py) keep the fixed γ.
+switch. Batches (SpeculativeEngine.run) keep the fixed γ.
 """
 
 from __future__ import annotations

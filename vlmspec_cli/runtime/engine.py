@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
 
@@ -30,6 +30,7 @@ from vlmspec_cli.runtime.adapters.base import cache_length
 from vlmspec_cli.runtime.draft import Draft, Drafter, TargetFeed, commit
 from vlmspec_cli.runtime.draft_length import AutoGamma
 from vlmspec_cli.runtime.models import LoadedModel
+from vlmspec_cli.runtime.ragged import RaggedCache
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.request import DecodeState, Request, TargetFeatures, make_generators
 from vlmspec_cli.runtime.threads import ThreadPlan
@@ -49,11 +50,20 @@ ProgressFn = Callable[[DecodeState], None]
 
 
 class SpeculativeEngine:
-    def __init__(self, target: LoadedModel, drafter: Drafter, gamma: int,
-                 sampling: SamplingParams) -> None:
+    def __init__(self, target: LoadedModel, drafter: Drafter | None, gamma: int,
+                 sampling: SamplingParams, batch_size: int = 1) -> None:
+        """``drafter``: None decodes with the target alone; ``batch_size``: rows ``run``
+        decodes together (one request at a time: ``generate``)."""
         if gamma < 1:
             raise ValueError("gamma must be >= 1")
+        if batch_size < 1:
+            raise ValueError("batch size must be >= 1")
+        drafter = drafter if drafter is not None else Drafter()
         self.target = target
+        self.batch_size = batch_size
+        # the rows of the batch ``run`` decodes share one ragged target cache; None: a
+        # request decodes alone, in its own cache
+        self.rows: RaggedCache | None = None
         self.drafter = drafter
         self.gamma = gamma
         self.sampling = sampling
@@ -120,46 +130,71 @@ class SpeculativeEngine:
         return state
 
     def step(self, state: DecodeState) -> None:
-        """One draft → verify → accept round (the module's docstring states the maths)."""
-        # at most remaining - 1 proposals: the target always adds one token of its own
-        budget = min(self.gamma, state.request.max_new_tokens - len(state.tokens) - 1)
+        """One round for a request decoded alone."""
+        self.step_rows([state])
+
+    def step_rows(self, states: list[DecodeState]) -> None:
+        """One draft → verify → accept round for every row (the module's docstring states
+        the maths): a request decoded alone, or the rows of a batch (``run``)."""
+        # at most remaining - 1 proposals a row: the target always adds one token of its own
+        budgets = [min(self.gamma, st.request.max_new_tokens - len(st.tokens) - 1) for st in states]
         # drafting.length auto chooses k ≤ budget from this request's acceptance and this
         # process's round costs (0: a plain target step); fixed: k = budget
-        k = (self.length.choose(state, budget) if self.length is not None and budget > 0
-             else max(budget, 0))
-        deferred = state.length is not None and state.length.deferred
+        ks = [self.length.choose(st, n) if self.length is not None and n > 0 else max(n, 0)
+              for st, n in zip(states, budgets)]
         t0 = time.perf_counter()
-        if k > 0 and deferred:   # drafting turned on: the drafter's prefill was deferred
-            self.drafter.prefill(state)
-            state.length.deferred = deferred = False
-        # 1. the drafter proposes x_1..x_n (n ≤ k): a chain or a tree, as data
-        proposal = self.drafter.propose(state, k) if k > 0 else Draft([])
-        proposal = proposal.cut_at(self.eos_ids)   # nothing follows an EOS
+        off = [self._late_prefill(st, k) for st, k in zip(states, ks)]
+        # 1. the drafter proposes x_1..x_n (n ≤ k) per row: a chain or a tree, as data
+        proposals = (self.drafter.propose_rows(states, ks) if any(ks)
+                     else [Draft([]) for _ in states])
+        proposals = [p.cut_at(self.eos_ids) for p in proposals]   # nothing follows an EOS
         t1 = time.perf_counter()
-        # 2. one target forward over the pending token and the proposals, at the positions
-        #    and with the visibility the proposal's shape needs: p_1..p_{n+1}
-        feed = proposal.target_feed(state)
-        out = self._target_forward(state, feed) if feed.ids else None
-        # 3. verify.py decides: x_1..x_m accepted (p/q ratio tests), one token of the
-        #    target's added (from p, or the residual norm(max(0, p - q)) after a rejection)
-        verdict = proposal.judge(state, out, self.sampling, self.relax)
-        # 4. commit: caches cut back to the accepted prefix, tokens appended, stats counted
-        commit(state, verdict, _NO_DRAFTER if deferred else self.drafter, self.eos_ids)
-        if self.length is not None:   # the round's costs and acceptance, for the next k
-            self.length.observe(state, k, levels=proposal.levels,
-                                fed=len(feed.ids), drafted=verdict.drafted,
-                                accepted=len(verdict.accepted), draft_s=t1 - t0,
-                                verify_s=time.perf_counter() - t1)
+        # 2. one target forward over every row's pending token and proposals, at the
+        #    positions and with the visibility each proposal's shape needs: p_1..p_{n+1}
+        feeds = [p.target_feed(st) for p, st in zip(proposals, states)]
+        outs = self._target_forward(states, feeds)
+        drops: list[int] | None = None if self.rows is None else []
+        for st, proposal, feed, out, k, drafter_off in zip(states, proposals, feeds, outs, ks, off):
+            # 3. verify.py decides: x_1..x_m accepted (p/q ratio tests), one token of the
+            #    target's added (from p, or the residual norm(max(0, p - q)) after a rejection)
+            verdict = proposal.judge(st, out, self.sampling, self.relax)
+            # 4. commit: caches cut back to the accepted prefix, tokens appended, stats
+            commit(st, verdict, _NO_DRAFTER if drafter_off else self.drafter, self.eos_ids, drops)
+            if self.length is not None:   # the round's costs and acceptance, for the next k
+                self.length.observe(st, k, levels=proposal.levels, fed=len(feed.ids),
+                                    drafted=verdict.drafted, accepted=len(verdict.accepted),
+                                    draft_s=t1 - t0, verify_s=time.perf_counter() - t1)
+        if self.rows is not None:     # a batch's rows share their caches: cut back at once
+            self.rows.rollback(drops)
+        self.drafter.end_round(states)
 
-    def _target_forward(self, state: DecodeState, feed: TargetFeed) -> torch.Tensor:
-        """Target logits (n, V) for ``feed.ids`` after the target cache."""
+    def _late_prefill(self, state: DecodeState, k: int) -> bool:
+        """Whether the request's drafter is still off this round: its prefill was deferred
+        (drafting.length auto, drafting off as the request started) and the round drafts
+        nothing; a round that drafts prefills it first (it catches up on the tokens)."""
+        if state.length is None or not state.length.deferred:
+            return False
+        if k > 0:
+            self.drafter.prefill(state)
+            state.length.deferred = False
+        return state.length.deferred
+
+    def _target_forward(self, states: list[DecodeState],
+                        feeds: list[TargetFeed]) -> list[torch.Tensor | None]:
+        """Target logits (n_b, V) for each row's ``feed.ids`` after its cache (None where
+        nothing is fed): the batch's rows in one forward over the ragged cache."""
+        if self.rows is not None:
+            return self.rows.feed([f.ids for f in feeds])
+        (state,), (feed,) = states, feeds
+        if not feed.ids:
+            return [None]
         lm = self.target
         ids = torch.tensor([feed.ids], device=lm.device)
         if feed.allowed is None:
-            return self.extend(state, ids)
-        return self.extend(state, ids,
-                           attention_mask=attention_for(lm, feed.allowed, state.target_cache),
-                           position_ids=feed.positions[None].to(lm.device))
+            return [self.extend(state, ids)]
+        return [self.extend(state, ids,
+                            attention_mask=attention_for(lm, feed.allowed, state.target_cache),
+                            position_ids=feed.positions[None].to(lm.device))]
 
     def extend(self, state: DecodeState, ids: torch.Tensor, **extra) -> torch.Tensor:
         """Target logits (n, V) for ``ids`` (1, n) after the target cache (``extra``: a tree's
@@ -198,6 +233,104 @@ class SpeculativeEngine:
         state.stats.wall_s = time.perf_counter() - t0
         return Result(list(state.tokens), decode_text(self.target, state.tokens, self.eos_ids), state)
 
+
+    # -- many requests, batch_size rows at a time ---------------------------------------
+    def run(self, items: Iterable[T], make_request: Callable[[T], Request],
+            progress: Callable[[T, DecodeState], None] | None = None,
+            ) -> Iterator[tuple[T, Result | Exception]]:
+        """Decode every item, ``batch_size`` rows together, each at its own pace: every
+        round is ``step_rows`` over the rows (one draft forward per drafted position, one
+        target forward), each row keeping its own accepted length, positions and cache
+        length in a shared ragged cache; per row the round is exactly a request's decoded
+        alone, so each emits the same tokens at temperature 0. A row that finishes leaves
+        at once and the next request is prefilled alone and joins. Yields (item, Result) as
+        rows finish, or (item, exception) when building or prefilling its request failed,
+        or when a round failed (then every row of that batch fails; the next requests
+        start a fresh batch)."""
+        queue = iter(items)
+        rows: list[_Row] = []
+        self._new_batch()
+        exhausted = False
+        try:
+            while True:
+                while len(rows) < self.batch_size and not exhausted:
+                    item = next(queue, _END)
+                    if item is _END:
+                        exhausted = True
+                        break
+                    try:
+                        rows.append(self._admit(item, make_request(item)))
+                    except Exception as exc:  # this request only; the batch goes on
+                        self._drop_partial(len(rows))
+                        yield item, exc
+                if not rows:
+                    return
+                try:
+                    self.step_rows([r.state for r in rows])
+                except Exception as exc:  # a failed batched forward fails its rows
+                    for row in rows:
+                        yield row.item, exc
+                    rows = []
+                    self._new_batch()
+                    continue
+                if progress is not None:
+                    for row in rows:
+                        progress(row.item, row.state)
+                if any(row.state.done for row in rows):
+                    keep = [i for i, row in enumerate(rows) if not row.state.done]
+                    for row in rows:
+                        if row.state.done:
+                            yield row.item, self._row_result(row)
+                    rows = [rows[i] for i in keep]
+                    self.rows.keep_rows(keep)
+                    self.drafter.keep_rows(keep)
+        finally:
+            self.rows = None
+
+    def _new_batch(self) -> None:
+        """A fresh batch: empty caches."""
+        self.rows = RaggedCache(self.target)
+        self.drafter.start_batch(self.sampling, self.eos_ids)
+
+    def _drop_partial(self, n_rows: int) -> None:
+        """A request failed halfway through admission: keep the caches at n_rows rows."""
+        if self.rows.rows > n_rows:
+            self.rows.keep_rows(list(range(n_rows)))
+        self.drafter.discard_partial(n_rows)
+
+    def _admit(self, item, request: Request) -> "_Row":
+        """Prefill the request alone and add it as a new row of both caches."""
+        self.threads.enter("prefill")
+        try:
+            t0 = time.perf_counter()
+            lm = self.target
+            state = DecodeState(request=request, prompt=lm.adapter.prompt_text(lm, request.messages))
+            state.target_generator, state.draft_generator = make_generators(request.seed)
+            single = lm.adapter.new_cache(lm, static=False)
+            inputs = lm.adapter.encode(lm, state.prompt, request.images or None)
+            state.target_next_logits = lm.adapter.prefill(lm, inputs, single)[0]
+            self.rows.add_row(single, cache_length(single))
+            self.drafter.admit(state)
+            state.stats.prefill_s = time.perf_counter() - t0
+            return _Row(item, state, t0)
+        finally:
+            self.threads.enter("decode")
+
+    def _row_result(self, row: "_Row") -> Result:
+        st = row.state
+        st.stats.wall_s = time.perf_counter() - row.started
+        return Result(list(st.tokens), decode_text(self.target, st.tokens, self.eos_ids), st)
+
+
+@dataclass
+class _Row:
+    item: object
+    state: DecodeState
+    started: float
+
+
+_END = object()
+T = TypeVar("T")
 
 # what a round commits to while the drafter's prefill is deferred (it drafts nothing)
 _NO_DRAFTER = Drafter()

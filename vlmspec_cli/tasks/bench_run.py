@@ -7,7 +7,7 @@ benchmark runs falls on every method alike. A sample that cannot be read or deco
 once (one line naming its line in the file), for every method left; the rest go on.
 
 ``--batch-size B`` (``generation.batch_size``): the samples decoded B at a time
-(runtime/batch.py). They are taken in chunks of up to B of one category (so a category's
+(SpeculativeEngine.run). They are taken in chunks of up to B of one category (so a category's
 wall time is its chunks' own), every method decodes a chunk in turn, the order rotating
 from chunk to chunk. A chunk is decoded reply by reply: the first replies of its samples
 as one batch, then the second replies of those that have one (each with its own answers

@@ -284,7 +284,7 @@ def run_batch(session, items: list[Job], events: CaptionEvents,
               sink: JsonlSink | None = None, compare: bool = False,
               emit: Callable[[dict], None] | None = None) -> BatchSummary:
     """Caption every job not yet in ``sink``: one at a time, or ``generation.batch_size``
-    together (runtime/batch.py); records come out as jobs finish."""
+    together (SpeculativeEngine.run); records come out as jobs finish."""
     summary = BatchSummary(items=len(items),
                            must_match=session.sampling.greedy and session.lossless)
     done = sink.done_keys() if sink is not None else set()

@@ -43,12 +43,11 @@ def _load(out: Path, name: str):
 def target_answers(target, conversations: list[list], batch_size: int,
                    max_new_tokens: int = 48) -> list[list]:
     """Each conversation with its assistant turns replaced by the target's greedy answers."""
-    from vlmspec_cli.runtime.batch import BatchedEngine
-    from vlmspec_cli.runtime.engine import decode_text, eos_token_ids
+    from vlmspec_cli.runtime.engine import SpeculativeEngine, decode_text, eos_token_ids
     from vlmspec_cli.runtime.request import Message, Request
     from vlmspec_cli.runtime.verify import SamplingParams
 
-    engine = BatchedEngine(target, None, 1, SamplingParams(0.0), batch_size)
+    engine = SpeculativeEngine(target, None, 1, SamplingParams(0.0), batch_size)
     eos = eos_token_ids(target)
     convs = [list(turns) for turns in conversations]
     turn = 0
