@@ -341,18 +341,18 @@ def test_fifo_output_is_a_stream(tmp_path, image):
 def test_interrupt_exits_130_saying_what_was_recorded(tmp_path, monkeypatch):
     images = make_good_images(tmp_path / "imgs", 3)
     out = tmp_path / "caps.jsonl"
-    from vlmspec_cli.tasks import caption as caption_task
+    from vlmspec_cli.tasks import jobs
 
-    real = caption_task.caption_one
+    real = jobs.decode_job
     calls = []
 
-    def caption_one(*args, **kwargs):
+    def decode_job(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(caption_task, "caption_one", caption_one)
+    monkeypatch.setattr(jobs, "decode_job", decode_job)
     res = run(["caption", *map(str, images), "--out", str(out), *FAST])
     assert res.exit_code == 130
     assert error_lines(res.stderr)[-1] == (

@@ -80,7 +80,7 @@ def result(line: str) -> bool:
 
 
 class BatchUI:
-    """Implements tasks.caption.CaptionEvents: a progress bar over inputs and a token bar
+    """Implements tasks.jobs.JobEvents: a progress bar over inputs and a token bar
     for the input being decoded (in a batch, the oldest row's); failures are printed as
     one line each. Results printed with ``result`` go above the bars."""
 

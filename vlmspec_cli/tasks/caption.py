@@ -1,47 +1,32 @@
-"""Captioning / image question answering: inputs → jobs → requests → records.
+"""Captions, image questions, conversations and videos: their jobs for the job runner.
 
-A job is one image with the batch prompt, or one conversation of a ``--chat`` file
-(chat.py) whose next assistant turn the model writes.
-
-The batch never stops on a bad input: each failure becomes an error record (and one
-reason for the UI), the rest goes on. Records are appended atomically to the sink, and
-inputs already recorded without error are skipped on a rerun: a record's resume key
-(:func:`job_key`, the same for local, video and Ray runs) is the job's resolved path, its
-prompt and the settings that change its output, so a path spelled another way is the
-same input and a run with another model or token limit is not "done". An output error
-(tasks/sink.py OutputError: disk full...) is not an input's failure: it stops the batch.
+A job is one image with the batch prompt, one conversation of a ``--chat`` file (chat.py)
+whose next assistant turn the model writes, or one video (tasks/video.py makes those).
+:data:`CAPTION` is their kind for tasks/jobs.py, which runs every batch (failures,
+records, the sink, --compare). Inputs already recorded without error are skipped on a
+rerun: a record's resume key (:func:`job_key`, the same for local, video and Ray runs)
+is the job's resolved path, its prompt and the settings that change its output, so a
+path spelled another way is the same input and a run with another model or token limit
+is not "done".
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
-import time
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable
 
 from vlmspec_cli.tasks.chat import ChatLineError, load_conversation_images, read_chat_file
 
 from vlmspec_cli.runtime.limits import PromptError
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.stats import SpecStats
 from vlmspec_cli.tasks.inputs import InputError, InputItem, load_image, utf8_name
-from vlmspec_cli.tasks.records import record_key
-from vlmspec_cli.tasks.sink import JsonlSink, OutputError
+from vlmspec_cli.tasks.jobs import BatchSummary, JobEvents, failure_reason, run_jobs
+from vlmspec_cli.tasks.records import SCHEMA, record_key
+from vlmspec_cli.tasks.sink import JsonlSink
 
 TASK = "caption"
-
-
-class CaptionEvents(Protocol):
-    """What a front end hears about a batch (ui.py implements it with rich)."""
-
-    def batch_started(self, total: int, skipped: int) -> None: ...
-    def item_started(self, item: Job) -> None: ...
-    def item_skipped(self, item: Job) -> None: ...
-    def tokens(self, item: Job, generated: int, limit: int) -> None: ...
-    def item_done(self, record: dict) -> None: ...
-    def item_failed(self, item: Job, reason: str, record: dict) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -149,40 +134,6 @@ def chat_jobs(chat_path: str) -> list[Job]:
     return jobs
 
 
-@dataclass
-class BatchSummary:
-    items: int = 0
-    done: int = 0
-    skipped: int = 0
-    failures: int = 0
-    stats: SpecStats = field(default_factory=SpecStats)
-    baseline_wall_s: float = 0.0
-    compared: int = 0
-    identical: int = 0        # compared outputs equal to target-only decoding's
-    mismatches: int = 0       # ... differing where they must not (greedy, lossless)
-    must_match: bool = True   # greedy and lossless: every compared output must be identical
-    batch_size: int = 1
-    batched_s: float | None = None   # wall time of batched decoding (rows overlap in time)
-
-    @property
-    def decode_s(self) -> float:
-        """Time spent decoding: the batch's wall time when inputs were decoded together
-        (their per-record wall times overlap), else the sum over inputs."""
-        return self.batched_s if self.batched_s is not None else self.stats.wall_s
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.stats.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-    @property
-    def speedup(self) -> float | None:
-        """Target-only wall time (one input at a time) ÷ decoding wall time, over the
-        compared inputs."""
-        if not self.compared or self.decode_s <= 0:
-            return None
-        return self.baseline_wall_s / self.decode_s
-
-
 def base_record(session, item: Job, prompt: str) -> dict:
     p = session.profile
     identity = job_identity(p, item) | {"prompt": prompt}
@@ -190,6 +141,7 @@ def base_record(session, item: Job, prompt: str) -> dict:
     return {
         "input": utf8_name(item.path),
         "task": identity["task"],
+        "schema": SCHEMA,
         "prompt": prompt,
         "source": identity["source"],
         "settings": identity["settings"],
@@ -220,160 +172,41 @@ def make_request(session, item: Job) -> Request:
     return request
 
 
-def result_record(session, item: Job, request: Request, result, compare: bool) -> dict:
-    p = session.profile
-    record = base_record(session, item, item.prompt)
-    record["output"] = result.text
-    record["stats"] = result.state.stats.to_dict()
-    if request.videos:  # what the target saw of each video
-        record["videos"] = [{"frames": len(v.frames), "size": list(v.frames[0].size),
-                             "seconds": None if v.duration is None else round(v.duration, 3),
-                             "source_frames": v.source_frames} for v in request.videos]
-    if compare:
-        base = session.baseline_engine().generate(request)
-        wall = base.state.stats.wall_s
-        record["compare"] = {
-            "target_only_wall_s": round(wall, 4),
-            "target_only_tokens_per_s": round(base.state.stats.tokens_per_s, 2),
-            # decoded in a batch, a row's wall time overlaps the others': only the
-            # summary's batch wall time compares with target-only decoding
-            "speedup": (round(wall / result.state.stats.wall_s, 4)
-                        if result.state.stats.wall_s and p.generation.batch_size == 1 else None),
-            # at temperature 0 the outputs must be identical (lossless); at T>0 they are
-            # two samples from the same distribution and may differ
-            "identical": base.tokens == result.tokens,
-        }
-    return record
+
+class CaptionKind:
+    """Captions, conversations and videos for the job runner: resumed by key, batched
+    where the method batches, the output text and what the target saw of each video."""
+
+    batches = True
+
+    def pending(self, profile, jobs: list[Job], done: set) -> tuple[list[Job], int]:
+        return jobs_to_do(profile, jobs, done)
+
+    def prepare(self, session, job: Job) -> None:
+        return None
+
+    def request(self, session, job: Job) -> Request:
+        return make_request(session, job)
+
+    def record(self, session, job: Job) -> dict:
+        return base_record(session, job, job.prompt)
+
+    def finish(self, session, job: Job, plan, request: Request, result, record: dict) -> None:
+        record["output"] = result.text
+        record["stats"] = result.state.stats.to_dict()
+        if request.videos:  # what the target saw of each video
+            record["videos"] = [{"frames": len(v.frames), "size": list(v.frames[0].size),
+                                 "seconds": None if v.duration is None else round(v.duration, 3),
+                                 "source_frames": v.source_frames} for v in request.videos]
+
+    def failure(self, exc: Exception) -> str:
+        return failure_reason(exc)
 
 
-def caption_one(session, item: Job, compare: bool,
-                on_tokens: Callable[[int, int], None] | None = None) -> dict:
-    """Decode one job; raises InputError for input problems."""
-    request = make_request(session, item)
-    progress = (lambda st: on_tokens(len(st.tokens), request.max_new_tokens)) if on_tokens else None
-    result = session.engine.generate(request, progress=progress)
-    return result_record(session, item, request, result, compare)
+CAPTION = CaptionKind()
 
 
-def warm_up_compare(session, requests) -> None:
-    """Before ``--compare`` times anything: one short untimed decode of the first request
-    that builds, with the method and with target-only. Each side's first decode pays
-    one-time start-up costs (allocations, kernel set-up), and the method decodes each input
-    first, so without this the first timed input charged them to speculation alone.
-    ``requests`` yields requests or raises for bad inputs, which the timed loop reports;
-    a drafter's caption cache is emptied again, so no timed input finds its captions made."""
-    for make in requests:
-        try:
-            request = make()
-        except Exception:
-            continue
-        short = dataclasses.replace(request, max_new_tokens=min(request.max_new_tokens, 8))
-        session.engine.generate(short)
-        session.baseline_engine().generate(short)
-        captioner = getattr(session.engine.drafter, "captioner", None)
-        if captioner is not None:
-            captioner.forget()
-        return
-
-
-def _failure_reason(exc: Exception) -> str:
-    return exc.reason if isinstance(exc, InputError) else f"failed: {type(exc).__name__}: {exc}"
-
-
-def run_batch(session, items: list[Job], events: CaptionEvents,
-              sink: JsonlSink | None = None, compare: bool = False,
-              emit: Callable[[dict], None] | None = None) -> BatchSummary:
-    """Caption every job not yet in ``sink``: one at a time, or ``generation.batch_size``
-    together (SpeculativeEngine.run); records come out as jobs finish."""
-    summary = BatchSummary(items=len(items),
-                           must_match=session.sampling.greedy and session.lossless)
-    done = sink.done_keys() if sink is not None else set()
-    todo, summary.skipped = jobs_to_do(session.profile, items, done)
-    events.batch_started(len(todo), summary.skipped)
-
-    def failed(item: Job, exc: Exception) -> None:  # one input's failure never stops the batch
-        reason = _failure_reason(exc)
-        record = base_record(session, item, item.prompt)
-        record["error"] = reason
-        summary.failures += 1
-        if sink is not None:
-            sink.append(record)
-        events.item_failed(item, reason, record)
-        if emit is not None:
-            emit(record)
-
-    def finished(record: dict) -> None:
-        summary.done += 1
-        summary.stats.merge(SpecStats.from_dict(record["stats"]))
-        if "compare" in record:
-            summary.compared += 1
-            summary.baseline_wall_s += record["compare"]["target_only_wall_s"]
-            if record["compare"]["identical"]:
-                summary.identical += 1
-            elif summary.must_match:
-                summary.mismatches += 1
-        if sink is not None:
-            sink.append(record)
-        events.item_done(record)
-        if emit is not None:
-            emit(record)
-
-    if session.profile.generation.batch_size > 1:
-        summary.batch_size = session.profile.generation.batch_size
-        summary.batched_s = _run_batched(session, todo, events, compare, failed, finished)
-        return summary
-    if compare:
-        warm_up_compare(session, [lambda it=item: make_request(session, it) for item in todo[:3]])
-    for item in todo:
-        events.item_started(item)
-        try:
-            record = caption_one(session, item, compare,
-                                 on_tokens=lambda n, limit, it=item: events.tokens(it, n, limit))
-        except OutputError:  # --trace could not be written: stop, not the input's fault
-            raise
-        except Exception as exc:
-            failed(item, exc)
-            continue
-        finished(record)
-    return summary
-
-
-def _run_batched(session, todo: list[Job], events: CaptionEvents, compare: bool,
-                 failed: Callable, finished: Callable) -> float:
-    """Decode the jobs generation.batch_size at a time; returns the wall time spent in the
-    batched engine (not counting --compare's target-only runs between rows)."""
-    requests: dict[int, Request] = {}
-    live: list[Job] = []            # admitted, unfinished; the oldest drives the token bar
-
-    def admit(item: Job) -> Request:
-        events.item_started(item)
-        requests[id(item)] = request = make_request(session, item)
-        live.append(item)
-        return request
-
-    def progress(item: Job, state) -> None:
-        if live and item is live[0]:
-            events.tokens(item, len(state.tokens), state.request.max_new_tokens)
-
-    outcomes = session.batched_engine().run(todo, admit, progress)
-    elapsed = 0.0
-    while True:
-        t0 = time.perf_counter()
-        step = next(outcomes, None)
-        elapsed += time.perf_counter() - t0
-        if step is None:
-            return elapsed
-        item, outcome = step
-        live[:] = [job for job in live if job is not item]
-        request = requests.pop(id(item), None)
-        if isinstance(outcome, OutputError):
-            raise outcome
-        if isinstance(outcome, Exception):
-            failed(item, outcome)
-            continue
-        try:
-            record = result_record(session, item, request, outcome, compare)
-        except Exception as exc:
-            failed(item, exc)
-            continue
-        finished(record)
+def run_batch(session, items: list[Job], events: JobEvents, sink: JsonlSink | None = None,
+              compare: bool = False, emit: Callable[[dict], None] | None = None) -> BatchSummary:
+    """Caption (converse, describe) every job not yet in ``sink`` (tasks/jobs.py)."""
+    return run_jobs(session, CAPTION, items, events, sink=sink, compare=compare, emit=emit)

@@ -9,16 +9,15 @@ then linked to its name, which fails rather than overwrite an existing file (unl
 ``force``, and then only over a PNG). Whether each file may be written is decided before
 the job decodes (tasks/output_files.py): a file already there is an error for that job
 unless ``skip_existing`` (resume: it is kept and the job only writes what is missing);
-either way the batch goes on.
+either way the batch goes on. :class:`ImageKind` is its kind for the job runner
+(tasks/jobs.py: failures, records, --compare).
 """
 
 from __future__ import annotations
 
 import io
-import itertools
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +25,10 @@ import torch
 
 from vlmspec_cli.fileio import write_new
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.tasks.caption import BatchSummary, CaptionEvents, warm_up_compare
+from vlmspec_cli.tasks.inputs import InputError
+from vlmspec_cli.tasks.jobs import SKIP, BatchSummary, JobEvents, run_jobs
 from vlmspec_cli.tasks.output_files import OutputRefused, is_png, refusal
+from vlmspec_cli.tasks.records import SCHEMA
 
 TASK = "image"
 
@@ -213,7 +214,7 @@ def not_a_whole_png(path: Path) -> str | None:
 def base_record(session, job: ImageJob) -> dict:
     p = session.profile
     record = {
-        "input": job.path, "task": TASK, "prompt": job.prompt, "index": job.sample,
+        "input": job.path, "task": TASK, "schema": SCHEMA, "prompt": job.prompt, "index": job.sample,
         "file": None, "heatmap": None, "profile": p.name, "method": p.method,
         "lossless": session.lossless, "acceptance": p.acceptance,
         "cfg": session.target.adapter.guidance_scale(session.target),
@@ -243,7 +244,59 @@ def render(session, tokens: list[int]):
     return Image.fromarray(pixels.numpy(), "RGB")
 
 
-def run_images(session, jobs, events: CaptionEvents, *, force: bool = False,
+class ImageKind:
+    """Images for the job runner: resumed by their files (``skip_existing``), decided
+    before decoding (:func:`files_to_write`); the PNG, its heatmap and the image tokens."""
+
+    batches = False
+
+    def __init__(self, *, force: bool, skip_existing: bool, heatmap: bool) -> None:
+        self.force, self.skip_existing, self.heatmap = force, skip_existing, heatmap
+
+    def pending(self, profile, jobs, done: set):
+        return jobs, 0
+
+    def prepare(self, session, job: ImageJob):
+        if job.error:
+            raise InputError(job.path, job.error)
+        writes = files_to_write(job, self.heatmap, force=self.force,
+                                skip_existing=self.skip_existing)
+        return writes or SKIP
+
+    def request(self, session, job: ImageJob) -> Request:
+        if job.error:
+            raise InputError(job.path, job.error)
+        return image_request(session, job)
+
+    def record(self, session, job: ImageJob) -> dict:
+        return base_record(session, job)
+
+    def finish(self, session, job: ImageJob, writes: list[Path], request: Request, result,
+               record: dict) -> None:
+        """Write the job's files (those in ``writes``) and fill ``record``."""
+        from vlmspec_cli.plot import grid_heatmap
+
+        image = render(session, result.tokens)
+        if Path(job.path) in writes:       # else kept (--skip-existing)
+            write_new(Path(job.path), png_bytes(image), self.force)
+        record["file"] = job.path
+        stats = result.state.stats
+        trees = stats.trees or {}
+        hpath = heatmap_path(job.path)
+        if hpath in writes and "accept_lengths" in trees:
+            rows, cols = session.target.adapter.image_grid(session.target)
+            grid = [trees["accept_lengths"][r * cols:(r + 1) * cols] for r in range(rows)]
+            write_new(hpath, png_bytes(grid_heatmap(grid, image.size)), self.force)
+        if self.heatmap and hpath.exists():
+            record["heatmap"] = str(hpath)
+        record["tokens"] = result.tokens
+        record["stats"] = stats.to_dict()
+
+    def failure(self, exc: Exception) -> str:
+        return _reason(exc)
+
+
+def run_images(session, jobs, events: JobEvents, *, force: bool = False,
                skip_existing: bool = False, heatmap: bool = False, compare: bool = False,
                emit=None) -> BatchSummary:
     """Generate every job's image (``jobs``: an ImagePlan or a list, iterated once, so a
@@ -253,84 +306,13 @@ def run_images(session, jobs, events: CaptionEvents, *, force: bool = False,
     from vlmspec_cli.session import tree_methods
 
     heatmap = heatmap and session.profile.method in tree_methods()   # trees have accept lengths
-    summary = BatchSummary(items=len(jobs),
-                           must_match=session.sampling.greedy and session.lossless)
-    events.batch_started(len(jobs), 0)
-    if compare:
-        firsts = itertools.islice((job for job in jobs if job.error is None), 3)
-        warm_up_compare(session, [lambda j=job: image_request(session, j) for job in firsts])
-    for job in jobs:
-        try:
-            writes = None if job.error else files_to_write(job, heatmap, force=force,
-                                                           skip_existing=skip_existing)
-        except OutputRefused as exc:
-            writes = exc
-        if writes == []:
-            summary.skipped += 1
-            events.item_skipped(job)
-            continue
-        record = base_record(session, job)
-        events.item_started(job)
-        try:
-            if job.error:
-                raise ValueError(job.error)
-            if isinstance(writes, Exception):
-                raise writes
-            _generate(session, job, writes, record, events, summary, force=force,
-                      heatmap=heatmap, compare=compare)
-        except (OSError, ValueError, RuntimeError, OutputRefused) as exc:
-            reason = _reason(exc)
-            record["error"] = reason
-            summary.failures += 1
-            events.item_failed(job, reason, record)
-        else:
-            summary.done += 1
-            events.item_done(record)
-        if emit is not None:
-            emit(record)
-    return summary
-
-
-def _generate(session, job: ImageJob, writes: list[Path], record: dict, events, summary, *,
-              force: bool, heatmap: bool, compare: bool) -> None:
-    """Decode one job's image, write its files (those in ``writes``) and fill ``record``."""
-    from vlmspec_cli.plot import grid_heatmap
-
-    rows, cols = session.target.adapter.image_grid(session.target)
-    request = image_request(session, job)
-    limit = request.max_new_tokens
-    result = session.engine.generate(
-        request, lambda st: events.tokens(job, len(st.tokens), limit))
-    image = render(session, result.tokens)
-    if Path(job.path) in writes:       # else kept (--skip-existing)
-        write_new(Path(job.path), png_bytes(image), force)
-    record["file"] = job.path
-    stats = result.state.stats
-    trees = stats.trees or {}
-    hpath = heatmap_path(job.path)
-    if hpath in writes and "accept_lengths" in trees:
-        grid = [trees["accept_lengths"][r * cols:(r + 1) * cols] for r in range(rows)]
-        write_new(hpath, png_bytes(grid_heatmap(grid, image.size)), force)
-    if heatmap and hpath.exists():
-        record["heatmap"] = str(hpath)
-    record["tokens"] = result.tokens
-    record["stats"] = stats.to_dict()
-    summary.stats.merge(stats)
-    if compare:
-        t0 = time.perf_counter()
-        base = session.baseline_engine().generate(image_request(session, job))
-        base_s = time.perf_counter() - t0
-        summary.baseline_wall_s += base_s
-        summary.compared += 1
-        same = base.tokens == result.tokens
-        summary.identical += same
-        summary.mismatches += not same and summary.must_match
-        # the names caption's and video's records use
-        record["compare"] = {"target_only_wall_s": round(base_s, 4), "identical": same,
-                             "speedup": round(base_s / stats.wall_s, 3) if stats.wall_s else None}
+    kind = ImageKind(force=force, skip_existing=skip_existing, heatmap=heatmap)
+    return run_jobs(session, kind, jobs, events, compare=compare, emit=emit)
 
 
 def _reason(exc: Exception) -> str:
+    if isinstance(exc, InputError):
+        return exc.reason
     if isinstance(exc, FileExistsError):
         return f"exists ({_KEEP_HINT})"
     if isinstance(exc, OSError) and exc.strerror:

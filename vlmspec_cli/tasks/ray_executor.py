@@ -36,9 +36,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-from vlmspec_cli.runtime.stats import SpecStats
-from vlmspec_cli.tasks.caption import (BatchSummary, CaptionEvents, Job, base_record, job_key,
-                                       jobs_to_do)
+from vlmspec_cli.tasks.caption import Job, base_record, job_key, jobs_to_do
+from vlmspec_cli.tasks.jobs import BatchSummary, JobEvents, Tally
 from vlmspec_cli.tasks.records import record_key
 from vlmspec_cli.tasks.sink import JsonlSink, OutputError, read_records
 
@@ -113,7 +112,7 @@ def _rmdir_quiet(path: Path) -> None:
 
 
 class _Silent:
-    """CaptionEvents that hear nothing (inside a worker)."""
+    """JobEvents that hear nothing (inside a worker)."""
 
     def batch_started(self, total, skipped): pass
     def item_started(self, item): pass
@@ -181,7 +180,7 @@ def _runtime_env() -> dict | None:
         return {"env_vars": {"PYTHONPATH": f"{root}{os.pathsep}${{PYTHONPATH}}"}}
 
 
-def run_ray(profile, items: list[Job], events: CaptionEvents, sink: JsonlSink | None = None,
+def run_ray(profile, items: list[Job], events: JobEvents, sink: JsonlSink | None = None,
             emit: Callable[[dict], None] | None = None, workers: int = 2,
             address: str | None = None, shard_dir: str | os.PathLike | None = None,
             ) -> BatchSummary:
@@ -262,32 +261,24 @@ def _init_ray(ray, address: str | None, workers: int) -> bool:
 
 class _Delivery:
     """``deliver(i, record)``: the record of ``todo[i]`` goes to the summary, the sink, the
-    events and ``emit``, once per job."""
+    events and ``emit`` (tasks/jobs.py Tally, as in local runs), once per job."""
 
-    def __init__(self, todo: list[Job], summary: BatchSummary, events: CaptionEvents,
+    def __init__(self, todo: list[Job], summary: BatchSummary, events: JobEvents,
                  sink: JsonlSink | None, emit: Callable[[dict], None] | None):
-        self.todo, self.summary, self.events, self.sink, self.emit = todo, summary, events, sink, emit
+        self.todo, self.events = todo, events
+        self.tally = Tally(summary, events, sink, emit)
         self.received: dict[int, dict] = {}
         self.lossless: list[bool] = []
 
     def __call__(self, i: int, record: dict) -> None:
-        job, summary, events, sink = self.todo[i], self.summary, self.events, self.sink
+        job = self.todo[i]
         self.received[i] = record
         self.lossless.append(record.get("lossless", True))
-        events.item_started(job)
+        self.events.item_started(job)
         if record.get("error") is None:
-            summary.done += 1
-            summary.stats.merge(SpecStats.from_dict(record["stats"]))
-            if sink is not None:
-                sink.append(record)
-            events.item_done(record)
+            self.tally.finished(record)
         else:
-            summary.failures += 1
-            if sink is not None:
-                sink.append(record)
-            events.item_failed(job, record["error"], record)
-        if self.emit is not None:
-            self.emit(record)
+            self.tally.failed(job, record)
 
     def recover_shards(self, profile, shard_dir: Path) -> None:
         """Rows a crashed worker wrote to its shard but never returned (the shards left by

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 __all__ = [
+    "SCHEMA",
     "RECORD_KEYS",
     "record_key",
     "scan_jsonl",
@@ -36,6 +37,12 @@ __all__ = [
 
 # the keys every vlmspec result record has; base records write "input" first
 RECORD_KEYS = ("task", "input")
+
+# the version of the result records' fields (README "Output record" lists them), written as
+# "schema" in every caption, chat, video and image record. Records without it (written by
+# vlmspec before it was versioned) are the same fields less "schema": read and resumed
+# alike (record_key does not read it). Raise it when a field is renamed or changes meaning.
+SCHEMA = 1
 
 
 def record_key(record: dict) -> tuple | None:
