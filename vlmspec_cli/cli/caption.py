@@ -1,16 +1,15 @@
-"""``vlmspec caption``: parse, build the run, print (tasks/caption.py does the work)."""
+"""``vlmspec caption``: parse the options into a profile and jobs (tasks/caption.py);
+cli/jobs.py runs them."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import click
 
-from vlmspec_cli.cli.common import (decode_options, decoding_profile, draft_summary,
-                                    exit_130_on_interrupt, fail, finish_batch, method_option,
-                                    nonempty_path, parse_inputs, print_plan, profile_option, record_printer,
-                                    records_sink, set_option, start_decoding)
+from vlmspec_cli.cli.common import (decode_options, decoding_profile, fail, method_option,
+                                    nonempty_path, parse_inputs, profile_option, set_option)
+from vlmspec_cli.cli.jobs import run_job_command
 from vlmspec_cli.cli.types import Utf8Text
 
 EPILOG_CAPTION = """\b
@@ -72,10 +71,8 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     vlmspec caption -). Results go to stdout (text
     or --json), progress and the summary table to stderr.
     """
-    from vlmspec_cli import ui
-    from vlmspec_cli.runtime.models import ModelLoadError
-    from vlmspec_cli.session import SessionError, build_session, validate_method
-    from vlmspec_cli.tasks.caption import chat_jobs, image_jobs, input_files, run_batch
+    from vlmspec_cli.session import SessionError, validate_method
+    from vlmspec_cli.tasks.caption import chat_jobs, image_jobs
     from vlmspec_cli.tasks.inputs import InputError, expand_inputs
 
     if not inputs and not chat_file:
@@ -107,36 +104,22 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     else:
         items = image_jobs(expand_inputs(inputs, stdin=sys.stdin, stdin_image=executor == "local"),
                            prof.generation.prompt)
-    if dry_run:
-        print_plan(prof, "input(s)", [(item.path, item.error) for item in items])
-        return
-    if not quiet:
-        ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
-                + draft_summary(prof))
-    with (records_sink(out, input_files(items), trace_file) as (sink, trace_sink),
-          exit_130_on_interrupt(sink, record_printer(as_json, sink)) as emit):
+    run_job_command(prof, items, noun="input(s)", out=out, as_json=as_json, compare=compare,
+                    dry_run=dry_run, quiet=quiet, trace=trace_file, check_prompt=not chat_file,
+                    **(_on_ray(prof, items, workers, ray_address) if executor == "ray" else {}))
+
+
+def _on_ray(prof, items, workers: int, address: str | None) -> dict:
+    """run_job_command's arguments that send the batch to a Ray actor pool (the workers
+    load the models, not this process), with Ray's own stderr lines hidden."""
+    from vlmspec_cli.cli.noise import ray_backend_lines_hidden
+
+    def remote(events, sink, emit):
+        from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray
+
         try:
-            session = (build_session(prof, trace=trace_sink and trace_sink.append)
-                       if executor == "local" else None)
-            if session is not None and not chat_file:  # the same prompt for every image
-                session.check_prompt_fits(prof.generation.prompt)
-        except (SessionError, ModelLoadError, ValueError) as exc:
+            return run_ray(prof, items, events, sink=sink, emit=emit, workers=workers,
+                           address=address)
+        except RayExecutorError as exc:
             fail(str(exc))
-        if session is not None:
-            start_decoding(session, len(items) * prof.generation.max_new_tokens, quiet)
-        from vlmspec_cli.cli.noise import ray_backend_lines_hidden
-
-        quiet_ray = ray_backend_lines_hidden() if executor == "ray" else contextlib.nullcontext()
-        with quiet_ray, ui.BatchUI(quiet=quiet) as events:
-            if executor == "ray":  # the workers load the models, not this process
-                from vlmspec_cli.tasks.ray_executor import RayExecutorError, run_ray
-                try:
-                    summary = run_ray(prof, items, events, sink=sink, emit=emit,
-                                      workers=workers, address=ray_address)
-                except RayExecutorError as exc:
-                    fail(str(exc))
-            else:
-                summary = run_batch(session, items, events, sink=sink, compare=compare,
-                                    emit=emit)
-    finish_batch(prof, summary, quiet)
-
+    return {"remote": remote, "remote_context": ray_backend_lines_hidden}

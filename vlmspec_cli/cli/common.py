@@ -309,18 +309,21 @@ def lossy_row(prof) -> dict:
     return {"lossless": f"no ({', '.join(reasons) or 'a lossy option'})"}
 
 
-def finish_batch(prof, summary, quiet: bool) -> None:
-    """The summary table, a line if outputs differ from target-only, and the exit code:
-    1 if any input failed or differed, else 0."""
+def finish_batch(prof, summary, quiet: bool, extra: dict | None = None,
+                 outputs: str = "output(s)") -> None:
+    """The summary table (``extra``: rows of the command's own, before the lossy row), a
+    line if ``outputs`` differ from target-only, and the exit code: 1 if any job failed
+    or differed, else 0. Every decoding command ends here."""
     from vlmspec_cli import ui
 
     if not quiet:
         from vlmspec_cli.drafters import method_class
 
         method = method_class(prof.method)
-        ui.summary_table(summary, method.label(prof), method.drafts, lossy_row(prof))
+        ui.summary_table(summary, method.label(prof), method.drafts,
+                         (extra or {}) | lossy_row(prof))
     if summary.mismatches:
-        ui.error(f"{summary.mismatches} output(s) differ from target-only greedy decoding")
+        ui.error(f"{summary.mismatches} {outputs} differ from target-only greedy decoding")
     sys.exit(1 if summary.failures or summary.mismatches else 0)
 
 

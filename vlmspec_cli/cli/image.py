@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (decoding_profile, TSV_HELP, echo_result, fail, lossy_row,
+from vlmspec_cli.cli.common import (decoding_profile, TSV_HELP, echo_result, fail, finish_batch,
                                     method_option, nonempty_path, print_plan, profile_option,
                                     set_option, start_decoding, stdout_guard, tsv_field)
 from vlmspec_cli.cli.types import FiniteFloat, Seed, Utf8Text
@@ -133,13 +133,8 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     with ui.BatchUI(quiet=quiet, label="images") as events:
         summary = run_images(session, jobs, events, force=force, skip_existing=skip_existing,
                              heatmap=heatmap, compare=compare, emit=emit)
-    if not quiet:
-        extra = {"mean tree depth d̄": f"{sum(depths) / len(depths):.2f}"} if depths else {}
-        extra |= lossy_row(prof)
-        ui.summary_table(summary, session.method.label(prof), session.method.drafts, extra)
-    if summary.mismatches:
-        ui.error(f"{summary.mismatches} image(s) differ from target-only greedy decoding")
-    sys.exit(1 if summary.failures or summary.mismatches else 0)
+    extra = {"mean tree depth d̄": f"{sum(depths) / len(depths):.2f}"} if depths else {}
+    finish_batch(prof, summary, quiet, extra, outputs="image(s)")
 
 
 def _read_prompts(path: str | None) -> list:

@@ -1,5 +1,5 @@
-"""``vlmspec describe-video``: parse, build the run, print (tasks/video.py + caption.py's
-batch loop do the work)."""
+"""``vlmspec describe-video``: parse the options into a profile and jobs (tasks/video.py);
+cli/jobs.py runs them."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (decode_options, decoding_profile, draft_summary,
-                                    exit_130_on_interrupt, fail, finish_batch, method_option,
-                                    parse_inputs, print_plan, profile_option, record_printer,
-                                    records_sink, set_option, start_decoding)
+from vlmspec_cli.cli.common import (decode_options, decoding_profile, fail, method_option,
+                                    parse_inputs, profile_option, set_option)
+from vlmspec_cli.cli.jobs import run_job_command
 from vlmspec_cli.cli.types import FiniteFloat, Utf8Text
 
 DEFAULT_VIDEO_PROFILE = "tinyworld-video"
@@ -57,10 +56,7 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
     is one video), glob patterns, or - to read paths from stdin. Results go to stdout
     (text or --json); progress, one line per bad file and the summary to stderr.
     """
-    from vlmspec_cli import ui
-    from vlmspec_cli.runtime.models import ModelLoadError
-    from vlmspec_cli.session import SessionError, build_session, validate_method
-    from vlmspec_cli.tasks.caption import input_files, run_batch
+    from vlmspec_cli.session import SessionError, validate_method
     from vlmspec_cli.tasks.video import expand_video_inputs, video_jobs
 
     if not inputs:
@@ -88,21 +84,6 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
     v = prof.video
     items = video_jobs(expand_video_inputs(inputs, stdin=sys.stdin), prof.generation.prompt,
                        v.frames, v.fps, v.max_pixels, v.folder_fps, v.max_frames)
-    if dry_run:
-        print_plan(prof, "video(s)", [(item.path, item.error) for item in items])
-        return
-    if not quiet:
-        sampling = f"{v.fps} fps" if v.fps else f"{v.frames} frames"
-        ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
-                + draft_summary(prof) + f", {sampling} per video")
-    with (records_sink(out, input_files(items)) as (sink, _),
-          exit_130_on_interrupt(sink, record_printer(as_json, sink)) as emit):
-        try:
-            session = build_session(prof)
-            session.check_prompt_fits(prof.generation.prompt)  # before the videos' own tokens
-        except (SessionError, ModelLoadError, ValueError) as exc:
-            fail(str(exc))
-        start_decoding(session, len(items) * prof.generation.max_new_tokens, quiet)
-        with ui.BatchUI(quiet=quiet) as events:
-            summary = run_batch(session, items, events, sink=sink, compare=compare, emit=emit)
-    finish_batch(prof, summary, quiet)
+    sampling = f"{v.fps} fps" if v.fps else f"{v.frames} frames"
+    run_job_command(prof, items, noun="video(s)", out=out, as_json=as_json, compare=compare,
+                    dry_run=dry_run, quiet=quiet, about=f", {sampling} per video")
