@@ -233,3 +233,18 @@ def test_profile_picks_the_fastest_thread_counts_and_auto_uses_them(tmp_path):
     # one phase set: the other runs at the process's own count, not at the last phase's
     assert thread_plan(load_profile(None, ["runtime.threads=1"])) == ThreadPlan(
         PROCESS_THREADS, 1, auto=frozenset({"prefill"}))
+
+
+def test_probe_inputs_are_drawn_here_from_the_seed():
+    """The probe's image and video (tasks/probe_media.py, not the zoo): tinyworld-sized,
+    the same for a seed, another for another seed; the video's shape moves."""
+    import random
+
+    from vlmspec_cli.tasks.probe_media import probe_frames, probe_image
+
+    a, b = probe_image(random.Random(3)), probe_image(random.Random(3))
+    assert a.size == (64, 64) and a.mode == "RGB" and a.tobytes() == b.tobytes()
+    assert len({probe_image(random.Random(s)).tobytes() for s in range(4)}) == 4
+    frames = probe_frames(random.Random(0), 5)
+    assert len(frames) == 5 and frames[0].shape == (64, 64, 3) and frames[0].dtype == "uint8"
+    assert (frames[0] != frames[-1]).any()

@@ -15,7 +15,10 @@
    the package, and every writer takes those from it: nothing else defines them;
 8. a round goes one way (runtime/engine.py ``step``): the engine calls the drafter and the
    proposal, never the reverse; no function of the methods' package or of the proposal
-   modules (runtime/draft.py, runtime/tree.py) takes a parameter named ``engine``.
+   modules (runtime/draft.py, runtime/tree.py) takes a parameter named ``engine``;
+9. the zoo (vlmspec_cli/zoo/: the tinyworld models' training code) is imported only by
+   the zoo itself and by ``zoo:`` name resolution (runtime/models.py, which maps a name
+   to its packaged folder): no command, task or method depends on training code.
 
 Imports count wherever they are (module level or inside a function), absolute or
 relative; ``import a.b.c`` and ``from a.b import c`` depend on the module a.b.c itself,
@@ -55,6 +58,8 @@ KNOWN_LONG_FUNCTIONS: set[str] = set()
 KNOWN_METHOD_COMPARISONS: set[str] = set()            # file:line
 METHODS = "drafters"                                  # the methods' package, under PACKAGE
 FLOOR_ONE = "vlmspec_cli.fileio"
+ZOO = "vlmspec_cli.zoo"
+ZOO_NAME_RESOLUTION = {"vlmspec_cli.runtime.models"}   # zoo:NAME -> its packaged folder
 FLOOR_ONE_NAMES = {"atomic_write_bytes", "atomic_write_text", "fsync_dir", "same_file",
                    "_same_file", "write_all", "write_new"}
 
@@ -173,6 +178,17 @@ def forbidden_imports(graph: dict[str, set[str]], importer: str, forbidden: tupl
             for b in bs if any(under(b, f) for f in forbidden)}
 
 
+def outside_importers(graph: dict[str, set[str]], inner: str, allowed: set[str]
+                      ) -> set[tuple[str, str]]:
+    """(module, imported) for each module outside ``inner`` (and not ``allowed``) that
+    imports a module at or under ``inner``."""
+    def under(name: str) -> bool:
+        return name == inner or name.startswith(inner + ".")
+
+    return {(a, b) for a, bs in graph.items() if not under(a) and a not in allowed
+            for b in bs if under(b)}
+
+
 def long_modules(root: Path, package: str, limit: int) -> dict[str, int]:
     """File (relative to ``root``) -> line count, for modules over ``limit`` lines."""
     out = {}
@@ -272,6 +288,12 @@ def test_no_import_cycles(graph):
 def test_runtime_imports_no_drafters_tasks_cli_ui_or_zoo(graph):
     found = forbidden_imports(graph, RUNTIME, RUNTIME_FORBIDDEN) - KNOWN_RUNTIME_IMPORTS
     assert not found, ("the runtime imports what it must not:"
+                       + _listing(f"{a} imports {b}" for a, b in sorted(found)))
+
+
+def test_only_the_zoo_and_zoo_name_resolution_import_the_zoo(graph):
+    found = outside_importers(graph, ZOO, ZOO_NAME_RESOLUTION)
+    assert not found, ("the zoo (training code) imported outside it:"
                        + _listing(f"{a} imports {b}" for a, b in sorted(found)))
 
 
@@ -419,6 +441,22 @@ def test_forbidden_imports_are_found(tmp_path):
         ("pkg.runtime.engine", "pkg.drafters.base")}
     assert forbidden_imports(g, "pkg.drafters", ("pkg.runtime",)) == {
         ("pkg.drafters.base", "pkg.runtime.engine")}
+
+
+def test_importers_from_outside_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "zoo/__init__.py": "",
+        "zoo/world.py": "from pkg.zoo import train\n",
+        "zoo/train.py": "",
+        "tasks.py": "def probe():\n    from pkg.zoo import world\n",
+        "models.py": "import pkg.zoo\n",
+        "ok.py": "import os\n",
+    })
+    g = import_graph(root, "pkg")
+    assert outside_importers(g, "pkg.zoo", set()) == {("pkg.tasks", "pkg.zoo.world"),
+                                                       ("pkg.models", "pkg.zoo")}
+    assert outside_importers(g, "pkg.zoo", {"pkg.models"}) == {("pkg.tasks", "pkg.zoo.world")}
 
 
 def test_long_modules_and_functions_are_found(tmp_path):

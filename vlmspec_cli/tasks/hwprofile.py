@@ -25,25 +25,24 @@ from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.fileio import same_file
 from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_png, is_profile,
                                             write_checked, written_by)
-from vlmspec_cli.zoo import world
+from vlmspec_cli.tasks.probe_media import VIDEO_SECONDS, probe_frames, probe_image
 
 TAUS = (2.0, 3.0, 4.0)
 
 
 def sample_request(profile, seed: int = 0, frames: int | None = None) -> Request:
     """A representative request for the profile's task and prompt: one image (caption), or
-    one tinyworld video of ``frames`` frames (video; default the profile's video.frames)."""
+    one video of ``frames`` frames (video; default the profile's video.frames), drawn by
+    tasks/probe_media.py."""
     rng = random.Random(seed)
     if profile.task == "video":
         from vlmspec_cli.tasks.video_io import clip_from_arrays
-        from vlmspec_cli.zoo import video
 
         k = frames or profile.video.frames or 8
-        clip = clip_from_arrays(video.render_script(video.random_script(rng), k),
-                                fps=k / video.DURATION)
+        clip = clip_from_arrays(probe_frames(rng, k), fps=k / VIDEO_SECONDS)
         return Request([Message("user", profile.generation.prompt, videos=(clip,))],
                        max_new_tokens=profile.generation.max_new_tokens, seed=seed)
-    image = world.render(world.sample_scene(rng))
+    image = probe_image(rng)
     return Request([Message("user", profile.generation.prompt, (image,))],
                    max_new_tokens=profile.generation.max_new_tokens, seed=seed)
 
