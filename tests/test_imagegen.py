@@ -302,6 +302,30 @@ def test_cli_bad_inputs(tmp_path):
     assert res.exit_code == 2
 
 
+def test_cli_any_failure_of_one_image_is_its_error_record(tmp_path, monkeypatch):
+    """As for captions (tasks/jobs.py): whatever one job raises becomes its error record
+    and the batch goes on (exit 1); the other image is written."""
+    from vlmspec_cli.tasks import imagegen
+
+    real, calls = imagegen.render, []
+
+    def render(session, tokens):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("boom")
+        return real(session, tokens)
+
+    monkeypatch.setattr(imagegen, "render", render)
+    out = tmp_path / "imgs"
+    res = run(["generate-image", PROMPTS[0], PROMPTS[1], "-m", "none", "--json", "-o", str(out),
+               *FAST])
+    assert res.exit_code == 1
+    first, second = _records(res.stdout)
+    assert first["error"] == "failed: KeyError: 'boom'" and first["file"] is None
+    assert second["error"] is None and Path(second["file"]).is_file()
+    assert len(list(out.glob("*.png"))) == 1
+
+
 def test_cli_prompts_file_stdin_dry_run(tmp_path):
     out = tmp_path / "imgs"
     res = run(["generate-image", "--prompts-file", "-", "-n", "2", "-o", str(out), "--dry-run"],

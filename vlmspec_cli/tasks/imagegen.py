@@ -26,7 +26,7 @@ import torch
 from vlmspec_cli.fileio import write_new
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.tasks.inputs import InputError
-from vlmspec_cli.tasks.jobs import SKIP, BatchSummary, JobEvents, run_jobs
+from vlmspec_cli.tasks.jobs import SKIP, BatchSummary, JobEvents, failure_reason, run_jobs
 from vlmspec_cli.tasks.output_files import OutputRefused, is_png, refusal
 from vlmspec_cli.tasks.records import SCHEMA
 
@@ -311,10 +311,15 @@ def run_images(session, jobs, events: JobEvents, *, force: bool = False,
 
 
 def _reason(exc: Exception) -> str:
+    """An image job's failure in one line: a file's problem as the file system says it, a
+    refused or unusable prompt by its message, anything else as every job's
+    (jobs.failure_reason)."""
     if isinstance(exc, InputError):
         return exc.reason
     if isinstance(exc, FileExistsError):
         return f"exists ({_KEEP_HINT})"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
-    return str(exc) or type(exc).__name__
+    if isinstance(exc, (OSError, ValueError, RuntimeError, OutputRefused)):
+        return str(exc) or type(exc).__name__
+    return failure_reason(exc)
