@@ -7,8 +7,9 @@
 --compare), a --chat file (one bad line), describe-video (two videos, --compare) and
 generate-image (two prompts, a tree with --heatmap, --compare) with ``--json`` at T = 0
 through ``python -m vlmspec_cli`` with ``PYTHONPATH=TREE``, and writes to OUT_DIR: each
-command's records with the timing fields dropped and the scratch and tree paths replaced
-by placeholders (NAME.jsonl), its exit code, and the SHA-256 of every PNG it wrote.
+command's records with the timing fields' values masked and the scratch and tree paths
+replaced by placeholders (NAME.jsonl), its exit code and stderr, and the SHA-256 of every
+PNG it wrote.
 ``diff`` compares two such folders record by record, key by key, and exits 1 on any
 difference outside the ``--ignore``d keys (a deliberate change, e.g. ``schema``).
 """
@@ -56,8 +57,9 @@ COMMANDS = {
 
 
 def _clean(value, places: dict[str, str]):
-    if isinstance(value, dict):
-        return {k: _clean(v, places) for k, v in value.items() if k not in TIMING}
+    if isinstance(value, dict):   # a timing keeps its key (the fields are compared), not its value
+        return {k: "<timing>" if k in TIMING and v is not None else _clean(v, places)
+                for k, v in value.items()}
     if isinstance(value, list):
         return [_clean(v, places) for v in value]
     if isinstance(value, str):
@@ -83,7 +85,7 @@ def run(tree: Path, out: Path) -> None:
             with open(out / f"{name}.jsonl", "w") as fh:
                 for rec in records:
                     fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            (out / f"{name}.exit").write_text(f"{res.returncode}\n{res.stderr}")
+            (out / f"{name}.exit").write_text(f"{res.returncode}\n{_clean(res.stderr, places)}")
             print(f"{name}: exit {res.returncode}, {len(records)} record(s)", file=sys.stderr)
         pngs = {str(p.relative_to(work)): hashlib.sha256(p.read_bytes()).hexdigest()
                 for p in sorted(work.rglob("png-*/*.png"))}
@@ -118,8 +120,11 @@ def diff(before: Path, after: Path, ignore: set[str]) -> int:
             continue
         ra = [json.loads(x) for x in a.read_text().splitlines()]
         rb = [json.loads(x) for x in b.read_text().splitlines()]
-        codes = [(p / f"{name}.exit").read_text().split("\n", 1)[0] for p in (before, after)]
+        exits = [(p / f"{name}.exit").read_text().split("\n", 1) for p in (before, after)]
+        codes = [e[0] for e in exits]
         found = []
+        if exits[0][1] != exits[1][1]:
+            found.append(f"stderr differs: {exits[0][1]!r} -> {exits[1][1]!r}")
         if len(ra) != len(rb):
             found.append(f"{len(ra)} records before, {len(rb)} after")
         if codes[0] != codes[1]:
