@@ -55,7 +55,7 @@ class JobEvents(Protocol):
 class JobKind(Protocol):
     """What one task adds to the runner."""
 
-    batches: bool   # may decode generation.batch_size jobs together (runtime/batch.py)
+    batches: bool   # may decode generation.batch_size jobs together (SpeculativeEngine.run)
 
     def pending(self, profile, jobs, done: set) -> tuple[Iterable, int]:
         """The jobs to run given the resume keys ``done`` of the sink, and how many were
