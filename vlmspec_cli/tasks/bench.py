@@ -291,7 +291,7 @@ def rotated(methods: list[str], i: int) -> list[str]:
 
 def forget_captions(session) -> None:
     """A caption-drafting input's cache emptied: no timed request finds its captions made."""
-    captioner = getattr(session.engine.drafter, "captioner", None)
+    captioner = session.engine.drafter.captioner   # (declared on every method)
     if captioner is not None:
         captioner.forget()
 

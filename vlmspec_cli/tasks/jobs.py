@@ -185,7 +185,7 @@ def warm_up_compare(session, requests: Iterable[Callable[[], Request]]) -> None:
         short = dataclasses.replace(request, max_new_tokens=min(request.max_new_tokens, 8))
         session.engine.generate(short)
         session.baseline_engine().generate(short)
-        captioner = getattr(session.engine.drafter, "captioner", None)
+        captioner = session.engine.drafter.captioner   # (declared on every method)
         if captioner is not None:
             captioner.forget()
         return
