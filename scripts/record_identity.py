@@ -1,6 +1,6 @@
 """Records and PNG bytes of every job kind, from two checkouts, compared without timings.
 
-    python scripts/record_identity.py run TREE OUT_DIR     # run the commands with TREE's code
+    python scripts/record_identity.py run TREE OUT_DIR [--methods]  # the commands, TREE's code
     python scripts/record_identity.py diff BEFORE AFTER [--ignore KEY ...]
 
 ``run`` copies examples/ into a scratch folder, runs caption (images, one bad file,
@@ -56,6 +56,33 @@ COMMANDS = {
 }
 
 
+# --methods: every drafting method (and the batch, the fast path off) at T = 0 and T = 0.8 on
+# two images, generate-image's methods at both temperatures; γ fixed (drafting.length auto
+# chooses it from measured round costs, which changes a T > 0 run's sample path run to run)
+FIXED = ["--set", "drafting.length=fixed", "--max-new-tokens", "24", "--seed", "7"]
+TWO = ["images/scene1.png", "images/scene4.png"]
+METHODS = {
+    "none": ["-m", "none"], "chain": [], "chain-text": ["--inputs", "text"],
+    "tabed": ["-p", "tinyworld-tabed"], "tree": ["-m", "tree"],
+    "tree-static": ["-m", "tree", "--set", "tree.policy=static"], "hidden": ["-p", "tinyworld-hidden"],
+    "hidden-tree": ["-p", "tinyworld-hidden", "--set", "hidden.tree=true"],
+    "eagle3": ["-p", "tinyworld-eagle3"], "twig": ["-p", "tinyworld-twig"],
+    "chain-fast-off": ["--fast-path", "off"], "tree-fast-off": ["-m", "tree", "--fast-path", "off"],
+}
+METHOD_COMMANDS = {
+    **{f"{name}-t{t}": ["caption", *TWO, *args, *FIXED, "-t", t]
+       for t in ("0", "0.8") for name, args in METHODS.items()},
+    **{f"batch-{m}-t{t}": ["caption", *TWO, "images/scene2.png", "-m", m, "-b", "2", *FIXED, "-t", t]
+       for t in ("0", "0.8") for m in ("chain", "none")},
+    **{f"video-{m}-t{t}": ["describe-video", "videos/red-circle-left-to-right.mp4", "-m", m,
+                           "--max-new-tokens", "16", "--seed", "7", "-t", t]
+       for t in ("0", "0.8") for m in ("hidden", "chain")},
+    **{f"image-{m}-t{t}": ["generate-image", "a red circle", "-m", m, "--seed", "7", "-t", t,
+                           "--out-dir", f"png-{m}-t{t}"]
+       for t in ("0", "0.8") for m in ("tree", "adt", "none")},
+}
+
+
 def _clean(value, places: dict[str, str]):
     if isinstance(value, dict):   # a timing keeps its key (the fields are compared), not its value
         return {k: "<timing>" if k in TIMING and v is not None else _clean(v, places)
@@ -68,7 +95,7 @@ def _clean(value, places: dict[str, str]):
     return value
 
 
-def run(tree: Path, out: Path) -> None:
+def run(tree: Path, out: Path, commands: dict[str, list[str]]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory(prefix="record-identity-") as scratch:
@@ -78,7 +105,7 @@ def run(tree: Path, out: Path) -> None:
         (work / "not-an-image.png").write_bytes(b"not a PNG\n")
         (work / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in CHAT))
         places = {str(work.resolve()): "<WORK>", str(work): "<WORK>", str(tree): "<TREE>"}
-        for name, args in COMMANDS.items():
+        for name, args in commands.items():
             cmd = [sys.executable, "-m", "vlmspec_cli", *args, "--json", "-q"]
             res = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
             records = [_clean(json.loads(line), places) for line in res.stdout.splitlines() if line]
@@ -108,7 +135,8 @@ def _paths(a, b, at: str = ""):
 
 def diff(before: Path, after: Path, ignore: set[str]) -> int:
     problems = 0
-    for name in [*COMMANDS, "pngs"]:
+    names = sorted(p.stem for p in before.glob("*.jsonl"))
+    for name in [*names, "pngs"]:
         suffix = ".json" if name == "pngs" else ".jsonl"
         a, b = (p / f"{name}{suffix}" for p in (before, after))
         if name == "pngs":
@@ -148,13 +176,15 @@ def main() -> int:
     r = sub.add_parser("run")
     r.add_argument("tree", type=Path)
     r.add_argument("out", type=Path)
+    r.add_argument("--methods", action="store_true",
+                   help="also every drafting method at T = 0 and 0.8 (METHOD_COMMANDS)")
     d = sub.add_parser("diff")
     d.add_argument("before", type=Path)
     d.add_argument("after", type=Path)
     d.add_argument("--ignore", nargs="*", default=[])
     args = ap.parse_args()
     if args.cmd == "run":
-        run(args.tree.resolve(), args.out)
+        run(args.tree.resolve(), args.out, COMMANDS | (METHOD_COMMANDS if args.methods else {}))
         return 0
     return diff(args.before, args.after, set(args.ignore))
 
