@@ -220,7 +220,7 @@ class ChainDrafter(DraftingMethod):
         if fused is not None:
             proposals = fused.tolist()
         else:
-            fed_rows = torch.tensor(drafting, device=last.device)[:, None]   # (B, 1)
+            fed_rows = None if alone else torch.tensor(drafting, device=last.device)[:, None]
             chain = [first]
             for _ in range(steps - 1):
                 last = (self._extend(rows[0], chain[-1]) if alone
