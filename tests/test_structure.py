@@ -18,7 +18,10 @@
    modules (runtime/draft.py, runtime/tree.py) takes a parameter named ``engine``;
 9. the zoo (vlmspec_cli/zoo/: the tinyworld models' training code) is imported only by
    the zoo itself and by ``zoo:`` name resolution (runtime/models.py, which maps a name
-   to its packaged folder): no command, task or method depends on training code.
+   to its packaged folder): no command, task or method depends on training code;
+10. one drafter protocol: every class of the methods' package that proposes (defines
+   ``propose`` or ``propose_rows``) derives from ``DraftingMethod``: no second hierarchy
+   for batches (as ``BatchDrafter`` was); the engine's one round serves 1..B rows.
 
 Imports count wherever they are (module level or inside a function), absolute or
 relative; ``import a.b.c`` and ``from a.b import c`` depend on the module a.b.c itself,
@@ -333,6 +336,45 @@ def test_a_round_goes_one_way():
     found = [f for prefix in ONE_WAY for f in session_parameters(ROOT, PACKAGE, prefix, "engine")]
     assert not found, ("drafters or proposals calling back into the engine (the engine runs "
                        "the target forward and hands them the result):" + _listing(found))
+
+
+def proposing_classes_outside(root: Path, package: str, base: str = "DraftingMethod") -> list[str]:
+    """``module.Class`` for every class of the methods' package that defines ``propose`` or
+    ``propose_rows`` without deriving (by name, through the package's own classes) from
+    ``base``."""
+    parents: dict[str, list[str]] = {}
+    proposing: dict[str, str] = {}
+    for path in sorted((root / package / METHODS).glob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+            if isinstance(node, ast.ClassDef):
+                parents[node.name] = [ast.unparse(b).split(".")[-1] for b in node.bases]
+                if any(isinstance(f, ast.FunctionDef) and f.name in ("propose", "propose_rows")
+                       for f in node.body):
+                    proposing[node.name] = f"{path.stem}.{node.name}"
+
+    def derives(name: str, seen: frozenset = frozenset()) -> bool:
+        return name == base or any(p not in seen and derives(p, seen | {name})
+                                   for p in parents.get(name, ()))
+
+    return sorted(where for name, where in proposing.items() if not derives(name))
+
+
+def test_one_drafter_protocol():
+    found = proposing_classes_outside(ROOT, PACKAGE)
+    assert not found, ("classes that propose outside the DraftingMethod protocol (declare the "
+                       "method's row hooks on it instead):" + _listing(found))
+
+
+def test_proposing_classes_outside_the_protocol_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        f"{METHODS}/__init__.py": "",
+        f"{METHODS}/a.py": ("class DraftingMethod: pass\nclass A(DraftingMethod):\n"
+                            "    def propose(self): pass\nclass B(A):\n"
+                            "    def propose_rows(self): pass\n"),
+        f"{METHODS}/b.py": "class Rows:\n    def propose_rows(self): pass\n",
+    })
+    assert proposing_classes_outside(root, "pkg") == ["b.Rows"]
 
 
 def test_floor_one_stands_alone_and_is_the_only_writer(graph):
