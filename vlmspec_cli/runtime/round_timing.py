@@ -5,7 +5,7 @@ that is one draft forward (runtime/latency.py times it in isolation), but a hidd
 head drafts from the target's features, a twig runs the target's first K layers plus its
 own, a tree drafts level by level and TABED drafts several rows at once. So this module
 times the engine the profile builds, on real requests: per round, the drafting phase (the
-drafter's ``propose``) and the rest of the round (the target's verification and the
+drafter's ``propose_rows``, the engine's one call to it) and the rest of the round (the target's verification and the
 acceptance bookkeeping), with the device synchronised around each. Every method reports
 its own cost this way, through the same code path users run.
 
@@ -61,23 +61,24 @@ def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
     The engine's drafter is wrapped for the call only and restored afterwards."""
     device = engine.target.device
     drafter = engine.drafter
-    propose = drafter.propose
+    propose_rows = drafter.propose_rows
     times = RoundTimes()
     last = {"ms": 0.0, "drafted": 0, "levels": 0}
 
-    def timed_propose(state, budget):
+    def timed_propose_rows(states, budgets):
         synchronize(device)
         t0 = time.perf_counter()
-        proposal = propose(state, budget)
+        proposals = propose_rows(states, budgets)
         synchronize(device)
         last["ms"] = (time.perf_counter() - t0) * 1000.0
+        (proposal,) = proposals            # one request at a time
         last["drafted"] = len(proposal)
         last["levels"] = proposal.levels   # a tree's depth, a chain's length
-        return proposal
+        return proposals
 
     for req in requests[:warmup]:
         engine.generate(req)
-    drafter.propose = timed_propose
+    drafter.propose_rows = timed_propose_rows
     try:
         for req in requests:
             state = engine.start(req)
@@ -97,5 +98,5 @@ def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
             times.stats.merge(state.stats)
             times.outputs.append(list(state.tokens))
     finally:
-        del drafter.propose   # the class's own method again
+        del drafter.propose_rows   # the class's own method again
     return times
