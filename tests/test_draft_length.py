@@ -131,17 +131,100 @@ def test_the_length_maximises_tokens_per_time_and_goes_off_and_on():
     # after 2, then 4 plain rounds (the backoff's cap)
     assert seen == [0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0]
     dear.costs.draft = 0.0        # the machine changed: drafting is free now
-    # the next probe (the longest chain: free drafting) pays, and drafting stays on
-    assert [_round(dear, state, 8, accepted=8) for _ in range(6)] == [8] * 6
+    # the next probe (one proposal: the cheapest round that tells) pays, and drafting
+    # stays on at the longest chain
+    assert [_round(dear, state, 8, accepted=8) for _ in range(6)] == [1] + [8] * 5
     dear.finish(state)
     section = state.stats.draft_length
     assert section["rounds_plain"] == 10 and section["rounds_drafted"] == 8
-    assert section["probes"] == 3 and section["gamma_hist"][1] == 2
-    assert section["mean_gamma"] == pytest.approx((2 + 6 * 8) / 8)
+    assert section["probes"] == 3 and section["gamma_hist"][1] == 3
+    assert section["mean_gamma"] == pytest.approx((3 + 5 * 8) / 8)
     stats = SpecStats()
     stats.merge(state.stats)
     stats.merge(state.stats)
     assert stats.draft_length["rounds_plain"] == 20 and stats.draft_length["accept_rates"] is None
+
+
+def test_a_plain_step_is_timed_apart_from_longer_rounds():
+    """A CPU's one-token forward is cheaper than any longer one (V(2) ≈ 1.2·V(1)): a line
+    through plain steps and drafted rounds would put V(1) near V(2), and a draft kept one
+    time in ten (gain 1.1 / 1.2 < 1) would look as if it paid."""
+    costs = RoundCosts()
+    for i in range(30):          # plain steps, rounds of one proposal, now and then of 7
+        costs.observe(levels=0, draft_s=None, fed=1, verify_s=1.0)
+        costs.observe(levels=1, draft_s=0.01, fed=2, verify_s=1.2)
+        if i % 3 == 0:
+            costs.observe(levels=7, draft_s=0.07, fed=8, verify_s=1.3)
+    assert costs.verify_s(1) == pytest.approx(1.0)
+    assert costs.verify_s(2) == pytest.approx(1.2, abs=0.02)
+    policy = AutoGamma(7, costs=costs, prior_weight=1e6)
+    policy.seen = Acceptance(1.0)
+    for i in range(100):
+        policy.seen.observe(1, int(i % 10 == 0))   # the first proposal kept 1 time in 10
+    state = _state()
+    policy.start(state)
+    assert policy.choose(state, 7) == 0
+
+
+def test_a_measured_slope_is_kept_and_measured_once():
+    """Once verification was seen at sizes far apart, its slope stays when every round
+    settles on one length (no more rounds spent measuring it); the round that measures it
+    comes only while chains pay (k ≥ 2)."""
+    line = LinearCost(decay=0.9)
+    for x in (2, 8, 2, 8):
+        line.observe(x, 1.0 + 0.05 * x)
+    for _ in range(60):          # the spread decays far below MIN_SPREAD
+        line.observe(8, 1.4)
+    assert line.spread() < 0.5
+    assert line.at(8) - line.at(2) == pytest.approx(6 * 0.05, rel=0.05)
+    costs = RoundCosts()
+    for _ in range(3):
+        costs.observe(levels=1, draft_s=0.01, fed=2, verify_s=1.2)
+    costs.observe(levels=0, draft_s=None, fed=1, verify_s=1.0)
+    policy = AutoGamma(7, costs=costs, prior_weight=1e6)
+    policy.seen = Acceptance(1.0)
+    for i in range(100):
+        policy.seen.observe(7, 7 if i % 2 else 6)   # long chains kept: worth drafting long
+    state = _state()
+    policy.start(state)
+    assert policy.choose(state, 7) == 7                  # the size farthest from 1 seen
+    costs.observe(levels=7, draft_s=0.07, fed=8, verify_s=1.3)
+    costs.observe(levels=7, draft_s=0.07, fed=8, verify_s=1.3)
+    assert costs.verify.slope is not None
+    for _ in range(60):          # every round at 7 since: the sizes alike again
+        costs.observe(levels=7, draft_s=0.07, fed=8, verify_s=1.3)
+    assert costs.verify.spread() < 0.5 and costs.explore(7, 7) == 7
+    weak = AutoGamma(7, costs=RoundCosts(), prior_weight=1e6)   # one size seen, no slope
+    weak.costs.observe(levels=0, draft_s=None, fed=1, verify_s=1.0)
+    weak.costs.observe(levels=1, draft_s=0.05, fed=2, verify_s=1.0)
+    weak.seen = Acceptance(1.0)
+    for i in range(100):
+        weak.seen.observe(1, int(i % 2 == 0))       # the first kept every other round
+    weak.rates = lambda ls: [0.5] + [0.0] * 6       # and never a second
+    state = _state()
+    weak.start(state)
+    assert weak.choose(state, 7) == 1    # worth one proposal: no round at 7 to measure
+
+
+def test_drafting_resumes_only_when_it_clearly_pays():
+    """On, drafting stays while a round is expected to pay (gain ≥ 1); once off, it
+    comes back only at a gain of 1 + RESUME, so a draft near the break-even, or a noisy
+    estimate, does not switch it on and off every few rounds."""
+    policy = AutoGamma(1, costs=Costs(0.01), probe_after=1, max_backoff=1)
+    rate = {"h": 0.02}           # verifying flat, a draft step 0.01: gain = (1 + h) / 1.01
+    policy.rates = lambda ls: [rate["h"]]
+    state = _state()
+    policy.start(state)
+    assert _round(policy, state, 1, accepted=0) == 1      # on: 1.01 pays
+    rate["h"] = 0.0
+    assert _round(policy, state, 1, accepted=0) == 0      # 0.99 < 1: off
+    assert _round(policy, state, 1, accepted=0) == 1      # the probe
+    rate["h"] = 0.02
+    # 1.01 pays, but not by RESUME: off again after each probe
+    assert [_round(policy, state, 1, accepted=0) for _ in range(4)] == [0, 1, 0, 1]
+    rate["h"] = 0.1                                        # 1.09 ≥ 1.05: back on, and on
+    assert [_round(policy, state, 1, accepted=0) for _ in range(3)] == [1, 1, 1]
+    assert policy.on
 
 
 def test_verification_cost_decides_between_lengths():

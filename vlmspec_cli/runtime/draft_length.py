@@ -13,11 +13,12 @@ costs V(1). Each round drafts the k in 1..budget (budget ≤ the ceiling, ``draf
 with the most tokens per unit time, E(k) / C(k) (the longest of those within TIE, 2%, of
 the best: near its optimum the rate is flat). When even the best is below a plain step's,
 1 / V(1) (the round's expected gain is below 1), drafting goes off: plain target steps,
-and one drafted round (a probe) after ``probe_after`` of them, then twice as many after
-each probe that did not pay (exponential backoff, up to ``max_backoff``); a probe that
-pays turns drafting back on. The off state and its backoff are the process's (a new
-request starts where the last one left off), so a bad draft costs a probe every few tens
-of tokens, not a few rounds per request.
+and one round of one proposal (a probe) after ``probe_after`` of them, then twice as many
+after each probe that did not pay (exponential backoff, up to ``max_backoff``); drafting
+comes back when a round is expected to gain RESUME (5%) over a plain step, so a draft near
+the break-even does not switch on and off. The off state and its backoff are the
+process's (a new request starts where the last one left off), so a bad draft costs a
+probe every few tens of tokens, not a few rounds per request.
 
 - h_i: this request's rounds, per position and decayed per round (``decay``), with the
   process's earlier rounds as a prior worth ``prior_weight`` rounds at each position
@@ -28,9 +29,12 @@ of tokens, not a few rounds per request.
   added: each phase ends reading its tokens back to the host (the proposals, the
   verdict), which waits for its kernels. Each is a decayed least-squares line over the
   rounds' sizes (``LinearCost``; a process's first WARMUP_ROUNDS rounds are not timed,
-  and a round timed over OUTLIER times its prediction counts as that); while the sizes
-  verified are too alike to tell a slope, a round drafts the length farthest from them
-  (1 or the budget), to measure another size.
+  and a round timed over OUTLIER times its prediction counts as that); a plain step
+  (one token fed) has its own mean, apart from the line through longer rounds (a CPU's
+  one-token forward is cheaper than the line says). Until verification was seen at
+  sizes far enough apart to tell its slope, a round that would draft a chain (k ≥ 2)
+  drafts the length farthest from them (1 or the budget), to measure another size; the
+  slope found is kept while later rounds settle on one length.
 
 Lossless by construction: γ and the plain rounds are decided before the round, from
 earlier rounds only; every emitted token is still the target's (verify.py), at T = 0
@@ -61,21 +65,25 @@ MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slo
 WARMUP_ROUNDS = 2         # a process's first rounds pay one-time costs: not timed
 OUTLIER = 3.0             # a round timed over this many times its prediction counts as that
 TIE = 0.02                # lengths this close to the best rate count as equal: the longest
+RESUME = 0.05             # once off, drafting resumes when a round is expected to gain this much
 
 
 class LinearCost:
     """Seconds as a line in a round's size x (positions drafted, or tokens verified): a
     least-squares fit over the rounds seen, each weight decaying by ``decay`` per
     observation, so a machine that gets busier is followed within some tens of rounds.
-    While the sizes seen are too alike (weighted spread < MIN_SPREAD) the slope is taken
-    as ``fallback``: "flat" (T(x) = the mean: Remark 1, verification costs about the same
-    for any k) or "proportional" (T(x) ∝ x: a draft step per position)."""
+    While the sizes seen are too alike (weighted spread < MIN_SPREAD) the slope is the last
+    one fitted while they were not (``slope``: sizes, once told apart, keep their relative
+    costs when every round settles on one length), or before any, ``fallback``: "flat"
+    (T(x) = the mean: Remark 1, verification costs about the same for any k) or
+    "proportional" (T(x) ∝ x: a draft step per position)."""
 
     def __init__(self, fallback: str = "flat", decay: float = COST_DECAY) -> None:
         self.fallback = fallback
         self.decay = decay
         self.w = self.x = self.xx = self.y = self.xy = 0.0
         self.n = 0
+        self.slope: float | None = None   # the last slope fitted over sizes told apart
 
     def observe(self, x: float, seconds: float) -> None:
         if self.n >= 3:   # one round the machine stalled must not set the line
@@ -87,6 +95,10 @@ class LinearCost:
         self.xx = d * self.xx + x * x
         self.y = d * self.y + seconds
         self.xy = d * self.xy + x * seconds
+        if self.spread() >= MIN_SPREAD:
+            mean_x, mean_y = self.x / self.w, self.y / self.w
+            var = self.xx / self.w - mean_x * mean_x
+            self.slope = max((self.xy / self.w - mean_x * mean_y) / var, 0.0)   # never cheaper when longer
 
     @property
     def known(self) -> bool:
@@ -100,10 +112,8 @@ class LinearCost:
 
     def at(self, x: float) -> float:
         mean_x, mean_y = self.x / self.w, self.y / self.w
-        if self.spread() >= MIN_SPREAD:
-            var = self.xx / self.w - mean_x * mean_x
-            slope = max((self.xy / self.w - mean_x * mean_y) / var, 0.0)   # never cheaper when longer
-            return max(mean_y + slope * (x - mean_x), 0.0)
+        if self.slope is not None:
+            return max(mean_y + self.slope * (x - mean_x), 0.0)
         if self.fallback == "proportional" and mean_x > 0:
             return mean_y * x / mean_x
         return mean_y
@@ -111,11 +121,17 @@ class LinearCost:
 
 class RoundCosts:
     """What rounds cost in this process: drafting by positions drafted (D), verifying and
-    committing by tokens fed to the target (V)."""
+    committing by tokens fed to the target (V). A plain step (one token fed) is timed
+    apart from the rounds that feed several: on a CPU the fast path's one-token forward
+    is markedly cheaper than any longer one (bench/RESULTS.md, "auto draft length":
+    V(2) ≈ 1.2·V(1), V(8) ≈ 1.3·V(1) on the demo's target), which a line through both would
+    put at V(1) + slope, and a draft that is kept now and then (τ ≈ 1.1) would look as if
+    it paid."""
 
     def __init__(self) -> None:
         self.draft = LinearCost("proportional")
-        self.verify = LinearCost("flat")
+        self.verify = LinearCost("flat")    # rounds feeding the target 2 or more tokens
+        self.plain = LinearCost("flat")     # rounds feeding it one
 
     def observe(self, levels: int, draft_s: float | None, fed: int, verify_s: float) -> None:
         """One round: ``draft_s`` for ``levels`` positions (None: not a clean measure, e.g.
@@ -123,18 +139,25 @@ class RoundCosts:
         tokens."""
         if draft_s is not None and levels > 0:
             self.draft.observe(levels, draft_s)
-        self.verify.observe(fed, verify_s)
+        (self.plain if fed == 1 else self.verify).observe(fed, verify_s)
 
     def draft_s(self, levels: int) -> float | None:
         return self.draft.at(levels) if self.draft.known else None
 
     def verify_s(self, fed: int) -> float | None:
-        return self.verify.at(fed) if self.verify.known else None
+        """V(fed): a plain step's own time for one token, the line through the longer
+        rounds for more; each stands in for the other until it is measured."""
+        if fed == 1 and self.plain.known:
+            return self.plain.at(1)
+        if self.verify.known:
+            return self.verify.at(fed)
+        return self.plain.at(1) if self.plain.known else None
 
     def explore(self, k: int, budget: int) -> int:
-        """``k``, or, while verification has been seen at too few sizes to tell its slope,
-        the size in 1..budget farthest from those seen (a round to measure it)."""
-        if not self.verify.known or self.verify.spread() >= MIN_SPREAD:
+        """``k``, or, while verification has never been seen at sizes far enough apart to
+        tell its slope, the size in 1..budget farthest from those seen (a round to measure
+        it; once told, the slope is kept, so this happens a few times per process)."""
+        if not self.verify.known or self.verify.slope is not None:
             return k
         seen = self.verify.x / self.verify.w - 1          # proposals of the mean round
         return max((1, budget), key=lambda size: abs(size - seen))
@@ -224,6 +247,7 @@ class AutoGamma:
         self.wait = 0                           # plain rounds left before the next probe
         self.backoff = self.probe_after         # plain rounds before the probe after it
         self.probe_due = False
+        self.on = True                          # drafting was on at the last decision
 
     # -- the model ---------------------------------------------------------------------
     def rates(self, ls: LengthState) -> list[float]:
@@ -271,17 +295,24 @@ class AutoGamma:
             self.wait -= 1
             return 0
         k, gain = self.best(self.rates(ls), budget)
-        if self.probe_due:                   # draft once more, to see if it pays again
-            self.probe_due = False
-            ls.probes += 1
-            return k
-        if gain is not None and gain < 1.0:  # does not pay: plain, probe later
+        if self.probe_due:                   # draft once more, to see if it pays again:
+            self.probe_due = False           # one proposal, the cheapest round that tells
+            ls.probes += 1                   # whether the first position is kept now
+            return 1
+        # drafting stays on while a round is expected to pay; once off, it comes back
+        # only when it is expected to pay by RESUME over a plain step (so a draft near
+        # the break-even, or a noisy estimate, does not switch every few rounds)
+        if gain is not None and gain < (1.0 if self.on else 1.0 + RESUME):
+            self.on = False                  # does not pay: plain, probe later
             self.wait = self.backoff - 1
             self.backoff = min(2 * self.backoff, self.max_backoff)
             self.probe_due = True
             return 0
+        self.on = True
         self.backoff = self.probe_after
-        return self.costs.explore(k, budget)
+        # a round to measure verification at another size: only while drafting pays
+        # for chains (k ≥ 2); a draft worth one proposal a round never needs the slope
+        return self.costs.explore(k, budget) if k >= 2 else k
 
     def observe(self, state: DecodeState, k: int, *, levels: int, fed: int, drafted: int,
                 accepted: int, draft_s: float, verify_s: float) -> None:
