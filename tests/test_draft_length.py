@@ -219,10 +219,9 @@ def test_drafting_resumes_only_when_it_clearly_pays():
     rate["h"] = 0.0
     assert _round(policy, state, 1, accepted=0) == 0      # 0.99 < 1: off
     assert _round(policy, state, 1, accepted=0) == 1      # the probe
-    rate["h"] = 0.02
-    # 1.01 pays, but not by RESUME: off again after each probe
+    rate["h"] = 0.1             # 1.09 pays, but not by RESUME: off again after each probe
     assert [_round(policy, state, 1, accepted=0) for _ in range(4)] == [0, 1, 0, 1]
-    rate["h"] = 0.1                                        # 1.09 ≥ 1.05: back on, and on
+    rate["h"] = 0.2                                        # 1.19 ≥ 1.15: back on, and on
     assert [_round(policy, state, 1, accepted=0) for _ in range(3)] == [1, 1, 1]
     assert policy.on
 

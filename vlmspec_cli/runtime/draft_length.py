@@ -15,8 +15,9 @@ the best: near its optimum the rate is flat). When even the best is below a plai
 1 / V(1) (the round's expected gain is below 1), drafting goes off: plain target steps,
 and one round of one proposal (a probe) after ``probe_after`` of them, then twice as many
 after each probe that did not pay (exponential backoff, up to ``max_backoff``); drafting
-comes back when a round is expected to gain RESUME (5%) over a plain step, so a draft near
-the break-even does not switch on and off. The off state and its backoff are the
+comes back when a round is expected to gain RESUME (15%) over a plain step: on a busy
+machine a round's cost swings by that much, and a draft near the break-even must not
+switch on and off with it. The off state and its backoff are the
 process's (a new request starts where the last one left off), so a bad draft costs a
 probe every few tens of tokens, not a few rounds per request.
 
@@ -65,7 +66,7 @@ MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slo
 WARMUP_ROUNDS = 2         # a process's first rounds pay one-time costs: not timed
 OUTLIER = 3.0             # a round timed over this many times its prediction counts as that
 TIE = 0.02                # lengths this close to the best rate count as equal: the longest
-RESUME = 0.05             # once off, drafting resumes when a round is expected to gain this much
+RESUME = 0.15             # once off, drafting resumes when a round is expected to gain this much
 
 
 class LinearCost:
