@@ -49,6 +49,9 @@ class Costs:
     def verify_s(self, fed: int) -> float:
         return 1.0 + self.slope * (fed - 1)
 
+    def plain_s(self, cautious: bool = False) -> float:
+        return self.verify_s(1)
+
     def explore(self, k: int, budget: int) -> int:
         return k
 
@@ -224,6 +227,29 @@ def test_drafting_resumes_only_when_it_clearly_pays():
     rate["h"] = 0.2                                        # 1.19 ≥ 1.15: back on, and on
     assert [_round(policy, state, 1, accepted=0) for _ in range(3)] == [1, 1, 1]
     assert policy.on
+
+
+def test_a_plain_step_timed_on_a_busier_machine_does_not_turn_drafting_on():
+    """The plain steps are timed while drafting is off, the longer rounds before: a load
+    spike among the plain steps makes drafting look cheap. Off, the gain that turns it
+    back on takes V(1) as at most the longer rounds' line puts it; on, the plain steps'
+    own time."""
+    costs = RoundCosts()
+    for _ in range(10):
+        costs.observe(levels=1, draft_s=0.01, fed=2, verify_s=1.2)
+        costs.observe(levels=7, draft_s=0.07, fed=8, verify_s=1.3)
+    for _ in range(5):           # then plain steps, on a machine 40% busier
+        costs.observe(levels=0, draft_s=None, fed=1, verify_s=1.5)
+    assert costs.plain_s() == pytest.approx(1.5)
+    assert costs.plain_s(cautious=True) == pytest.approx(costs.verify.at(1))
+    assert costs.plain_s(cautious=True) < 1.2
+    policy = AutoGamma(7, costs=costs, probe_after=1, max_backoff=1)
+    policy.rates = lambda ls: [0.15] + [0.0] * 6   # gain 1.15·1.5/1.21 on; ≈ 0.9 cautious
+    state = _state()
+    policy.start(state)
+    assert policy.choose(state, 7) == 1             # on: the plain steps' own time
+    policy.on = False
+    assert policy.choose(state, 7) == 0             # off: it stays off
 
 
 def test_verification_cost_decides_between_lengths():

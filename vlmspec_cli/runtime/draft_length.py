@@ -154,6 +154,16 @@ class RoundCosts:
             return self.verify.at(fed)
         return self.plain.at(1) if self.plain.known else None
 
+    def plain_s(self, cautious: bool = False) -> float | None:
+        """V(1), what a plain step costs; ``cautious``: at most what the line through the
+        longer rounds puts at one token, so a plain step timed while the machine was busier
+        than when those rounds were (the costs are measured at different times) is not
+        taken as what drafting would save."""
+        v1 = self.verify_s(1)
+        if cautious and v1 is not None and self.plain.known and self.verify.known:
+            v1 = min(v1, self.verify.at(1))
+        return v1
+
     def explore(self, k: int, budget: int) -> int:
         """``k``, or, while verification has never been seen at sizes far enough apart to
         tell its slope, the size in 1..budget farthest from those seen (a round to measure
@@ -256,11 +266,12 @@ class AutoGamma:
         prior = self.seen.rates(self.ceiling)
         return ls.acceptance.rates(self.ceiling, prior, self.prior_weight)
 
-    def best(self, rates: list[float], budget: int) -> tuple[int, float | None]:
+    def best(self, rates: list[float], budget: int,
+             cautious: bool = False) -> tuple[int, float | None]:
         """(the k in 1..budget with the most tokens per second (the longest within TIE of
         it), the best gain over a plain step: (E(k)/C(k)) / (1/V(1))); gain None while the
-        costs are unknown."""
-        v1 = self.costs.verify_s(1)
+        costs are unknown. ``cautious``: V(1) as ``RoundCosts.plain_s`` caps it."""
+        v1 = self.costs.plain_s(cautious)
         if v1 is None:
             return budget, None
         rate = {}
@@ -295,7 +306,8 @@ class AutoGamma:
         if self.wait > 0:                    # drafting is off: plain until the probe
             self.wait -= 1
             return 0
-        k, gain = self.best(self.rates(ls), budget)
+        # off, the gain that would turn drafting back on is judged cautiously
+        k, gain = self.best(self.rates(ls), budget, cautious=not self.on)
         if self.probe_due:                   # draft once more, to see if it pays again:
             self.probe_due = False           # one proposal, the cheapest round that tells
             ls.probes += 1                   # whether the first position is kept now
