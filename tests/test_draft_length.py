@@ -210,17 +210,17 @@ def test_a_measured_slope_is_kept_and_measured_once():
 
 
 def test_drafting_resumes_only_when_it_clearly_pays():
-    """On, drafting stays while a round is expected to pay (gain ≥ 1); once off, it
-    comes back only at a gain of 1 + RESUME, so a draft near the break-even, or a noisy
-    estimate, does not switch it on and off every few rounds."""
+    """On, drafting stays while a round is expected to gain 1 + STAY (5%); once off, it
+    comes back only at a gain of 1 + RESUME (15%), so a draft near the break-even, or a
+    noisy estimate, does not switch it on and off every few rounds."""
     policy = AutoGamma(1, costs=Costs(0.01), probe_after=1, max_backoff=1)
-    rate = {"h": 0.02}           # verifying flat, a draft step 0.01: gain = (1 + h) / 1.01
+    rate = {"h": 0.08}           # verifying flat, a draft step 0.01: gain = (1 + h) / 1.01
     policy.rates = lambda ls: [rate["h"]]
     state = _state()
     policy.start(state)
-    assert _round(policy, state, 1, accepted=0) == 1      # on: 1.01 pays
-    rate["h"] = 0.0
-    assert _round(policy, state, 1, accepted=0) == 0      # 0.99 < 1: off
+    assert _round(policy, state, 1, accepted=0) == 1      # on: 1.07 pays
+    rate["h"] = 0.05
+    assert _round(policy, state, 1, accepted=0) == 0      # 1.04 < 1.05: off
     assert _round(policy, state, 1, accepted=0) == 1      # the probe
     rate["h"] = 0.1             # 1.09 pays, but not by RESUME: off again after each probe
     assert [_round(policy, state, 1, accepted=0) for _ in range(4)] == [0, 1, 0, 1]

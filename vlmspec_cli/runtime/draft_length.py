@@ -12,7 +12,7 @@ and the proposals) with the round's bookkeeping. A plain target step emits 1 tok
 costs V(1). Each round drafts the k in 1..budget (budget ≤ the ceiling, ``drafting.gamma``)
 with the most tokens per unit time, E(k) / C(k) (the longest of those within TIE, 2%, of
 the best: near its optimum the rate is flat). When even the best is below a plain step's,
-1 / V(1) (the round's expected gain is below 1), drafting goes off: plain target steps,
+1 / V(1) by STAY (5%: the round's expected gain is below 1.05), drafting goes off: plain target steps,
 and one round of one proposal (a probe) after ``probe_after`` of them, then twice as many
 after each probe that did not pay (exponential backoff, up to ``max_backoff``); drafting
 comes back when a round is expected to gain RESUME (15%) over a plain step: on a busy
@@ -66,6 +66,7 @@ MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slo
 WARMUP_ROUNDS = 2         # a process's first rounds pay one-time costs: not timed
 OUTLIER = 3.0             # a round timed over this many times its prediction counts as that
 TIE = 0.02                # lengths this close to the best rate count as equal: the longest
+STAY = 0.05               # drafting stays on while a round is expected to gain this much
 RESUME = 0.15             # once off, drafting resumes when a round is expected to gain this much
 
 
@@ -312,10 +313,10 @@ class AutoGamma:
             self.probe_due = False           # one proposal, the cheapest round that tells
             ls.probes += 1                   # whether the first position is kept now
             return 1
-        # drafting stays on while a round is expected to pay; once off, it comes back
-        # only when it is expected to pay by RESUME over a plain step (so a draft near
-        # the break-even, or a noisy estimate, does not switch every few rounds)
-        if gain is not None and gain < (1.0 if self.on else 1.0 + RESUME):
+        # drafting stays on while a round is expected to gain STAY over a plain step; once
+        # off, it comes back only at RESUME (a draft near the break-even gains nothing,
+        # and a noisy estimate must not switch it every few rounds)
+        if gain is not None and gain < 1.0 + (STAY if self.on else RESUME):
             self.on = False                  # does not pay: plain, probe later
             self.wait = self.backoff - 1
             self.backoff = min(2 * self.backoff, self.max_backoff)
