@@ -16,10 +16,9 @@ process: both sides of a row's ratio see the same conditions):
 Each workload runs idle and beside 1 and 2 CPU-bound competitor processes started here
 (``--loads``). A competitor spins in Python and stops by itself after ``--competitor-s``
 seconds; the bench kills each one when its row is done (in a ``finally``). Variants
-(``--variants``): ``default`` (the profile as shipped: the captions' default chooses γ per
-round, ``drafting.length: auto``; the video profile keeps its fixed γ), ``fixed`` and
-``auto`` (``--set drafting.length=fixed|auto``). Rows take turns: workload by workload,
-each load, each variant.
+(``--variants``): ``default`` (the profile as shipped), ``fixed`` and ``auto``
+(``--set drafting.length=fixed|auto``). Rows take turns: workload by workload, each
+load, each variant.
 
 A row's speedup is the sum of target-only's wall times over the sum of the method's
 (the records' ``compare.target_only_wall_s`` and ``stats.wall_s``), its τ the records'
