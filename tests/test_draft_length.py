@@ -252,6 +252,26 @@ def test_a_plain_step_timed_on_a_busier_machine_does_not_turn_drafting_on():
     assert policy.choose(state, 7) == 0             # off: it stays off
 
 
+def test_a_dear_probe_is_made_rarer():
+    """A probe that lands in a new request prefills the draft there: when a probe costs 3
+    plain steps more than the plain round it replaced, the plain rounds before the next
+    one are enough for probes to take PROBE_SHARE (2%) of their time: 150, not the
+    backoff's 4; and a request that starts with a probe due defers the drafter's prefill
+    to it (``off``), so that prefill is part of the probe's measured cost."""
+    policy = AutoGamma(8, costs=Costs(2.0), probe_after=2, max_backoff=4)
+    state = _state()
+    policy.start(state)
+    assert [_round(policy, state, 8, accepted=0) for _ in range(2)] == [0, 0]
+    assert policy.off and policy.probe_due          # the next round is the probe
+    k = policy.choose(state, 8)
+    assert k == 1
+    policy.observe(state, k, levels=1, fed=2, drafted=1, accepted=0, draft_s=3.0,
+                   verify_s=1.0)                     # a prefill and a catch-up: 3 + 1 - 1
+    assert policy.probe_cost == pytest.approx(3.0)
+    seen = [_round(policy, state, 8, accepted=0) for _ in range(152)]
+    assert seen[:150] == [0] * 150 and seen[150] == 1
+
+
 def test_verification_cost_decides_between_lengths():
     """Eq. 1': with drafting free, a verification that grows with k caps γ where the
     acceptance no longer pays for it."""

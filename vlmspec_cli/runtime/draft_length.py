@@ -14,7 +14,9 @@ with the most tokens per unit time, E(k) / C(k) (the longest of those within TIE
 the best: near its optimum the rate is flat). When even the best is below a plain step's,
 1 / V(1) by STAY (5%: the round's expected gain is below 1.05), drafting goes off: plain target steps,
 and one round of one proposal (a probe) after ``probe_after`` of them, then twice as many
-after each probe that did not pay (exponential backoff, up to ``max_backoff``); drafting
+after each probe that did not pay (exponential backoff, up to ``max_backoff``; or more, so
+that probes take at most PROBE_SHARE, 2%, of the plain rounds' time: a probe in a new
+request prefills the draft then, and costs several plain steps); drafting
 comes back when a round is expected to gain RESUME (15%) over a plain step: on a busy
 machine a round's cost swings by that much, and a draft near the break-even must not
 switch on and off with it. The off state and its backoff are the
@@ -68,6 +70,7 @@ OUTLIER = 3.0             # a round timed over this many times its prediction co
 TIE = 0.02                # lengths this close to the best rate count as equal: the longest
 STAY = 0.05               # drafting stays on while a round is expected to gain this much
 RESUME = 0.15             # once off, drafting resumes when a round is expected to gain this much
+PROBE_SHARE = 0.02        # probes take at most this share of the plain rounds' time
 
 
 class LinearCost:
@@ -260,6 +263,8 @@ class AutoGamma:
         self.backoff = self.probe_after         # plain rounds before the probe after it
         self.probe_due = False
         self.on = True                          # drafting was on at the last decision
+        self.probing = False                    # the round being decoded is a probe
+        self.probe_cost: float | None = None    # what a probe costs over a plain round
 
     # -- the model ---------------------------------------------------------------------
     def rates(self, ls: LengthState) -> list[float]:
@@ -293,8 +298,9 @@ class AutoGamma:
 
     @property
     def off(self) -> bool:
-        """Drafting is off: the next round decodes plain."""
-        return self.wait > 0
+        """Drafting is off: the next round decodes plain, or is the probe (which prefills a
+        drafter that can wait, so its prefill is timed as part of the probe's cost)."""
+        return self.wait > 0 or self.probe_due
 
     def choose(self, state: DecodeState, budget: int) -> int:
         """The proposals this round drafts (0: a plain target step), at most ``budget``."""
@@ -312,13 +318,14 @@ class AutoGamma:
         if self.probe_due:                   # draft once more, to see if it pays again:
             self.probe_due = False           # one proposal, the cheapest round that tells
             ls.probes += 1                   # whether the first position is kept now
+            self.probing = True
             return 1
         # drafting stays on while a round is expected to gain STAY over a plain step; once
         # off, it comes back only at RESUME (a draft near the break-even gains nothing,
         # and a noisy estimate must not switch it every few rounds)
         if gain is not None and gain < 1.0 + (STAY if self.on else RESUME):
             self.on = False                  # does not pay: plain, probe later
-            self.wait = self.backoff - 1
+            self.wait = self._plain_rounds() - 1
             self.backoff = min(2 * self.backoff, self.max_backoff)
             self.probe_due = True
             return 0
@@ -327,6 +334,15 @@ class AutoGamma:
         # a round to measure verification at another size: only while drafting pays
         # for chains (k ≥ 2); a draft worth one proposal a round never needs the slope
         return self.costs.explore(k, budget) if k >= 2 else k
+
+    def _plain_rounds(self) -> int:
+        """Plain rounds before the next probe: the backoff, or more while a probe costs
+        more than PROBE_SHARE of them (a probe that lands in a new request prefills the
+        draft, and catches it up on the tokens decoded without it)."""
+        v1 = self.costs.plain_s()
+        if self.probe_cost is None or not v1:
+            return self.backoff
+        return max(self.backoff, math.ceil(self.probe_cost / (PROBE_SHARE * v1)))
 
     def observe(self, state: DecodeState, k: int, *, levels: int, fed: int, drafted: int,
                 accepted: int, draft_s: float, verify_s: float) -> None:
@@ -340,6 +356,11 @@ class AutoGamma:
         if fed > 0 and self.rounds > WARMUP_ROUNDS:
             self.costs.observe(levels, draft_s if clean else None, fed, verify_s)
         ls.previous = k
+        v1 = self.costs.plain_s()
+        if self.probing and v1 is not None:   # its time over the plain rounds it stood for
+            extra = max(draft_s + verify_s - v1 * (1 + accepted), 0.0)
+            self.probe_cost = extra if self.probe_cost is None else (self.probe_cost + extra) / 2
+        self.probing = False
         if drafted > 0:
             ls.acceptance.observe(drafted, accepted)
             self.seen.observe(drafted, accepted)
