@@ -156,9 +156,11 @@ class ChainDrafter(DraftingMethod):
                 tok = int(torch.multinomial(q.cpu(), 1, generator=states[b].draft_generator))
                 tokens[b].append(tok)
                 probs[b].append(q)
-                last = step + 1 == budgets[b]     # its last proposal need not be fed
-                feed.append([] if last else [tok])
-                row.cursor.fed += 0 if last else 1
+                if step + 1 == budgets[b]:        # its last proposal need not be fed
+                    feed.append([])
+                else:
+                    feed.append([tok])
+                    row.cursor.fed += 1
             if any(feed):
                 outs = self._feed(rows, feed)
                 logits = [outs[b][-1] if feed[b] else logits[b] for b in range(len(rows))]
@@ -166,7 +168,7 @@ class ChainDrafter(DraftingMethod):
 
     def _feed(self, rows: list[ChainRow], feeds: list[list[int]]) -> list[torch.Tensor]:
         """Each row's tokens through the draft, one forward; per row its logits (n, V)."""
-        if self.batch is not None and rows[0].cache is None:
+        if rows[0].cache is None:           # rows of a batch
             return self.batch.feed(feeds)
         (row,), (ids,) = rows, feeds
         return [self._extend(row, torch.tensor([ids], device=self.draft.device))[0]]
@@ -241,5 +243,6 @@ class ChainDrafter(DraftingMethod):
             truncate_cache(row.cache, row.prompt + row.cursor.covered)
 
     def end_round(self, states: list[DecodeState]) -> None:
-        if self.batch is not None and states and states[0].drafter_state.cache is None:
+        row = states[0].drafter_state if states else None   # None: not prefilled (deferred)
+        if isinstance(row, ChainRow) and row.cache is None:  # rows of a batch
             self.batch.rollback([st.drafter_state.drop for st in states])

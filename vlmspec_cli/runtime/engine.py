@@ -92,10 +92,22 @@ class SpeculativeEngine:
         self.threads.enter("decode", cache_length(state.target_cache))
         return state
 
-    def _prefill(self, request: Request) -> DecodeState:
+    def _new_state(self, request: Request) -> DecodeState:
+        """A request's decoding state: its prompt as the target's template renders it, and
+        its target and draft generators."""
         lm = self.target
         state = DecodeState(request=request, prompt=lm.adapter.prompt_text(lm, request.messages))
         state.target_generator, state.draft_generator = make_generators(request.seed)
+        return state
+
+    def _result(self, state: DecodeState, started: float) -> Result:
+        state.stats.wall_s = time.perf_counter() - started
+        return Result(list(state.tokens), decode_text(self.target, state.tokens, self.eos_ids),
+                      state)
+
+    def _prefill(self, request: Request) -> DecodeState:
+        lm = self.target
+        state = self._new_state(request)
         if self.length is not None:
             self.length.start(state)
             # drafting is off (it did not pay in this process's last rounds): a drafter that
@@ -230,9 +242,7 @@ class SpeculativeEngine:
             if progress is not None:
                 progress(state)
         self.finish(state)
-        state.stats.wall_s = time.perf_counter() - t0
-        return Result(list(state.tokens), decode_text(self.target, state.tokens, self.eos_ids), state)
-
+        return self._result(state, t0)
 
     # -- many requests, batch_size rows at a time ---------------------------------------
     def run(self, items: Iterable[T], make_request: Callable[[T], Request],
@@ -280,7 +290,7 @@ class SpeculativeEngine:
                     keep = [i for i, row in enumerate(rows) if not row.state.done]
                     for row in rows:
                         if row.state.done:
-                            yield row.item, self._row_result(row)
+                            yield row.item, self._result(row.state, row.started)
                     rows = [rows[i] for i in keep]
                     self.rows.keep_rows(keep)
                     self.drafter.keep_rows(keep)
@@ -304,8 +314,7 @@ class SpeculativeEngine:
         try:
             t0 = time.perf_counter()
             lm = self.target
-            state = DecodeState(request=request, prompt=lm.adapter.prompt_text(lm, request.messages))
-            state.target_generator, state.draft_generator = make_generators(request.seed)
+            state = self._new_state(request)
             single = lm.adapter.new_cache(lm, static=False)
             inputs = lm.adapter.encode(lm, state.prompt, request.images or None)
             state.target_next_logits = lm.adapter.prefill(lm, inputs, single)[0]
@@ -315,11 +324,6 @@ class SpeculativeEngine:
             return _Row(item, state, t0)
         finally:
             self.threads.enter("decode")
-
-    def _row_result(self, row: "_Row") -> Result:
-        st = row.state
-        st.stats.wall_s = time.perf_counter() - row.started
-        return Result(list(st.tokens), decode_text(self.target, st.tokens, self.eos_ids), st)
 
 
 @dataclass
