@@ -85,6 +85,7 @@ class DraftTree(Proposal):
         cache will keep only that path (``Verdict.keep``: the accepted nodes' slots, moved
         down after the prefix)."""
         lead = len(state.target_pending)
+        # the cache before this round's forward: it now also holds every fed row of ``out``
         past = cache_length(state.target_cache) - (len(out) if out is not None else 0)
         root = out[lead - 1] if lead else state.target_next_logits
         node_logits = out[lead:] if len(self) else None
