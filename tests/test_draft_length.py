@@ -20,8 +20,8 @@ from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter, method_class
 from vlmspec_cli.profile import ProfileError, load_profile
-from vlmspec_cli.runtime.draft_length import (Acceptance, AutoGamma, LinearCost, RoundCosts,
-                                              expected_tokens)
+from vlmspec_cli.runtime.draft_length import (EXPLORE_AFTER, Acceptance, AutoGamma, LinearCost,
+                                              RoundCosts, expected_tokens)
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import Message, Request
@@ -72,6 +72,18 @@ def test_acceptance_counts_only_the_positions_a_round_reached():
     assert acc.rates(3, prior=[0.5] * 3, weight=2.0) == pytest.approx([3 / 4, 3 / 4, 1 / 3])
 
 
+def test_positions_never_reached_take_the_rate_of_the_one_before():
+    """The process's own rates (no prior): a deep position no round reached is taken as
+    its shallower neighbour, not as the pooled rate the first positions dominate."""
+    acc = Acceptance(decay=1.0)
+    for i in range(20):
+        acc.observe(drafted=2, accepted=1 + i % 2)     # 1 always kept, 2 every other round
+    h = acc.rates(4)
+    pooled = (sum(acc.kept) + 0.5) / (sum(acc.risk) + 1.0)
+    assert h[0] > 0.9 and h[1] == pytest.approx(0.5, abs=0.05)
+    assert h[2] == pytest.approx(h[1]) and h[3] == pytest.approx(h[1]) and h[2] < pooled - 0.2
+
+
 def test_linear_cost_recovers_a_line_and_falls_back_when_sizes_are_alike():
     line = LinearCost(decay=1.0)
     for x in (1, 8, 1, 8, 4):
@@ -83,10 +95,17 @@ def test_linear_cost_recovers_a_line_and_falls_back_when_sizes_are_alike():
     assert flat.at(2) == pytest.approx(16.0) and prop.at(2) == pytest.approx(4.0)
     costs = RoundCosts()
     costs.observe(levels=5, draft_s=None, fed=6, verify_s=1.0)   # a round after plain ones
-    # one size seen: no slope yet; the next round measures the size farthest from it
-    assert costs.draft_s(5) is None and costs.explore(5, 8) == 1
+    # one size seen: no slope yet, V taken as flat; rounds cut short may still tell it
+    assert costs.draft_s(5) is None and costs.explore(5, 8) == 5
+    for _ in range(EXPLORE_AFTER - 2):
+        costs.observe(levels=5, draft_s=0.1, fed=6, verify_s=1.0)
+    assert costs.explore(5, 8) == 5
+    costs.observe(levels=5, draft_s=0.1, fed=6, verify_s=1.0)
+    # EXPLORE_AFTER rounds of one size: the next round measures the size farthest from it
+    assert costs.explore(5, 8) == 1
     short = RoundCosts()
-    short.observe(levels=2, draft_s=0.1, fed=3, verify_s=1.0)
+    for _ in range(EXPLORE_AFTER):
+        short.observe(levels=2, draft_s=0.1, fed=3, verify_s=1.0)
     assert short.explore(2, 8) == 8
     for _ in range(3):
         costs.observe(levels=1, draft_s=None, fed=2, verify_s=1.0)

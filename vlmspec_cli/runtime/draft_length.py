@@ -35,9 +35,13 @@ probe every few tens of tokens, not a few rounds per request.
   and a round timed over OUTLIER times its prediction counts as that); a plain step
   (one token fed) has its own mean, apart from the line through longer rounds (a CPU's
   one-token forward is cheaper than the line says). Until verification was seen at
-  sizes far enough apart to tell its slope, a round that would draft a chain (k ≥ 2)
-  drafts the length farthest from them (1 or the budget), to measure another size; the
-  slope found is kept while later rounds settle on one length.
+  sizes far enough apart to tell its slope, V is taken as flat; rounds cut short by an
+  EOS or the token budget usually tell it, and if EXPLORE_AFTER rounds did not, a round
+  that would draft a chain (k ≥ 2) drafts the length farthest from them (1 or the
+  budget), to measure another size; the slope found is kept while later rounds settle on
+  one length.
+- Positions few rounds reached: shrunk towards the position before (``Acceptance.rates``),
+  so the deep positions of a ceiling seldom drafted to are not taken as likely as the first.
 
 Lossless by construction: γ and the plain rounds are decided before the round, from
 earlier rounds only; every emitted token is still the target's (verify.py), at T = 0
@@ -71,6 +75,7 @@ TIE = 0.02                # lengths this close to the best rate count as equal: 
 STAY = 0.05               # drafting stays on while a round is expected to gain this much
 RESUME = 0.15             # once off, drafting resumes when a round is expected to gain this much
 PROBE_SHARE = 0.02        # probes take at most this share of the plain rounds' time
+EXPLORE_AFTER = 32        # drafted rounds before one is drafted short to measure V's slope
 
 
 class LinearCost:
@@ -169,10 +174,15 @@ class RoundCosts:
         return v1
 
     def explore(self, k: int, budget: int) -> int:
-        """``k``, or, while verification has never been seen at sizes far enough apart to
-        tell its slope, the size in 1..budget farthest from those seen (a round to measure
-        it; once told, the slope is kept, so this happens a few times per process)."""
-        if not self.verify.known or self.verify.slope is not None:
+        """``k``, or, while verification has not been seen at sizes far enough apart to tell
+        its slope after EXPLORE_AFTER rounds, the size in 1..budget farthest from those seen
+        (a round to measure it; once told, the slope is kept). Until then V is taken as flat
+        (``LinearCost``'s fallback): rounds cut short by an EOS or by the token budget
+        usually tell the slope for free, and a round drafted short only to measure costs
+        the tokens it does not propose (on the demo, 30 rounds in all, one such round was
+        3% of the run)."""
+        if (not self.verify.known or self.verify.slope is not None
+                or self.verify.n < EXPLORE_AFTER):
             return k
         seen = self.verify.x / self.verify.w - 1          # proposals of the mean round
         return max((1, budget), key=lambda size: abs(size - seen))
@@ -201,17 +211,22 @@ class Acceptance:
 
     def rates(self, n: int, prior: list[float] | None = None, weight: float = 0.0) -> list[float]:
         """h_1..h_n from these counts and ``prior`` rates worth ``weight`` rounds at each
-        position; without a prior, each position's rate is shrunk towards the pooled one
-        (all positions' kept ÷ at risk) by SHRINK rounds, so a position seen rarely, or
-        never, is not taken as 0 or 1 from one round."""
-        if prior is None:
+        position; without a prior, position 1's rate is shrunk towards the pooled one (all
+        positions' kept ÷ at risk) and each deeper position's towards the one before it, by
+        SHRINK rounds, so a position seen rarely, or never, is not taken as 0 or 1 from one
+        round, nor as likely as the first positions (which dominate the pooled rate): a
+        draft's agreement falls with depth, and a deep position reached in few rounds is
+        taken as its shallower neighbour until it has been seen."""
+        chained = prior is None
+        if chained:
             pooled = (sum(self.kept) + 0.5) / (sum(self.risk) + 1.0)
             prior, weight = [pooled] * n, SHRINK
         out = []
         for i in range(n):
             risk = self.risk[i] if i < len(self.risk) else 0.0
             kept = self.kept[i] if i < len(self.kept) else 0.0
-            out.append(min((kept + weight * prior[i]) / (risk + weight), 0.999))
+            towards = out[-1] if chained and out else prior[i]
+            out.append(min((kept + weight * towards) / (risk + weight), 0.999))
         return out
 
 
