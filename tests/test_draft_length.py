@@ -343,6 +343,10 @@ def test_auto_length_equals_target_greedy(zoo_target, zoo_draft, corpus, kind, c
         engine.length = AutoGamma(6)
     else:
         engine.length = AutoGamma(6, costs=Costs(1.0), probe_after=1, max_backoff=2)
+    rounds = []    # (k, levels, proposals verified) as the engine reports them
+    observe = engine.length.observe
+    engine.length.observe = lambda st, k, **kw: (
+        rounds.append((k, kw["levels"], kw["drafted"])), observe(st, k, **kw))
     plain = drafted = 0
     for i, (req, ref) in enumerate(corpus):
         res = engine.generate(req)
@@ -352,6 +356,12 @@ def test_auto_length_equals_target_greedy(zoo_target, zoo_draft, corpus, kind, c
         drafted += section["rounds_drafted"]
         assert res.state.stats.new_tokens == len(res.tokens)
     assert drafted > 0
+    if kind == "chain":
+        # a chain drafts all k positions, an EOS among them cut only for verification: the
+        # cost model is told the k drafting steps taken (the demo's last rounds, cut to 1-4
+        # proposals, were timed as if 1-4 steps long), and such rounds occurred here
+        assert all(levels == k for k, levels, _ in rounds)
+        assert any(verified < levels for _, levels, verified in rounds)
     if costs == "off-on":
         assert plain > drafted > 0   # drafting was off, and came back (probes)
 

@@ -159,6 +159,7 @@ class SpeculativeEngine:
         # 1. the drafter proposes x_1..x_n (n ≤ k) per row: a chain or a tree, as data
         proposals = (self.drafter.propose_rows(states, ks) if any(ks)
                      else [Draft([]) for _ in states])
+        levels = [p.levels for p in proposals]   # the drafting steps taken, before the cut
         proposals = [p.cut_at(self.eos_ids) for p in proposals]   # nothing follows an EOS
         t1 = time.perf_counter()
         # 2. one target forward over every row's pending token and proposals, at the
@@ -166,14 +167,15 @@ class SpeculativeEngine:
         feeds = [p.target_feed(st) for p, st in zip(proposals, states)]
         outs = self._target_forward(states, feeds)
         drops: list[int] | None = None if self.rows is None else []
-        for st, proposal, feed, out, k, drafter_off in zip(states, proposals, feeds, outs, ks, off):
+        for st, proposal, feed, out, k, drafter_off, drafted_levels in zip(
+                states, proposals, feeds, outs, ks, off, levels):
             # 3. verify.py decides: x_1..x_m accepted (p/q ratio tests), one token of the
             #    target's added (from p, or the residual norm(max(0, p - q)) after a rejection)
             verdict = proposal.judge(st, out, self.sampling, self.relax)
             # 4. commit: caches cut back to the accepted prefix, tokens appended, stats
             commit(st, verdict, _NO_DRAFTER if drafter_off else self.drafter, self.eos_ids, drops)
             if self.length is not None:   # the round's costs and acceptance, for the next k
-                self.length.observe(st, k, levels=proposal.levels, fed=len(feed.ids),
+                self.length.observe(st, k, levels=drafted_levels, fed=len(feed.ids),
                                     drafted=verdict.drafted, accepted=len(verdict.accepted),
                                     draft_s=t1 - t0, verify_s=time.perf_counter() - t1)
         if self.rows is not None:     # a batch's rows share their caches: cut back at once
