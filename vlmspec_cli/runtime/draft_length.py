@@ -69,7 +69,7 @@ PRIOR_WEIGHT = 4.0        # the process's rates, in rounds at each position
 SHRINK = 2.0              # the process's pooled rate, in rounds at each position
 COST_DECAY = 0.95         # per round, the cost fits' weights
 MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slope is a guess
-WARMUP_ROUNDS = 2         # a process's first rounds pay one-time costs: not timed
+WARMUP_ROUNDS = 1         # a process's first round pays one-time costs: not timed
 OUTLIER = 3.0             # a round timed over this many times its prediction counts as that
 TIE = 0.02                # lengths this close to the best rate count as equal: the longest
 STAY = 0.05               # drafting stays on while a round is expected to gain this much
@@ -263,7 +263,8 @@ class AutoGamma:
 
     def __init__(self, ceiling: int, costs=None, probe_after: int = PROBE_AFTER,
                  max_backoff: int = MAX_BACKOFF, decay: float = DECAY,
-                 prior_weight: float = PRIOR_WEIGHT, process_decay: float = PROCESS_DECAY) -> None:
+                 prior_weight: float = PRIOR_WEIGHT, process_decay: float = PROCESS_DECAY,
+                 probe_share: float = PROBE_SHARE) -> None:
         if ceiling < 1:
             raise ValueError("the draft length's ceiling must be >= 1")
         self.ceiling = ceiling
@@ -271,6 +272,7 @@ class AutoGamma:
         self.rounds = 0                         # rounds this engine has decoded
         self.probe_after = max(1, probe_after)
         self.max_backoff = max(self.probe_after, max_backoff)
+        self.probe_share = probe_share
         self.decay = decay
         self.prior_weight = prior_weight
         self.seen = Acceptance(process_decay)   # this process's rounds: the requests' prior
@@ -329,7 +331,8 @@ class AutoGamma:
             self.wait -= 1
             return 0
         # off, the gain that would turn drafting back on is judged cautiously
-        k, gain = self.best(self.rates(ls), budget, cautious=not self.on)
+        rates = self.rates(ls)
+        k, gain = self.best(rates, budget, cautious=not self.on)
         if self.probe_due:                   # draft once more, to see if it pays again:
             self.probe_due = False           # one proposal, the cheapest round that tells
             ls.probes += 1                   # whether the first position is kept now
@@ -340,7 +343,7 @@ class AutoGamma:
         # and a noisy estimate must not switch it every few rounds)
         if gain is not None and gain < 1.0 + (STAY if self.on else RESUME):
             self.on = False                  # does not pay: plain, probe later
-            self.wait = self._plain_rounds() - 1
+            self.wait = self._plain_rounds(rates[0]) - 1
             self.backoff = min(2 * self.backoff, self.max_backoff)
             self.probe_due = True
             return 0
@@ -350,14 +353,23 @@ class AutoGamma:
         # for chains (k ≥ 2); a draft worth one proposal a round never needs the slope
         return self.costs.explore(k, budget) if k >= 2 else k
 
-    def _plain_rounds(self) -> int:
+    def _plain_rounds(self, h1: float) -> int:
         """Plain rounds before the next probe: the backoff, or more while a probe costs
-        more than PROBE_SHARE of them (a probe that lands in a new request prefills the
-        draft, and catches it up on the tokens decoded without it)."""
+        more than ``probe_share`` of them (a probe that lands in a new request prefills the
+        draft, and catches it up on the tokens decoded without it). Before any probe was
+        timed, its cost is the model's: D(1) + V(2) over the 1 + h_1 tokens it emits at
+        V(1) each (a draft whose step is dearer than the target's, e.g. a 4-bit copy of
+        the target on a CPU, must not be probed every few rounds until a probe is timed)."""
         v1 = self.costs.plain_s()
-        if self.probe_cost is None or not v1:
+        if not v1:
             return self.backoff
-        return max(self.backoff, math.ceil(self.probe_cost / (PROBE_SHARE * v1)))
+        cost = self.probe_cost
+        if cost is None:
+            draft, verify = self.costs.draft_s(1), self.costs.verify_s(2)
+            if draft is None or verify is None:
+                return self.backoff
+            cost = max(draft + verify - v1 * (1 + h1), 0.0)
+        return max(self.backoff, math.ceil(cost / (self.probe_share * v1)))
 
     def observe(self, state: DecodeState, k: int, *, levels: int, fed: int, drafted: int,
                 accepted: int, draft_s: float, verify_s: float) -> None:

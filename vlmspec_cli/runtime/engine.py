@@ -110,9 +110,11 @@ class SpeculativeEngine:
         state = self._new_state(request)
         if self.length is not None:
             self.length.start(state)
-            # drafting is off (it did not pay in this process's last rounds): a drafter that
-            # can is prefilled at this request's first drafted round, if any
-            state.length.deferred = self.length.off and self.drafter.late_prefill
+            # a drafter that can is prefilled at this request's first drafted round, if any:
+            # the first round when drafting pays, never when this request decodes plain
+            # (a draft dearer than the target, e.g. a 4-bit copy of it on a CPU, paid its
+            # prefill for nothing in every request that started with drafting on)
+            state.length.deferred = self.drafter.late_prefill
         t0 = time.perf_counter()
         if self.runs_target:
             # a self-speculative drafter shares layers with the target and runs its
@@ -123,7 +125,7 @@ class SpeculativeEngine:
         videos = {"videos": request.videos} if request.videos else {}
         inputs = lm.adapter.encode(lm, state.prompt, request.images or None, **videos)
         deferred = state.length is not None and state.length.deferred
-        if not deferred:
+        if not (deferred and self.length.off):   # (off: this request likely decodes plain)
             self.drafter.prepare(state)   # e.g. start the captioner alongside the prefill
         state.target_cache = lm.adapter.new_cache(lm)
         if self.hidden_layer is None:
