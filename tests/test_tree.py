@@ -12,12 +12,14 @@ from click.testing import CliRunner
 from scipy.stats import chisquare
 
 from conftest import fresh_scenes
+from test_draft_length import Costs
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
+from vlmspec_cli.runtime.draft_length import AutoGamma, expected_tokens
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.tree import DraftTree, path_to, tree_mask
-from vlmspec_cli.runtime.tree_growth import expand_tree
+from vlmspec_cli.runtime.tree_growth import expand_tree, tree_nodes
 from vlmspec_cli.runtime.verify import SamplingParams, verify_tree
 from vlmspec_cli.zoo import world
 
@@ -182,3 +184,38 @@ def test_cli_tree(tmp_path):
     assert bad.exit_code == 2 and "tree.top_k" in bad.output
     two = runner.invoke(cli, ["caption", str(path), "-m", "tree", "--inputs", "M,T"])
     assert two.exit_code == 2 and "one input" in two.output
+
+
+# -- drafting.length auto: each round's depth chosen, drafting off when it does not pay ----
+def test_tree_nodes_counts_what_expansion_grows():
+    """``tree_nodes`` (what a round of depth k feeds the target, for the auto cost model)
+    is the node count ``expand_tree`` really grows, T = 0 and T > 0, dynamic and static."""
+    vocab = 40
+    gen = torch.Generator().manual_seed(5)
+
+    def step(tree, nodes):
+        return torch.randn(len(nodes), vocab, generator=gen)
+
+    for depth, top_k, total in [(1, 4, 20), (2, 4, 20), (3, 2, 5), (5, 3, 60), (4, 1, 3)]:
+        for sampling in (GREEDY, SamplingParams(1.0)):
+            for static in (False, True):
+                tree = expand_tree(torch.randn(vocab, generator=gen), step, depth, top_k, total,
+                                   sampling, torch.Generator().manual_seed(depth), static=static)
+                assert len(tree) == tree_nodes(depth, top_k, total, sampling.greedy, static), \
+                    (depth, top_k, total, sampling.greedy, static)
+
+
+def test_a_tree_round_is_priced_by_its_nodes():
+    """AutoGamma.best: with verification dearer per token fed, a tree (whose round of depth
+    k feeds its nodes, ``feed_size``) is drafted shallower than a chain of the same
+    acceptance, and every k a tree round may take is priced by its own feed."""
+    chain = AutoGamma(5, costs=Costs(0.0, slope=0.05), prior_weight=1e6)
+    tree = AutoGamma(5, costs=Costs(0.0, slope=0.05), prior_weight=1e6,
+                     feed_size=lambda k: tree_nodes(k, 4, 60) + 1)
+    rates = [0.7] * 5
+    k_chain, _ = chain.best(rates, 5)
+    k_tree, gain = tree.best(rates, 5)
+    assert k_tree < k_chain == 5
+    # the tree's gain is its own E(k) over V(nodes + 1), not V(k + 1)
+    assert gain == pytest.approx(expected_tokens(rates, k_tree)
+                                 / (1.0 + 0.05 * tree_nodes(k_tree, 4, 60)))

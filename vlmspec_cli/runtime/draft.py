@@ -48,6 +48,12 @@ class Verdict:
     keep: tuple[int, list[int]] | None = None
     path: list[int] | None = None  # tree: the accepted nodes, root to leaf (None: a chain)
 
+    @property
+    def depth(self) -> int:
+        """Positions deep the verified proposals reach: a chain's length, a tree's depth
+        (``drafted`` counts a tree's nodes)."""
+        return self.drafted if self.positions is None else self.positions
+
     def roll_back(self, state: DecodeState) -> None:
         """Cut the request's target cache back to the prompt, the committed tokens and the
         accepted proposals (and the target's hidden-state rows read from this round's
@@ -224,6 +230,12 @@ class Drafter:
     def propose(self, state: DecodeState, max_tokens: int) -> Proposal:
         """Propose at most ``max_tokens`` tokens continuing ``state.tokens``."""
         return Draft([])
+
+    def feed_size(self, k: int) -> int:
+        """The tokens a round drafting ``k`` positions deep feeds the target: the pending
+        token and k proposals for a chain (a tree: its nodes up to depth k); the auto draft
+        length's cost model (draft_length.py) prices verification by it."""
+        return k + 1
 
     def accept(self, state: DecodeState, verdict: Verdict) -> None:
         """The round's ``verdict`` is committed (``state.tokens`` is extended and the target

@@ -51,12 +51,17 @@ runs (the γ sequence follows timings), as it differs between two fixed γ.
 The engine (engine.py) asks ``choose`` before a round and reports with ``observe``; the
 costs are an injectable object (``RoundCosts``, or a test's own), so tests can force the
 switch. Batches (SpeculativeEngine.run) keep the fixed γ.
+
+Trees (methods tree, adt): k caps the tree's depth, D(k) is k draft levels, a round feeds
+the target its nodes up to depth k (``feed_size(k)``, the drafter's, in place of k + 1)
+and h_i is the chance the accepted path reaches depth i given it reached i − 1.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.stats import length_section
@@ -259,15 +264,18 @@ class LengthState:
 class AutoGamma:
     """The auto draft length of one engine: its costs, acceptance prior and on/off state
     are this process's. ``ceiling``: the most proposals a round may draft
-    (``drafting.gamma``)."""
+    (``drafting.gamma``; a tree's depth). ``feed_size(k)``: the tokens a round k positions
+    deep feeds the target (``Drafter.feed_size``; default k + 1, a chain's)."""
 
     def __init__(self, ceiling: int, costs=None, probe_after: int = PROBE_AFTER,
                  max_backoff: int = MAX_BACKOFF, decay: float = DECAY,
                  prior_weight: float = PRIOR_WEIGHT, process_decay: float = PROCESS_DECAY,
-                 probe_share: float = PROBE_SHARE) -> None:
+                 probe_share: float = PROBE_SHARE,
+                 feed_size: Callable[[int], int] | None = None) -> None:
         if ceiling < 1:
             raise ValueError("the draft length's ceiling must be >= 1")
         self.ceiling = ceiling
+        self.feed_size = feed_size or (lambda k: k + 1)   # a chain: pending + k proposals
         self.costs = costs if costs is not None else RoundCosts()
         self.rounds = 0                         # rounds this engine has decoded
         self.probe_after = max(1, probe_after)
@@ -300,7 +308,7 @@ class AutoGamma:
         rate = {}
         for k in range(1, budget + 1):
             draft = self.costs.draft_s(k)
-            cost = self.costs.verify_s(k + 1) + (draft if draft is not None else 0.1 * v1)
+            cost = self.costs.verify_s(self.feed_size(k)) + (draft if draft is not None else 0.1 * v1)
             rate[k] = expected_tokens(rates, k) / max(cost, 1e-12)
         top = max(rate.values())
         # near the optimum tokens per second is flat: of the lengths within TIE of the best,
@@ -365,7 +373,7 @@ class AutoGamma:
             return self.backoff
         cost = self.probe_cost
         if cost is None:
-            draft, verify = self.costs.draft_s(1), self.costs.verify_s(2)
+            draft, verify = self.costs.draft_s(1), self.costs.verify_s(self.feed_size(1))
             if draft is None or verify is None:
                 return self.backoff
             cost = max(draft + verify - v1 * (1 + h1), 0.0)

@@ -177,8 +177,9 @@ class SpeculativeEngine:
             # 4. commit: caches cut back to the accepted prefix, tokens appended, stats
             commit(st, verdict, _NO_DRAFTER if drafter_off else self.drafter, self.eos_ids, drops)
             if self.length is not None:   # the round's costs and acceptance, for the next k
+                # (acceptance by position: a tree's depth drafted, not its nodes)
                 self.length.observe(st, k, levels=drafted_levels, fed=len(feed.ids),
-                                    drafted=verdict.drafted, accepted=len(verdict.accepted),
+                                    drafted=verdict.depth, accepted=len(verdict.accepted),
                                     draft_s=t1 - t0, verify_s=time.perf_counter() - t1)
         if self.rows is not None:     # a batch's rows share their caches: cut back at once
             self.rows.rollback(drops)

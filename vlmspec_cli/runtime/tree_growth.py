@@ -95,6 +95,28 @@ def expand_tree(root_logits: torch.Tensor, step: StepFn, depth: int, top_k: int,
     return tree.subset(list(range(total_tokens)))   # creation order: a count, not a score
 
 
+def tree_nodes(depth: int, top_k: int, total_tokens: int, greedy: bool = True,
+               static: bool = False) -> int:
+    """The nodes ``expand_tree`` grows for these settings, from counts alone: every level's
+    frontier (min(created, top_k) nodes; one when ``static``) gets top_k children at T = 0,
+    and at T > 0 the children its count budget allows; at most ``total_tokens`` stay. Exact
+    while each draft distribution has mass on enough tokens (fewer: fewer nodes). What a
+    round of this depth feeds the target, for the auto draft length's cost model."""
+    nodes, frontier = 0, 1
+    for level in range(depth):
+        if greedy:
+            per_node = top_k
+        else:
+            left = total_tokens - nodes
+            if left <= 0:
+                break
+            per_node = max(1, min(top_k, left // (depth - level) // frontier))
+        created = per_node * frontier
+        nodes += created
+        frontier = 1 if static else min(created, top_k)
+    return min(nodes, total_tokens)
+
+
 def _add(tree: DraftTree, score: list[float], parent: int, token: int, level: int,
          path_score: float) -> int:
     tree.tokens.append(token)
