@@ -438,7 +438,7 @@ def test_profile_key_is_checked_and_named():
     assert chain.label(p) == "chain (γ auto ≤ 9)"
     tree = load_profile("tinyworld-caption", ["drafting.length=auto", "method=tree"])
     batch = load_profile("tinyworld-caption", ["drafting.length=auto", "generation.batch_size=2"])
-    assert method_class("tree").draft_length(tree) == "fixed"
+    assert method_class("tree").draft_length(tree) == "auto"   # each round's depth, ≤ tree.depth
     assert chain.draft_length(batch) == "fixed"
     session = build_session(batch)
     assert session.engine.length is None                       # no per-round choice

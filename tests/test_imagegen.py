@@ -352,3 +352,35 @@ def test_subprocess_generate_image(tmp_path):
     assert proc.returncode == 0, proc.stderr
     path = Path(proc.stdout.split("\t")[0])
     assert path.is_file() and "speedup vs target-only" in proc.stderr
+
+
+@pytest.mark.parametrize("costs", ["measured", "off-on"])
+def test_adt_auto_depth_equals_target_greedy(greedy_reference, costs):
+    """ADT-Tree with drafting.length auto: each round's k caps the depth its own policy
+    picks (0: a plain target step), and every image is the target's greedy one; with the
+    costs this process measures, and with drafting as dear as a target step (drafting off,
+    probes of one level: trees of depth 1 where the policy would go deeper)."""
+    from test_draft_length import Costs
+
+    from vlmspec_cli.runtime.draft_length import AutoGamma
+
+    session = session_for("method=adt", "drafting.length=auto")
+    engine = session.engine
+    ceiling = session.profile.adaptive_tree.max_depth
+    assert engine.length.ceiling == ceiling and engine.length.feed_size == engine.drafter.feed_size
+    kw = dict(costs=Costs(1.0), probe_after=1, max_backoff=2) if costs == "off-on" else {}
+    engine.length = policy = AutoGamma(ceiling, feed_size=engine.drafter.feed_size, **kw)
+    ks: list[int] = []
+    choose = policy.choose
+    policy.choose = lambda state, budget: ks.append(choose(state, budget)) or ks[-1]
+    for prompt in PROMPTS:
+        ks.clear()
+        res = generate(session, prompt)
+        assert res.tokens == greedy_reference[prompt], prompt
+        st = res.state.stats
+        assert st.new_tokens == 64 and st.draft_length["rounds_drafted"] == sum(k > 0 for k in ks)
+        depths = st.trees["depths"] if st.trees else []
+        assert len(depths) == sum(k > 0 for k in ks)
+        assert all(d <= k for d, k in zip(depths, [k for k in ks if k > 0]))   # capped
+        if costs == "off-on":
+            assert set(ks) == {0, 1} and ks.count(0) > ks.count(1)

@@ -13,6 +13,7 @@ from scipy.stats import chisquare
 
 from conftest import fresh_scenes
 from test_draft_length import Costs
+from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F401 (fixture)
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.runtime.draft_length import AutoGamma, expected_tokens
@@ -20,6 +21,7 @@ from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.tree import DraftTree, path_to, tree_mask
 from vlmspec_cli.runtime.tree_growth import expand_tree, tree_nodes
+from vlmspec_cli.runtime.tree_shape import AdjacencyAdaptive, RoundLog, TreeRound
 from vlmspec_cli.runtime.verify import SamplingParams, verify_tree
 from vlmspec_cli.zoo import world
 
@@ -180,6 +182,14 @@ def test_cli_tree(tmp_path):
     rec = json.loads(res.stdout)
     assert rec["method"] == "tree" and rec["lossless"] and rec["compare"]["identical"]
     assert rec["tree"] == {"depth": 5, "top_k": 2, "total_tokens": 8}
+    # drafting.length auto: the record says so, and what the rounds chose (k: the depth)
+    res = runner.invoke(cli, ["caption", str(path), "-m", "tree", "--compare", "--json", "-q",
+                              "--set", "drafting.length=auto", "--max-new-tokens", "12"])
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.stdout)
+    assert rec["draft_length"] == "auto" and rec["compare"]["identical"]
+    section = rec["stats"]["draft_length"]
+    assert section["max"] == rec["tree"]["depth"] == 5 and sum(section["gamma_hist"]) > 0
     bad = runner.invoke(cli, ["caption", str(path), "-m", "tree", "--set", "tree.top_k=0"])
     assert bad.exit_code == 2 and "tree.top_k" in bad.output
     two = runner.invoke(cli, ["caption", str(path), "-m", "tree", "--inputs", "M,T"])
@@ -219,3 +229,106 @@ def test_a_tree_round_is_priced_by_its_nodes():
     # the tree's gain is its own E(k) over V(nodes + 1), not V(k + 1)
     assert gain == pytest.approx(expected_tokens(rates, k_tree)
                                  / (1.0 + 0.05 * tree_nodes(k_tree, 4, 60)))
+
+
+def test_adt_estimates_a_rounds_width_from_its_last_choice():
+    """ADT-Tree's width moves per region: a round's feed (feed_size) is estimated at the
+    top_k its policy chose last."""
+    shape = AdjacencyAdaptive(cols=4, beta=1.0, step_depth=1, step_top_k=2, depth=4, top_k=4)
+    assert shape.width == 4
+    log = RoundLog()
+    log.add(TreeRound(0, 4, 4, 1))                 # α = 1/4 < β: shallower, wider
+    assert shape.choose(log, 1, None) == (3, 6) and shape.width == 6
+
+
+def _auto_tree(zoo_target, zoo_draft, costs, depth=5, total=20, **kw):
+    """A tree engine with drafting.length auto, recording each round's k (per request) and
+    the depth drafted that AutoGamma counted acceptance by."""
+    drafter = create_drafter("tree", draft=zoo_draft, sampling=GREEDY, drafting_input="multimodal",
+                             depth=depth, top_k=4, total_tokens=total,
+                             image_token=zoo_target.adapter.image_token(zoo_target),
+                             eos_ids=eos_token_ids(zoo_target))
+    engine = SpeculativeEngine(zoo_target, drafter, depth, GREEDY)
+    policy = engine.length = AutoGamma(depth, costs=costs, feed_size=drafter.feed_size, **kw)
+    log = {"k": [], "drafted": []}
+    choose, observe = policy.choose, policy.observe
+
+    def chosen(state, budget):
+        log["k"].append(choose(state, budget))
+        return log["k"][-1]
+
+    def observed(state, k, **round_):
+        log["drafted"].append((k, round_["drafted"], round_["accepted"]))
+        return observe(state, k, **round_)
+
+    policy.choose, policy.observe = chosen, observed
+    prefill = drafter.prefill   # tokens decoded when the draft was prefilled
+    drafter.prefill = lambda state: (log["prefills"].append(len(state.tokens)), prefill(state))
+    log["prefills"] = []
+    return engine, log
+
+
+@pytest.mark.parametrize("costs", ["measured", "shallow", "off-on"])
+def test_auto_tree_equals_target_greedy(zoo_target, zoo_draft, corpus, costs):
+    """T = 0, method tree with drafting.length auto: each round's k caps the tree's depth
+    (the tree drafted is exactly k levels deep; the acceptance counted is by depth, never
+    the tree's node count), 0 is a plain target step, and every output is the target's
+    greedy decoding: with the costs this process measures, with verification dear per
+    node fed (shallow trees), and with drafting as dear as a target step (drafting off,
+    probes of one level; the draft's prefill deferred to a request's first probe)."""
+    made = {"measured": None, "shallow": Costs(0.0, slope=0.04),
+            "off-on": Costs(1.0)}[costs]
+    kw = dict(probe_after=3, max_backoff=3) if costs == "off-on" else {}
+    # (60 nodes: a tree's feed grows with every level, 5 / 21 / 37 / 53 / 61 tokens)
+    engine, log = _auto_tree(zoo_target, zoo_draft, made, total=60, **kw)
+    ks = []
+    for i, (req, ref) in enumerate(corpus):
+        log["k"].clear()
+        res = engine.generate(req)
+        assert res.tokens == ref, f"request {i} differs from the target's greedy decoding"
+        s = res.state.stats
+        assert s.new_tokens == s.num_accepted_tokens + s.num_drafts == len(ref)
+        section = s.draft_length
+        # (a last round with room for no proposal is decided by no one)
+        assert section["rounds_drafted"] + section["rounds_plain"] == len(log["k"]) <= s.num_drafts
+        drafted = [k for k in log["k"] if k > 0]
+        if s.trees is not None:   # (never prefilled: drafting off the whole request)
+            assert s.trees["depths"] == drafted   # each tree k levels deep
+        ks += log["k"]
+    # acceptance by depth: ≤ k (a tree of k levels holds up to 20 nodes)
+    assert all(0 < d <= k and a <= d for k, d, a in log["drafted"] if k > 0)
+    assert any(d > 0 and a == d for k, d, a in log["drafted"])   # a whole depth accepted
+    if costs == "shallow":   # most rounds drafted trees shallower than the depth of 5
+        assert 0 not in ks and sum(0 < k < 5 for k in ks) > len(ks) / 2, ks
+    if costs == "off-on":
+        assert set(ks) == {0, 1} and ks.count(0) > ks.count(1) > 0
+        # requests that started with drafting off prefilled the draft at their first
+        # probe, tokens in (it caught up on them: the outputs above are the target's)
+        assert any(n > 0 for n in log["prefills"])
+
+
+def test_auto_tree_follows_the_target_distribution(tiny_pair):  # noqa: F811
+    """T > 0: trees whose depth is chosen live from the acceptance seen (verification
+    costing 0.15 of a target step per node fed: plain, depth 1 or deeper as the rates
+    move), with plain rounds and probes among them, emit the target's distribution."""
+    from collections import Counter
+
+    target, draft = tiny_pair
+    params = SamplingParams(1.0)
+    drafter = create_drafter("tree", draft=draft, sampling=params, drafting_input="text", depth=3,
+                             top_k=2, total_tokens=6)
+    engine = SpeculativeEngine(target, drafter, 3, params)
+    policy = engine.length = AutoGamma(3, costs=Costs(0.0, slope=0.05), probe_after=1,
+                                       max_backoff=2, decay=0.3, prior_weight=0.5,
+                                       process_decay=0.5, feed_size=drafter.feed_size)
+    choices = Counter()
+    choose = policy.choose
+
+    def counted(state, budget):
+        k = choose(state, budget)
+        choices[k] += 1
+        return k
+
+    policy.choose = counted
+    _assert_samples_follow_target(engine, target, params, n=1000)
+    assert min(choices[0], choices[1], choices[2]) > 50, choices   # plain, 1 and 2 levels

@@ -317,7 +317,7 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
         raise SessionError(str(exc)) from None
     engine = SpeculativeEngine(target, drafter, method.gamma(profile), sampling)
     if method.draft_length(profile) == "auto":   # γ per round, up to method.gamma
-        engine.length = AutoGamma(method.gamma(profile))
+        engine.length = AutoGamma(method.gamma(profile), feed_size=drafter.feed_size)
     if profile.acceptance == "relaxed":
         engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
     captioner = drafter.captioner.lm if drafter.captioner is not None else None

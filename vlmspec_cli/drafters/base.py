@@ -15,7 +15,8 @@ classmethods that need no model:
 - ``gamma(profile)``: the most tokens one round can accept (the engine's γ), the one
   answer every record, summary and warm-up uses (with ``drafting.length: auto`` the
   ceiling of the γ chosen per round); ``draft_length(profile)``: "auto" when its rounds'
-  γ is chosen per round (runtime/draft_length.py), "fixed" otherwise (trees, no drafting);
+  γ is chosen per round (runtime/draft_length.py; a tree's depth), "fixed" otherwise
+  (batches, no drafting, the hidden-state heads' trees);
 - ``describe(profile)`` and ``label(profile)``: the line the CLI prints before decoding
   and the method's name with its shape in a summary;
 - ``record_fields(profile, task)``: what a record says of its settings;
@@ -97,11 +98,12 @@ class DraftingMethod(Drafter):
 
     @classmethod
     def draft_length(cls, profile) -> str:
-        """``drafting.length`` as it applies: a method drafting chains of up to γ, one
-        request at a time, takes it as set; trees (their shape is the tree: section),
-        batches (generation.batch_size > 1: every row drafts γ) and no drafting are fixed."""
-        chains = cls.drafts and not cls.trees and profile.generation.batch_size == 1
-        return profile.drafting.length if chains else "fixed"
+        """``drafting.length`` as it applies: a method drafting chains of up to γ or trees
+        (γ: their depth, each round's tree cut to the k chosen), one request at a time,
+        takes it as set; batches (generation.batch_size > 1: every row drafts γ) and no
+        drafting are fixed."""
+        alone = cls.drafts and profile.generation.batch_size == 1
+        return profile.drafting.length if alone else "fixed"
 
     @classmethod
     def describe(cls, profile) -> str:

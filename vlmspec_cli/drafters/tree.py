@@ -27,7 +27,7 @@ from vlmspec_cli.runtime.engine import eos_token_ids
 from vlmspec_cli.runtime.draft import DraftCursor, Verdict
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.tree import DraftTree, attention_for
-from vlmspec_cli.runtime.tree_growth import FrontierFeed, expand_tree
+from vlmspec_cli.runtime.tree_growth import FrontierFeed, expand_tree, tree_nodes
 from vlmspec_cli.runtime.tree_shape import AdjacencyAdaptive, AdtBounds, FixedShape, RoundLog, TreeRound
 from vlmspec_cli.runtime.verify import SamplingParams
 
@@ -52,6 +52,7 @@ class TreeDrafter(DraftingMethod):
     relaxes = True     # acceptance: relaxed judges tree nodes (image codes)
     trees = True
     help = "EAGLE-2 or static draft trees, section tree:"
+    late_prefill = True   # prefill: the request only; propose catches up on the tokens
 
     @classmethod
     def models(cls, profile) -> list[tuple[str, str | None]]:
@@ -60,12 +61,21 @@ class TreeDrafter(DraftingMethod):
     @classmethod
     def label(cls, profile) -> str:
         t = profile.tree
-        return f"tree {t.policy} (depth={t.depth}, top_k={t.top_k}, total_tokens={t.total_tokens})"
+        return (f"tree {t.policy} ({cls._depth(profile)}, top_k={t.top_k}, "
+                f"total_tokens={t.total_tokens})")
+
+    @classmethod
+    def _depth(cls, profile) -> str:
+        """The depth as a line names it: "depth=5", or "depth auto ≤ 5" when chosen per round
+        (drafting.length auto caps each round's tree)."""
+        auto = cls.draft_length(profile) == "auto"
+        return f"depth auto ≤ {profile.tree.depth}" if auto else f"depth={profile.tree.depth}"
 
     @classmethod
     def record_fields(cls, profile, task: str) -> dict:
         if task == "image":
-            return {"tree": tree_section(profile, policy=True)}
+            return {"draft_length": cls.draft_length(profile),
+                    "tree": tree_section(profile, policy=True)}
         # γ 0: a tree has no chain length (its section says its shape)
         return {"drafting_inputs": cls.drafting_inputs(profile), "gamma": 0,
                 "draft_length": cls.draft_length(profile), "tree": tree_section(profile)}
@@ -145,9 +155,15 @@ class TreeDrafter(DraftingMethod):
     def describe(cls, profile) -> str:
         t = profile.tree
         return (f", draft {profile.draft.model} {list(profile.drafting.inputs)} tree "
-                f"depth={t.depth} top_k={t.top_k} total_tokens={t.total_tokens}")
+                f"{cls._depth(profile)} top_k={t.top_k} total_tokens={t.total_tokens}")
 
     # -- decoding --------------------------------------------------------------------
+    def feed_size(self, k: int) -> int:
+        """The pending token and the nodes of a tree k levels deep (drafting.length auto
+        prices a round by it): this tree's node count at the shape policy's width."""
+        return tree_nodes(k, self.shape.width, self.total_tokens, self.sampling.greedy,
+                          self.static) + 1
+
     def prefill(self, state: DecodeState) -> None:
         cache, logits = prefill_input(self.draft, state, self.drafting_input, self.image_token,
                                       self.captioner)
@@ -218,8 +234,9 @@ class AdtDrafter(TreeDrafter):
     @classmethod
     def label(cls, profile) -> str:
         a = profile.adaptive_tree
+        auto = " (capped per round: auto)" if cls.draft_length(profile) == "auto" else ""
         return (f"adt {a.init} β={a.beta} l_d={a.step_depth} l_k={a.step_top_k} "
-                f"depth {a.min_depth}-{a.max_depth} top_k {a.min_top_k}-{a.max_top_k}")
+                f"depth {a.min_depth}-{a.max_depth}{auto} top_k {a.min_top_k}-{a.max_top_k}")
 
     @classmethod
     def drafting_inputs(cls, profile) -> list[str]:

@@ -57,7 +57,8 @@ class DraftingSpec:
     # fixed: every round drafts gamma; auto: each round's γ (1..gamma) is chosen from this
     # request's acceptance and this process's measured round costs, and drafting is off
     # (plain target steps, probing again later) while it does not pay
-    # (runtime/draft_length.py). Chains only: trees keep their shape; batches keep gamma
+    # (runtime/draft_length.py). Chains and trees (tree, adt: each round's depth ≤ tree.depth,
+    # adt's ≤ adaptive_tree.max_depth); hidden-state heads' trees keep theirs, batches gamma
     length: str = field(default="fixed", metadata=_rule(choices=("fixed", "auto")))
     inputs: list[str] = field(default_factory=lambda: ["multimodal"], metadata=_rule(
         choices=DRAFTING_INPUTS, nonempty=True))

@@ -77,6 +77,11 @@ class FixedShape:
     def __init__(self, depth: int, top_k: int) -> None:
         self.depth, self.top_k = depth, top_k
 
+    @property
+    def width(self) -> int:
+        """The top_k of the next tree (what a round's feed is estimated with)."""
+        return self.top_k
+
     def choose(self, log: RoundLog, position: int, generator: torch.Generator | None) -> tuple[int, int]:
         return self.depth, self.top_k
 
@@ -106,6 +111,9 @@ class AdjacencyAdaptive:
             raise ValueError("adaptive_tree bounds need 1 <= min_depth <= max_depth and "
                              "1 <= min_top_k <= max_top_k")
         self.start = (self._clamp_depth(depth), self._clamp_top_k(top_k))
+        # the top_k last chosen, any request's: the next tree's is near it (its neighbour's
+        # ± l_k), an estimate of a round's feed before the policy picks its shape
+        self.width = self.start[1]
 
     def _clamp_depth(self, d: int) -> int:
         return min(max(d, self.bounds.min_depth), self.bounds.max_depth)
@@ -133,6 +141,10 @@ class AdjacencyAdaptive:
         return self._clamp_depth(d), self._clamp_top_k(k)
 
     def choose(self, log: RoundLog, position: int, generator: torch.Generator | None) -> tuple[int, int]:
+        depth, self.width = self._choose(log, position, generator)
+        return depth, self.width
+
+    def _choose(self, log: RoundLog, position: int, generator: torch.Generator | None) -> tuple[int, int]:
         if self.init == "random":
             b = self.bounds
             pick = torch.randint(0, 1 << 30, (2,), generator=generator).tolist()
