@@ -11,14 +11,18 @@ process: both sides of a row's ratio see the same conditions):
   and places and rescaled, written into a temporary folder;
 - ``bad``: the demo with a draft whose decoder layers are redrawn at random
   (bench/auto_gamma.py's ``bad_draft``): τ ≈ 1, drafting never pays;
-- ``video``: ``vlmspec describe-video examples/videos/ --compare`` (its default profile).
+- ``video``: ``vlmspec describe-video examples/videos/ --compare`` (its default profile);
+- any shipped profile's name (``tinyworld-hidden``, ``tinyworld-video-eagle3``, …): its
+  task's examples with ``--profile NAME`` (captions: examples/images/; video:
+  examples/videos/), to compare its draft lengths.
 
 Each workload runs idle and beside 1 and 2 CPU-bound competitor processes started here
 (``--loads``). A competitor spins in Python and stops by itself after ``--competitor-s``
 seconds; the bench kills each one when its row is done (in a ``finally``). Variants
-(``--variants``): ``default`` (the profile as shipped), ``fixed`` and ``auto``
-(``--set drafting.length=fixed|auto``). Rows take turns: workload by workload, each
-load, each variant.
+(``--variants``): ``default`` (the profile as shipped: the captions' default chooses γ per
+round, ``drafting.length: auto``; the video profile keeps its fixed γ), ``fixed`` and
+``auto`` (``--set drafting.length=fixed|auto``). Rows take turns: workload by workload,
+each load, each variant.
 
 A row's speedup is the sum of target-only's wall times over the sum of the method's
 (the records' ``compare.target_only_wall_s`` and ``stats.wall_s``), its τ the records'
@@ -88,6 +92,13 @@ def commands(args, photos: Path | None) -> dict[str, list[str]]:
                             "--set", f"draft.model={bad_draft(Path(args.bad_draft))}"]
     if "video" in args.rows:
         rows["video"] = py + ["describe-video", "examples/videos/", "--compare", "--json"]
+    from vlmspec_cli.profile import load_profile
+
+    for name in [r for r in args.rows if r not in ("demo", "photos", "bad", "video")]:
+        video = load_profile(name).task == "video"
+        rows[name] = py + (["describe-video", "examples/videos/"] if video
+                           else ["caption", "examples/images/"]) + [
+            "--profile", name, "--compare", "--json"]
     return rows
 
 
@@ -179,7 +190,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="demo,photos,bad,video",
-                    help="workloads, comma-separated: demo, photos, bad, video")
+                    help="workloads, comma-separated: demo, photos, bad, video, or a profile's name")
     ap.add_argument("--loads", default="0,1,2", help="competitor processes per row")
     ap.add_argument("--variants", default="default", help="default, fixed, auto (comma-separated)")
     ap.add_argument("--photos", type=int, default=24, help="crops in the real-photo set")

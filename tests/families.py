@@ -264,8 +264,11 @@ def family_session(target, draft, method: str, *sets: str):
     from vlmspec_cli.profile import load_profile
     from vlmspec_cli.session import build_session
 
+    # every round drafts γ: these tests check what drafts propose and the target keeps
+    # (the shipped auto length switches a draft as dear as the target off)
     return build_session(load_profile("tinyworld-caption", [
-        f"target.model={target}", f"draft.model={draft}", f"method={method}", *sets]))
+        f"target.model={target}", f"draft.model={draft}", f"method={method}",
+        "drafting.length=fixed", *sets]))
 
 
 # the methods with a draft model that families with embedded images run (LLaVA-like)

@@ -123,7 +123,7 @@ def _requests(n: int = 3, tokens: int = 24) -> list[Request]:
 
 def _session(draft, *sets: str):
     profile = load_profile("tinyworld-small", [f"draft.model={draft}", "drafting.inputs=[text]",
-                                               *sets])
+                                               "drafting.length=fixed", *sets])   # drafts every round
     return build_session(profile)
 
 

@@ -460,3 +460,16 @@ def test_records_say_what_the_rounds_did(tmp_path):
     assert section["rounds_drafted"] + section["rounds_plain"] <= record["stats"]["num_drafts"]
     assert sum(section["gamma_hist"]) == section["rounds_drafted"] + section["rounds_plain"]
     assert record["compare"]["identical"]
+
+
+def test_round_timing_sets_an_auto_length_aside(zoo_target, zoo_draft, corpus):
+    """`vlmspec profile` times the method's rounds: every round drafts the full γ even when
+    the profile's auto length would decode plain (a draft as dear as 100 target steps),
+    and the engine keeps its auto length afterwards."""
+    from vlmspec_cli.runtime.round_timing import time_rounds
+
+    engine = SpeculativeEngine(zoo_target, _drafter("chain", zoo_target, zoo_draft), 5, GREEDY)
+    engine.length = policy = AutoGamma(5, costs=Costs(100.0))
+    times = time_rounds(engine, [req for req, _ in corpus[:2]], warmup=0)
+    assert times.outputs == [ref for _, ref in corpus[:2]]
+    assert max(times.levels) == 5 and engine.length is policy

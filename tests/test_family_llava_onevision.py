@@ -97,7 +97,7 @@ def _video_requests() -> list[Request]:
 def _session(target, draft, method: str, *sets: str, task: str = "caption"):
     name = "tinyworld-video" if task == "video" else "tinyworld-caption"
     profile = load_profile(name, [f"target.model={target}", f"draft.model={draft}",
-                                  f"method={method}", *sets])
+                                  f"method={method}", "drafting.length=fixed", *sets])   # drafts every round
     return build_session(profile)
 
 

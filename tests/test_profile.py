@@ -32,7 +32,7 @@ def test_default_profile_values(monkeypatch):
     assert p.target == ModelSpec(model="zoo:tinyworld/llava-target-deep")
     assert p.draft == ModelSpec(model="zoo:tinyworld/llava-deep-draft")
     assert p.method == "chain"
-    assert p.drafting == DraftingSpec(gamma=7, inputs=["multimodal"])
+    assert p.drafting == DraftingSpec(gamma=8, length="auto", inputs=["multimodal"])
     assert p.sampling.temperature == 0.0 and isinstance(p.sampling.temperature, float)
     assert p.sampling.seed == 0
     assert p.generation.max_new_tokens == 64
@@ -40,13 +40,15 @@ def test_default_profile_values(monkeypatch):
     assert p.lossless is True
     assert p.source.endswith("tinyworld-caption.yaml")
     # Shipped default profile equals the dataclass defaults apart from name/description,
-    # its thread count (tiny models: 1 thread; the key's default is auto) and γ (calibrated
-    # for the tiny pair; the key's default, 5, is the real pairs')
+    # its thread count (tiny models: 1 thread; the key's default is auto), γ (calibrated
+    # for the tiny pair; the key's default, 5, is the real pairs') and its draft length
+    # (auto, chosen per round, up to γ; the key's default, fixed, is the real pairs')
     assert p.runtime.threads == 1 and Profile().runtime.threads == "auto"
-    assert Profile().drafting.gamma == 5
+    assert Profile().drafting.gamma == 5 and Profile().drafting.length == "fixed"
     shipped = profile_to_dict(p) | {"name": "x", "description": ""}
     shipped["runtime"]["threads"] = "auto"
     shipped["drafting"]["gamma"] = 5
+    shipped["drafting"]["length"] = "fixed"
     assert shipped == profile_to_dict(Profile()) | {"name": "x"}
 
 

@@ -17,7 +17,8 @@ from vlmspec_cli.tasks.records import record_key
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = sorted(str(p) for p in (ROOT / "examples" / "images").glob("*.png"))
-FAST = ["--max-new-tokens", "12", "-q"]
+# a fixed γ: records are compared field by field, and an auto length's rounds follow timings
+FAST = ["--max-new-tokens", "12", "-q", "--set", "drafting.length=fixed"]
 TIMING = {"wall_s", "tokens_per_s", "prefill_s", "caption_s", "decode_s", "prefill_share"}
 
 
@@ -121,7 +122,7 @@ def test_run_ray_function_without_out(ray_cluster, local_records):
         def __getattr__(self, name):
             return lambda *args: self.calls.append((name, args))
 
-    prof = load_profile(None, cli={"generation.max_new_tokens": 12})
+    prof = load_profile(None, ["drafting.length=fixed"], cli={"generation.max_new_tokens": 12})
     jobs = image_jobs(expand_inputs(IMAGES[4:]), prof.generation.prompt)  # two images
     events, emitted = Events(), []
     summary = run_ray(prof, jobs, events, emit=emitted.append, workers=1)

@@ -33,7 +33,10 @@ def sessions():
                        "hidden-tree": ["hidden.tree=true"],
                        "chain": ["method=chain"],
                        "chain-text": ["method=chain", "drafting.inputs=[text]"]}.items():
-        out[name] = build_session(load_profile("tinyworld-video", overrides=sets, cli=CPU))
+        # every round drafts γ (and the draft is prefilled with the target): these tests
+        # look at the draft's cache and what it proposes
+        out[name] = build_session(load_profile("tinyworld-video", overrides=["drafting.length=fixed", *sets],
+                                               cli=CPU))
     return out
 
 

@@ -58,9 +58,12 @@ class RoundTimes:
 
 def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
     """Decode ``requests`` with ``engine`` (after ``warmup`` untimed ones), timing every round.
-    The engine's drafter is wrapped for the call only and restored afterwards."""
+    The engine's drafter is wrapped for the call only and restored afterwards; so is an auto
+    draft length set aside: every round drafts the full γ, the cost measured (auto could
+    draft shorter, or not at all)."""
     device = engine.target.device
     drafter = engine.drafter
+    length, engine.length = engine.length, None
     propose_rows = drafter.propose_rows
     times = RoundTimes()
     last = {"ms": 0.0, "drafted": 0, "levels": 0}
@@ -76,10 +79,10 @@ def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
         last["levels"] = proposal.levels   # a tree's depth, a chain's length
         return proposals
 
-    for req in requests[:warmup]:
-        engine.generate(req)
     drafter.propose_rows = timed_propose_rows
     try:
+        for req in requests[:warmup]:
+            engine.generate(req)
         for req in requests:
             state = engine.start(req)
             while not state.done:
@@ -99,4 +102,5 @@ def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
             times.outputs.append(list(state.tokens))
     finally:
         del drafter.propose_rows   # the class's own method again
+        engine.length = length
     return times
