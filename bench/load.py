@@ -19,9 +19,9 @@ process: both sides of a row's ratio see the same conditions):
 Each workload runs idle and beside 1 and 2 CPU-bound competitor processes started here
 (``--loads``). A competitor spins in Python and stops by itself after ``--competitor-s``
 seconds; the bench kills each one when its row is done (in a ``finally``). Variants
-(``--variants``): ``default`` (the profile as shipped: the captions' default chooses γ per
-round, ``drafting.length: auto``; the video profile keeps its fixed γ), ``fixed`` and
-``auto`` (``--set drafting.length=fixed|auto``). Rows take turns: workload by workload,
+(``--variants``): ``default`` (the profile as shipped), ``fixed`` and ``auto``
+(``--set drafting.length=fixed|auto``), ``tree-fixed`` and ``tree-auto`` (the same with
+``--set method=tree``: the tree's depth chosen per round or not). Rows take turns: workload by workload,
 each load, each variant.
 
 A row's speedup is the sum of target-only's wall times over the sum of the method's
@@ -57,7 +57,9 @@ from auto_gamma import bad_draft  # noqa: E402 (this directory is on sys.path)
 
 SPIN = "import time\nend = time.monotonic() + {s}\nx = 0\nwhile time.monotonic() < end:\n    x += 1\n"
 VARIANTS = {"default": [], "fixed": ["--set", "drafting.length=fixed"],
-            "auto": ["--set", "drafting.length=auto"]}
+            "auto": ["--set", "drafting.length=auto"],
+            "tree-fixed": ["--set", "method=tree", "--set", "drafting.length=fixed"],
+            "tree-auto": ["--set", "method=tree", "--set", "drafting.length=auto"]}
 
 
 def photo_set(src: Path, out: Path, n: int, seed: int = 34) -> Path:
