@@ -213,8 +213,8 @@ class Drafter:
     # a tuple of them read concatenated (EAGLE-3's low, mid and high layers)
     hidden_layer: int | tuple[int, ...] | None = None
     # its prefill reads only the request, and propose catches up on every committed token
-    # it has not read: with drafting.length auto and drafting off, the engine prefills it
-    # at the request's first drafted round (if any) instead of with the target
+    # it has not read: with drafting.length auto the engine prefills it at the request's
+    # first drafted round (if any) instead of with the target
     late_prefill = False
 
     def prepare(self, state: DecodeState) -> None:

@@ -16,7 +16,8 @@ the best: near its optimum the rate is flat). When even the best is below a plai
 and one round of one proposal (a probe) after ``probe_after`` of them, then twice as many
 after each probe that did not pay (exponential backoff, up to ``max_backoff``; or more, so
 that probes take at most PROBE_SHARE, 2%, of the plain rounds' time: a probe in a new
-request prefills the draft then, and costs several plain steps); drafting
+request prefills the draft then, and costs several plain steps; before a probe is timed,
+its cost is the model's); drafting
 comes back when a round is expected to gain RESUME (15%) over a plain step: on a busy
 machine a round's cost swings by that much, and a draft near the break-even must not
 switch on and off with it. The off state and its backoff are the
@@ -71,7 +72,7 @@ MAX_BACKOFF = 64          # the most plain rounds between two probes
 DECAY = 0.9               # per round, this request's acceptance counts
 PROCESS_DECAY = 0.98      # per round, the process's (the prior of its next requests)
 PRIOR_WEIGHT = 4.0        # the process's rates, in rounds at each position
-SHRINK = 2.0              # the process's pooled rate, in rounds at each position
+SHRINK = 2.0              # the process's rates: rounds of the pooled (or shallower) rate
 COST_DECAY = 0.95         # per round, the cost fits' weights
 MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slope is a guess
 WARMUP_ROUNDS = 1         # a process's first round pays one-time costs: not timed
@@ -365,8 +366,8 @@ class AutoGamma:
         """Plain rounds before the next probe: the backoff, or more while a probe costs
         more than ``probe_share`` of them (a probe that lands in a new request prefills the
         draft, and catches it up on the tokens decoded without it). Before any probe was
-        timed, its cost is the model's: D(1) + V(2) over the 1 + h_1 tokens it emits at
-        V(1) each (a draft whose step is dearer than the target's, e.g. a 4-bit copy of
+        timed, its cost is the model's: D(1) + V(its feed: 2 for a chain) over the 1 + h_1
+        tokens it emits at V(1) each (a draft whose step is dearer than the target's, e.g. a 4-bit copy of
         the target on a CPU, must not be probed every few rounds until a probe is timed)."""
         v1 = self.costs.plain_s()
         if not v1:
