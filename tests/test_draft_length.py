@@ -37,6 +37,8 @@ class Costs:
     """A made-up machine: a draft step costs ``draft`` target steps, verifying n tokens
     1 + ``slope``·(n − 1) target steps. Nothing is measured (``observe`` ignores timings)."""
 
+    timed = 10 ** 6    # known from the start: drafting may go off at the first round
+
     def __init__(self, draft: float, slope: float = 0.0) -> None:
         self.draft = draft
         self.slope = slope
@@ -473,3 +475,38 @@ def test_round_timing_sets_an_auto_length_aside(zoo_target, zoo_draft, corpus):
     times = time_rounds(engine, [req for req, _ in corpus[:2]], warmup=0)
     assert times.outputs == [ref for _, ref in corpus[:2]]
     assert max(times.levels) == 5 and engine.length is policy
+
+
+def test_a_slope_from_noisy_rounds_is_shrunk_towards_flat():
+    """Rounds whose times swing by more than their sizes explain (a busy machine) do not
+    make verification look dear; a clear slope stays. The same rounds, sizes 6 and 8."""
+    import random
+
+    rng = random.Random(7)
+    clear, noisy = LinearCost(decay=1.0), LinearCost(decay=1.0)
+    for i in range(40):
+        x = 6 if i % 2 else 8
+        clear.observe(x, 12.0 + 0.25 * x + rng.gauss(0.0, 0.05))
+        noisy.observe(x, 12.0 + 0.25 * x + rng.gauss(0.0, 3.0))
+    assert clear.slope == pytest.approx(0.25, abs=0.03)
+    # the plain least-squares slope of the noisy rounds (0.48 with this seed), shrunk
+    plain = (noisy.xy / noisy.w - noisy.x / noisy.w * noisy.y / noisy.w) / noisy.spread() ** 2
+    assert plain > 0.4 and noisy.slope < 0.25 * plain
+
+
+def test_drafting_goes_off_only_after_a_few_timed_rounds():
+    """A process's first timed rounds decide nothing alone: on a busy machine one of them
+    can take several times its cost. A draft step timed as dear as 3 target steps still
+    drafts until MIN_TIMED rounds were timed, then goes off."""
+    from vlmspec_cli.runtime.draft_length import MIN_TIMED, WARMUP_ROUNDS
+
+    policy = AutoGamma(8)
+    state = _state()
+    policy.start(state)
+    seen = []
+    for _ in range(WARMUP_ROUNDS + MIN_TIMED + 1):
+        k = policy.choose(state, 8)
+        seen.append(k)
+        policy.observe(state, k, levels=k, fed=k + 1, drafted=k, accepted=0,
+                       draft_s=0.03 * k, verify_s=0.01)
+    assert all(k > 0 for k in seen[:WARMUP_ROUNDS + MIN_TIMED]) and seen[-1] == 0

@@ -82,6 +82,7 @@ STAY = 0.05               # drafting stays on while a round is expected to gain 
 RESUME = 0.15             # once off, drafting resumes when a round is expected to gain this much
 PROBE_SHARE = 0.02        # probes take at most this share of the plain rounds' time
 EXPLORE_AFTER = 32        # drafted rounds before one is drafted short to measure V's slope
+MIN_TIMED = 3             # timed rounds before drafting may be switched off
 
 
 class LinearCost:
@@ -92,12 +93,16 @@ class LinearCost:
     one fitted while they were not (``slope``: sizes, once told apart, keep their relative
     costs when every round settles on one length), or before any, ``fallback``: "flat"
     (T(x) = the mean: Remark 1, verification costs about the same for any k) or
-    "proportional" (T(x) ∝ x: a draft step per position)."""
+    "proportional" (T(x) ∝ x: a draft step per position). A slope is shrunk towards 0 by
+    its own uncertainty (b − se²/b, se² the residual variance over the sizes' spread and
+    the rounds' effective count): on a busy machine two rounds a few sizes apart differ
+    by more than their sizes explain, and an unshrunk slope from them can make
+    verification look dear enough to draft short chains where long ones pay."""
 
     def __init__(self, fallback: str = "flat", decay: float = COST_DECAY) -> None:
         self.fallback = fallback
         self.decay = decay
-        self.w = self.x = self.xx = self.y = self.xy = 0.0
+        self.w = self.ww = self.x = self.xx = self.y = self.yy = self.xy = 0.0
         self.n = 0
         self.slope: float | None = None   # the last slope fitted over sizes told apart
 
@@ -107,14 +112,28 @@ class LinearCost:
         self.n += 1
         d = self.decay
         self.w = d * self.w + 1.0
+        self.ww = d * d * self.ww + 1.0
         self.x = d * self.x + x
         self.xx = d * self.xx + x * x
         self.y = d * self.y + seconds
+        self.yy = d * self.yy + seconds * seconds
         self.xy = d * self.xy + x * seconds
         if self.spread() >= MIN_SPREAD:
-            mean_x, mean_y = self.x / self.w, self.y / self.w
-            var = self.xx / self.w - mean_x * mean_x
-            self.slope = max((self.xy / self.w - mean_x * mean_y) / var, 0.0)   # never cheaper when longer
+            self.slope = self._fit()
+
+    def _fit(self) -> float:
+        """The weighted least-squares slope, shrunk by its uncertainty, never below 0 (a
+        round is never cheaper for being longer)."""
+        mean_x, mean_y = self.x / self.w, self.y / self.w
+        var_x = self.xx / self.w - mean_x * mean_x
+        cov = self.xy / self.w - mean_x * mean_y
+        slope = cov / var_x
+        if slope <= 0:
+            return 0.0
+        residual = max(self.yy / self.w - mean_y * mean_y - slope * cov, 0.0)
+        count = self.w * self.w / self.ww              # the rounds' effective number
+        se2 = residual / (var_x * max(count - 2.0, 1.0))
+        return max(slope - se2 / slope, 0.0)
 
     @property
     def known(self) -> bool:
@@ -156,6 +175,11 @@ class RoundCosts:
         if draft_s is not None and levels > 0:
             self.draft.observe(levels, draft_s)
         (self.plain if fed == 1 else self.verify).observe(fed, verify_s)
+
+    @property
+    def timed(self) -> int:
+        """Rounds timed so far (plain steps and drafted rounds)."""
+        return self.verify.n + self.plain.n
 
     def draft_s(self, levels: int) -> float | None:
         return self.draft.at(levels) if self.draft.known else None
@@ -350,7 +374,11 @@ class AutoGamma:
         # drafting stays on while a round is expected to gain STAY over a plain step; once
         # off, it comes back only at RESUME (a draft near the break-even gains nothing,
         # and a noisy estimate must not switch it every few rounds)
-        if gain is not None and gain < 1.0 + (STAY if self.on else RESUME):
+        # (not before MIN_TIMED rounds were timed: on a busy machine the first few rounds
+        # of a process can take several times their cost, and one of them switched a good
+        # draft off for the demo's first request)
+        if (gain is not None and gain < 1.0 + (STAY if self.on else RESUME)
+                and self.costs.timed >= MIN_TIMED):
             self.on = False                  # does not pay: plain, probe later
             self.wait = self._plain_rounds(rates[0]) - 1
             self.backoff = min(2 * self.backoff, self.max_backoff)
