@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from vlmspec_cli.runtime.adapters.base import TextStack, pick_layers
+from vlmspec_cli.runtime.packed_layers import RotaryTable, pack_layers, packed_layer, rms_weight
 from vlmspec_cli.runtime.static_cache import BufferPool, StaticKVCache
 
 # the text decoders it runs; Qwen2-VL / Qwen2.5-VL's rotary module folds their 3-D
@@ -82,7 +83,9 @@ def follow_target(target, decoder: "FastDecoder | None", make_stack, config,
     ``make_stack()``, given the target's headroom."""
     if target.fast is None or stack_problem(config):
         return None
-    decoder = decoder or FastDecoder(make_stack(), target.device, dtype)
+    if decoder is None:
+        decoder = FastDecoder(make_stack(), target.device, dtype)
+        decoder.pack()   # a draft's own layers (runtime/packed_layers.py)
     decoder.headroom = target.fast.headroom
     return decoder
 
@@ -111,11 +114,27 @@ class FastDecoder:
         # runtime.compile: the compiled step (runtime/compiled_step.py ``set_compiled``),
         # None = eager
         self.compiled = None
+        # a draft's layers packed into fewer operators (runtime/packed_layers.py, ``pack``)
+        self.packed = None
 
     @classmethod
-    def for_model(cls, lm, headroom: int = 256) -> "FastDecoder":
+    def for_model(cls, lm, headroom: int = 256, packed: bool = False) -> "FastDecoder":
         dtype = next(lm.model.parameters()).dtype if lm.dtype is None else lm.dtype
-        return cls(lm.adapter.text_stack(lm), lm.device, dtype, headroom)
+        decoder = cls(lm.adapter.text_stack(lm), lm.device, dtype, headroom)
+        if packed:
+            decoder.pack()
+        return decoder
+
+    def pack(self) -> bool:
+        """Run this decoder's steps with packed layers (drafts only: runtime/packed_layers.py
+        says why never a target). False where a layer is not one it packs exactly."""
+        layers = pack_layers(self.layers, self.stack.config, self.dtype)
+        # the final norm (none in a block whose caller applies it: the hidden head)
+        final = () if isinstance(self.stack.norm, torch.nn.Identity) else rms_weight(self.stack.norm)
+        if layers is None or final is None:
+            return False
+        self.packed = (layers, final, RotaryTable(self.stack.rotary))
+        return True
 
     def new_cache(self, batch: int = 1) -> StaticKVCache:
         return StaticKVCache(len(self.layers), batch, self.kv_heads, self.head_dim, 0,
@@ -146,13 +165,15 @@ class FastDecoder:
         start = cache.length
         end = start + n
         cache.reserve(n)
+        want = want or ()
+        mask = self._mask(attention_mask, batch, n, start, embeds)
+        if self.packed is not None and (position_ids is None or position_ids.dim() == 2):
+            return self._run_packed(embeds, cache, mask, position_ids, want, start, end)
         if position_ids is None:
             position_ids = torch.arange(start, end, device=embeds.device)[None].expand(batch, n)
-        mask = self._mask(attention_mask, batch, n, start, embeds)
         # cos/sin from the model's own rotary module: (B, n, head_dim), in the model dtype
         cos, sin = self.stack.rotary(embeds, position_ids)
         cos, sin = cos[:, None], sin[:, None]
-        want = want or ()
         picked = {0: embeds}
         h = embeds
         for i, layer in enumerate(self.layers):
@@ -163,6 +184,24 @@ class FastDecoder:
         out = self.stack.norm(h)
         # transformers (v5) puts the final-normed states in the last hidden_states entry
         picked[len(self.layers)] = out
+        return out, (pick_layers(picked, want if len(want) > 1 else want[0]) if want else None)
+
+    def _run_packed(self, embeds, cache: StaticKVCache, mask, position_ids, want, start: int,
+                    end: int):
+        """``run`` on packed layers (a draft's steps)."""
+        layers, final, table = self.packed
+        cos, sin = (table.span(start, end, embeds) if position_ids is None
+                    else table.rows(position_ids, embeds))
+        picked = {0: embeds}
+        h = embeds
+        for i, p in enumerate(layers):
+            h = packed_layer(p, h, cache, i, start, mask, cos, sin, self.heads, self.kv_heads,
+                             self.head_dim, self.scaling)
+            if i + 1 in want:
+                picked[i + 1] = h
+        cache.length = end
+        out = F.rms_norm(h, (h.shape[-1],), *final) if final else h
+        picked[len(layers)] = out
         return out, (pick_layers(picked, want if len(want) > 1 else want[0]) if want else None)
 
     def _layer(self, layer, h, cache: StaticKVCache, i: int, start: int, mask, cos, sin):

@@ -288,7 +288,9 @@ def use_fast_path(lm: LoadedModel, mode: str, role: str = "target") -> None:
                                  f"{reason}")
         lm.fast_off_reason = reason
         return
-    lm.fast = FastDecoder.for_model(lm)
+    # a draft's layers packed into fewer operators (its proposals are verified: rounding
+    # differences cannot change an output); a target's steps stay op for op the eager ones
+    lm.fast = FastDecoder.for_model(lm, packed=role == "draft")
 
 
 def load_twig(name: str, target: LoadedModel):
