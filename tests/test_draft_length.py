@@ -236,7 +236,8 @@ def test_drafting_resumes_only_when_it_clearly_pays():
     """On, drafting stays while a round is expected to gain 1 + STAY (5%); once off, it
     comes back only at a gain of 1 + RESUME (15%), so a draft near the break-even, or a
     noisy estimate, does not switch it on and off every few rounds."""
-    policy = AutoGamma(1, costs=Costs(0.01), probe_after=1, max_backoff=1)
+    # (rates as given: no doubt taken off them, see the next test)
+    policy = AutoGamma(1, costs=Costs(0.01), probe_after=1, max_backoff=1, doubt=0.0)
     rate = {"h": 0.08}           # verifying flat, a draft step 0.01: gain = (1 + h) / 1.01
     policy.rates = lambda ls: [rate["h"]]
     state = _state()
@@ -250,6 +251,28 @@ def test_drafting_resumes_only_when_it_clearly_pays():
     rate["h"] = 0.2                                        # 1.19 ≥ 1.15: back on, and on
     assert [_round(policy, state, 1, accepted=0) for _ in range(3)] == [1, 1, 1]
     assert policy.on
+
+
+def test_a_probe_kept_by_luck_does_not_turn_a_bad_draft_back_on():
+    """Off, a bad draft's (nothing kept in 20 rounds) probe that was kept makes this
+    request's h_1 look like 0.3: resuming is judged a standard error lower, so it stays
+    off; a draft whose probes are kept again and again comes back within two of them."""
+    def rounds(kept: list[int], doubt: float) -> list[int]:
+        """The k of a new request's rounds, kept[i] of round i's proposals kept."""
+        policy = AutoGamma(4, costs=Costs(0.02), probe_after=1, max_backoff=1, doubt=doubt)
+        state = _state()
+        policy.start(state)
+        for _ in range(20):      # the process so far: nothing kept
+            _round(policy, state, 4, accepted=0)
+        state = _state()         # a new request, drafting off: plain, probe, plain, …
+        policy.start(state)
+        return [_round(policy, state, 4, accepted=n) for n in kept]
+
+    lucky = [0, 1, 0, 0, 0, 0, 0, 0]     # round 1 is a probe: kept; the later ones are not
+    assert rounds(lucky, doubt=0.0)[:3] == [0, 1, 3]    # taken at its word: back on
+    assert rounds(lucky, doubt=1.0) == [0, 1, 0, 1, 0, 1, 0, 1]   # doubted: probes only
+    good = rounds([4] * 8, doubt=1.0)
+    assert good[:4] == [0, 1, 0, 1] and min(good[4:]) >= 2      # two kept probes: back on
 
 
 def test_a_plain_step_timed_on_a_busier_machine_does_not_turn_drafting_on():
@@ -411,9 +434,11 @@ def test_auto_length_follows_the_target_distribution(tiny_pair):  # noqa: F811
     params = SamplingParams(1.0)
     drafter = create_drafter("chain", draft=draft, sampling=params, drafting_input="text")
     engine = SpeculativeEngine(target, drafter, 3, params)
+    # (doubt 0: off, a probe or two kept turn drafting back on, so that every choice
+    # occurs often among 1000 short requests)
     policy = engine.length = AutoGamma(3, costs=Costs(0.0, slope=0.15), probe_after=1,
                                        max_backoff=2, decay=0.3, prior_weight=0.5,
-                                       process_decay=0.5)
+                                       process_decay=0.5, doubt=0.0)
     choices = Counter()        # (budget, γ chosen)
     choose = policy.choose
 
