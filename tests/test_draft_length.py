@@ -192,6 +192,19 @@ def test_a_plain_step_is_timed_apart_from_longer_rounds():
     assert policy.choose(state, 7) == 0
 
 
+def test_a_plain_step_is_never_taken_dearer_than_two_tokens():
+    """While drafting is on no plain step is timed: one that stalled (17.5 ms among 12 ms
+    rounds) must not make every round look like a gain."""
+    costs = RoundCosts()
+    for _ in range(5):
+        costs.observe(levels=2, draft_s=0.001, fed=3, verify_s=0.012)
+        costs.observe(levels=4, draft_s=0.002, fed=5, verify_s=0.0125)
+    costs.observe(levels=0, draft_s=None, fed=1, verify_s=0.0175)
+    assert costs.verify_s(1) == pytest.approx(0.0175)            # as timed
+    assert costs.plain_s() == pytest.approx(costs.verify_s(2))   # but no dearer than V(2)
+    assert costs.plain_s(cautious=True) <= costs.verify.at(1)
+
+
 def test_a_measured_slope_is_kept_and_measured_once():
     """Once verification was seen at sizes far apart, its slope stays when every round
     settles on one length (no more rounds spent measuring it); the round that measures it
@@ -279,18 +292,19 @@ def test_a_plain_step_timed_on_a_busier_machine_does_not_turn_drafting_on():
     """The plain steps are timed while drafting is off, the longer rounds before: a load
     spike among the plain steps makes drafting look cheap. Off, the gain that turns it
     back on takes V(1) as at most the longer rounds' line puts it; on, the plain steps'
-    own time."""
+    own time, but never more than that line's V(2)."""
     costs = RoundCosts()
     for _ in range(10):
         costs.observe(levels=1, draft_s=0.01, fed=2, verify_s=1.2)
         costs.observe(levels=7, draft_s=0.07, fed=8, verify_s=1.3)
     for _ in range(5):           # then plain steps, on a machine 40% busier
         costs.observe(levels=0, draft_s=None, fed=1, verify_s=1.5)
-    assert costs.plain_s() == pytest.approx(1.5)
+    assert costs.verify_s(1) == pytest.approx(1.5)
+    assert costs.plain_s() == pytest.approx(costs.verify.at(2))   # ≈ 1.2, not 1.5
     assert costs.plain_s(cautious=True) == pytest.approx(costs.verify.at(1))
     assert costs.plain_s(cautious=True) < 1.2
     policy = AutoGamma(7, costs=costs, probe_after=1, max_backoff=1)
-    policy.rates = lambda ls: [0.15] + [0.0] * 6   # gain 1.15·1.5/1.21 on; ≈ 0.9 cautious
+    policy.rates = lambda ls: [0.15] + [0.0] * 6   # gain 1.15·1.2/1.21 on; ≈ 0.9 cautious
     state = _state()
     policy.start(state)
     assert policy.choose(state, 7) == 1             # on: the plain steps' own time

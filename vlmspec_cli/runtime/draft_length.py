@@ -196,13 +196,17 @@ class RoundCosts:
         return self.plain.at(1) if self.plain.known else None
 
     def plain_s(self, cautious: bool = False) -> float | None:
-        """V(1), what a plain step costs; ``cautious``: at most what the line through the
-        longer rounds puts at one token, so a plain step timed while the machine was busier
-        than when those rounds were (the costs are measured at different times) is not
-        taken as what drafting would save."""
+        """V(1), what a plain step costs: never more than the line through the longer
+        rounds puts at two tokens (feeding one token costs no more than feeding two; while
+        drafting is on no plain step is timed, and the one that was can be a stall: a bad
+        draft's round cut to one fed token by an EOS, timed at 17.5 ms among 12 ms rounds
+        early in a process, kept a bad draft drafting 15 rounds at a gain of 1.3-1.5);
+        ``cautious``: at most what that line puts at one token, so a plain step timed while
+        the machine was busier than when those rounds were (the costs are measured at
+        different times) is not taken as what drafting would save."""
         v1 = self.verify_s(1)
-        if cautious and v1 is not None and self.plain.known and self.verify.known:
-            v1 = min(v1, self.verify.at(1))
+        if v1 is not None and self.plain.known and self.verify.known:
+            v1 = min(v1, self.verify.at(1 if cautious else 2))
         return v1
 
     def explore(self, k: int, budget: int) -> int:
