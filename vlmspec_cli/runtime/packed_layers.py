@@ -1,13 +1,15 @@
 """Packed decoder layers: a draft model's decoding step in fewer operators.
 
 A small draft's step on a CPU is almost all per-operator cost: the 1-layer tinyworld draft
-spends ~0.3 ms a token in ~70 operators whose arithmetic takes a few microseconds (RMSNorm
+spends ~0.26 ms a step in ~70 operators whose arithmetic takes a few microseconds (RMSNorm
 alone is eight of them, the rotary embedding ten). A chain drafts γ such steps a round, so
 their count decides how much of the round the draft takes. Here the same layer runs as
-about twenty:
+about twenty (0.14 ms a step: bench/draft_step.py, bench/RESULTS.md):
 
 * q, k and v come from one matrix product over their weights stacked (as gate and up);
-* RMSNorm is torch's fused ``F.rms_norm``;
+* each RMSNorm's weight (and √H) is folded into the columns of the matrix after it, and
+  the norm itself is x / √(‖x‖² + H ε): three operators (``normed``); the final norm,
+  whose output is also a hidden state read out, is torch's ``F.rms_norm``;
 * cos/sin are rows of a table filled from the model's own rotary module (for 1-D positions:
   the module's product is one multiplication per entry, so rows equal its output), and
   rotate-half is one ``roll`` against a sign-folded sine, for q and k together.
@@ -37,14 +39,17 @@ class PackedLayer:
     o: torch.Tensor
     gate_up: torch.Tensor       # (2 I, H): gate_proj over up_proj, scaled as qkv (post norm)
     down: torch.Tensor
+    eps_in: torch.Tensor        # √(H ε) of each norm, as a 0-d tensor (``normed``)
+    eps_post: torch.Tensor
 
 
-def normed(x: torch.Tensor) -> torch.Tensor:
-    """x / ‖x‖ over its last axis: RMSNorm's x / √(mean(x²) + ε) is √H times this where ε
-    is small against mean(x²) (its relative effect, ε / 2 mean(x²), is ~1e-6 on these
-    states); the √H and the norm's weight are folded into the next matrix's columns. Three
-    operators where the eager norm takes eight; a zero row stays zero (no 0/0)."""
-    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-12)
+def normed(x: torch.Tensor, root_eps: torch.Tensor) -> torch.Tensor:
+    """x / √(‖x‖² + H ε) over its last axis: RMSNorm's x / √(mean(x²) + ε) is √H times
+    this (the √H and the norm's weight are folded into the next matrix's columns). Three
+    operators (a norm, a hypot, a division) where the eager norm takes eight. ε is kept:
+    on a small model's token embeddings mean(x²) is ~1e-3, where dropping ε = 1e-6 moved
+    the outputs by 1e-3 of their size."""
+    return x / torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), root_eps)
 
 
 def _plain_weight(linear, bias_ok: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -85,14 +90,18 @@ def pack_layers(layers, config, dtype: torch.dtype) -> list[PackedLayer] | None:
         biases = [b for _, b in qkv]
         if any(b is None for b in biases) and any(b is not None for b in biases):
             return None
-        root = float(layer.self_attn.q_proj.in_features) ** 0.5
+        width = layer.self_attn.q_proj.in_features
+        root = float(width) ** 0.5
+        weight = norms[0][0]
         with torch.no_grad():
             packed.append(PackedLayer(
                 torch.cat([w for w, _ in qkv]) * (norms[0][0] * root),
                 torch.cat(biases) if biases[0] is not None else None,
                 rest[0][0],
                 torch.cat([rest[1][0], rest[2][0]]) * (norms[1][0] * root),
-                rest[3][0]))
+                rest[3][0],
+                weight.new_tensor((width * norms[0][1]) ** 0.5),
+                weight.new_tensor((width * norms[1][1]) ** 0.5)))
     return packed
 
 
@@ -128,7 +137,7 @@ def packed_layer(p: PackedLayer, h: torch.Tensor, cache, i: int, start: int, mas
     layer i at [start, start + n), attention over [0, start + n)."""
     batch, n, _ = h.shape
     end = start + n
-    qkv = F.linear(normed(h), p.qkv, p.qkv_bias).view(batch, n, heads + 2 * kv_heads, head_dim)
+    qkv = F.linear(normed(h, p.eps_in), p.qkv, p.qkv_bias).view(batch, n, heads + 2 * kv_heads, head_dim)
     qkv = qkv.transpose(1, 2)                          # (B, heads + 2 kv, n, head_dim)
     qk = qkv[:, : heads + kv_heads]
     qk = qk * cos + qk.roll(head_dim // 2, -1) * sin   # rotary on q and k at once
@@ -138,5 +147,5 @@ def packed_layer(p: PackedLayer, h: torch.Tensor, cache, i: int, start: int, mas
                                        cache.values[i, :, :, :end], attn_mask=mask,
                                        scale=scaling, enable_gqa=kv_heads != heads)
     h = h + F.linear(o.transpose(1, 2).reshape(batch, n, -1), p.o)
-    gate, up = F.linear(normed(h), p.gate_up).chunk(2, -1)
+    gate, up = F.linear(normed(h, p.eps_post), p.gate_up).chunk(2, -1)
     return h + F.linear(F.silu(gate) * up, p.down)
