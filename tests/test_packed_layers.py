@@ -81,6 +81,20 @@ def test_draft_blocks_without_a_model_are_packed_too(zoo_target):
             torch.testing.assert_close(g, w, **TOL)
 
 
+def test_a_draft_stays_packed_when_its_fast_path_is_switched(zoo_draft):
+    """A model remembers what it was loaded as: switching a draft's fast path off and on
+    (tests, profiles that set it) gives it packed layers again."""
+    from vlmspec_cli.runtime.models import use_fast_path
+
+    try:
+        use_fast_path(zoo_draft, "off")
+        assert zoo_draft.fast is None
+        use_fast_path(zoo_draft, "on")
+        assert zoo_draft.fast.packed is not None
+    finally:
+        use_fast_path(zoo_draft, "auto")
+
+
 def test_a_target_is_never_packed(zoo_target):
     """The target's steps decide the output: they stay the eager computation op for op, in
     sessions as loaded alone."""

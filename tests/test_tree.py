@@ -318,9 +318,12 @@ def test_auto_tree_follows_the_target_distribution(tiny_pair):  # noqa: F811
     drafter = create_drafter("tree", draft=draft, sampling=params, drafting_input="text", depth=3,
                              top_k=2, total_tokens=6)
     engine = SpeculativeEngine(target, drafter, 3, params)
+    # (doubt 0: off, a probe or two kept turn drafting back on, so that every depth
+    # occurs often among 600 short requests)
     policy = engine.length = AutoGamma(3, costs=Costs(0.0, slope=0.05), probe_after=1,
                                        max_backoff=2, decay=0.3, prior_weight=0.5,
-                                       process_decay=0.5, feed_size=drafter.feed_size)
+                                       process_decay=0.5, feed_size=drafter.feed_size,
+                                       doubt=0.0)
     choices = Counter()
     choose = policy.choose
 

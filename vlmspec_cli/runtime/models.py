@@ -37,6 +37,7 @@ class LoadedModel:
     # runtime/fast_decoder.FastDecoder when decoding steps take the fast path
     fast: Any = None
     fast_off_reason: str | None = None   # why not, when the fast path was asked for
+    role: str = "target"   # what it was loaded as ("draft": its fast path runs packed layers)
 
     @property
     def vocab_size(self) -> int:
@@ -268,13 +269,15 @@ def load_model(spec, role: str = "target", fast_path: str = "auto") -> LoadedMod
     if qconf is None:
         model.to(device)
     model.eval()
-    lm = LoadedModel(spec.model, model, processor, tokenizer, adapter, device, dtype)
+    lm = LoadedModel(spec.model, model, processor, tokenizer, adapter, device, dtype, role=role)
     use_fast_path(lm, fast_path, role)
     return lm
 
 
-def use_fast_path(lm: LoadedModel, mode: str, role: str = "target") -> None:
-    """Turn the fast path on or off for ``lm`` (``mode``: auto | on | off)."""
+def use_fast_path(lm: LoadedModel, mode: str, role: str | None = None) -> None:
+    """Turn the fast path on or off for ``lm`` (``mode``: auto | on | off); ``role``: what
+    it decodes as (default: what it was loaded as)."""
+    role = role or lm.role
     from vlmspec_cli.runtime.fast_decoder import FastDecoder, reason_unsupported
 
     lm.fast, lm.fast_off_reason = None, None
