@@ -1,10 +1,10 @@
 """Packed decoder layers: a draft model's decoding step in fewer operators.
 
 A small draft's step on a CPU is almost all per-operator cost: the 1-layer tinyworld draft
-spends ~0.26 ms a step in ~70 operators whose arithmetic takes a few microseconds (RMSNorm
-alone is eight of them, the rotary embedding ten). A chain drafts γ such steps a round, so
-their count decides how much of the round the draft takes. Here the same layer runs as
-about twenty (0.14 ms a step: bench/draft_step.py, bench/RESULTS.md):
+spends 0.26 ms a step in operators whose arithmetic takes a few microseconds each (RMSNorm
+alone is eight of them, the rotary embedding about ten). A chain drafts γ such steps a
+round, so their count decides how much of the round the draft takes. Here the same layer
+runs in fewer (0.13 ms a step: bench/draft_step.py, bench/RESULTS.md):
 
 * q, k and v come from one matrix product over their weights stacked (as gate and up);
 * each RMSNorm's weight (and √H) is folded into the columns of the matrix after it, and
