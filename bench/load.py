@@ -25,12 +25,14 @@ seconds; the bench kills each one when its row is done (in a ``finally``). Varia
 each load, each variant.
 
 A row's speedup is the sum of target-only's wall times over the sum of the method's
-(the records' ``compare.target_only_wall_s`` and ``stats.wall_s``), its τ the records'
-mean acceptance length; the row also says how many outputs were identical, what the
+(the records' ``compare.target_only_wall_s`` and ``stats.wall_s``), over ``--repeat``
+passes of its command beside the same competitors (each pass's own ratio is kept too: a
+request of 0.1-0.3 s beside two competitors can land on a descheduled stretch, and one
+pass of six such requests swung a row by 10-20%), its τ the records' mean acceptance length; the row also says how many outputs were identical, what the
 auto draft length did, the load average before and after it and its wall time.
 
     python bench/load.py [--rows demo,photos,bad,video] [--loads 0,1,2]
-                         [--variants default] [--json bench/load-cpu.json]
+                         [--variants default] [--repeat 3] [--json bench/load-cpu.json]
 
 Prints a markdown table (and every command with its load average as it runs); ``--json``
 writes the raw rows with the machine and the commands.
@@ -115,8 +117,14 @@ def run_row(cmd: list[str], load: int, args) -> dict:
             time.sleep(2.0)   # let them take the cores before the row starts
         before = os.getloadavg()
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                              env=dict(os.environ, COLUMNS="140"))
+        passes = []   # (process, its records)
+        for _ in range(args.repeat):
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                  env=dict(os.environ, COLUMNS="140"))
+            passes.append((proc, [json.loads(line) for line in proc.stdout.splitlines()
+                                  if line.startswith("{")]))
+            if proc.returncode != 0:
+                break
         seconds = time.perf_counter() - t0
         after = os.getloadavg()
         alive = sum(p.poll() is None for p in procs)
@@ -124,9 +132,9 @@ def run_row(cmd: list[str], load: int, args) -> dict:
         for p in procs:
             p.kill()
             p.wait()
-    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    records = [r for _, recs in passes for r in recs]
     done = [r for r in records if "compare" in r]
-    row = {"rc": proc.returncode, "seconds": round(seconds, 2),
+    row = {"rc": proc.returncode, "seconds": round(seconds, 2), "passes": len(passes),
            "loadavg_before": [round(x, 2) for x in before],
            "loadavg_after": [round(x, 2) for x in after],
            "competitors": load, "competitors_alive_at_end": alive, "inputs": len(done),
@@ -148,6 +156,9 @@ def run_row(cmd: list[str], load: int, args) -> dict:
         if drafts else None,
         "identical": sum(bool(r["compare"]["identical"]) for r in done),
         "per_input_speedup": [r["compare"]["speedup"] for r in done],
+        "per_pass_speedup": [round(sum(r["compare"]["target_only_wall_s"] for r in recs if "compare" in r)
+                                   / max(sum(r["stats"]["wall_s"] for r in recs if "compare" in r), 1e-9), 4)
+                             for _, recs in passes],
     })
     if lengths:
         drafted = sum(s["rounds_drafted"] for s in lengths)
@@ -201,6 +212,9 @@ def main() -> None:
     ap.add_argument("--bad-draft", default="/tmp/vlmspec-bad-draft")
     ap.add_argument("--competitor-s", type=float, default=240.0,
                     help="a competitor stops by itself after this many seconds")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="passes of each row's command (beside the same competitors); the "
+                         "row's speedup is over all of them")
     ap.add_argument("--json", dest="json_out", help="write the raw rows here")
     ap.add_argument("--note", default="", help="recorded as is in the JSON (e.g. background load)")
     args = ap.parse_args()
