@@ -168,40 +168,34 @@ class FastDecoder:
         want = want or ()
         mask = self._mask(attention_mask, batch, n, start, embeds)
         if self.packed is not None and (position_ids is None or position_ids.dim() == 2):
-            return self._run_packed(embeds, cache, mask, position_ids, want, start, end)
-        if position_ids is None:
-            position_ids = torch.arange(start, end, device=embeds.device)[None].expand(batch, n)
-        # cos/sin from the model's own rotary module: (B, n, head_dim), in the model dtype
-        cos, sin = self.stack.rotary(embeds, position_ids)
-        cos, sin = cos[:, None], sin[:, None]
+            # a draft's packed layers (runtime/packed_layers.py): cos/sin from its table
+            layers, final, table = self.packed
+            cos, sin = (table.span(start, end, embeds) if position_ids is None
+                        else table.rows(position_ids, embeds))
+            def step(i, h):
+                return packed_layer(layers[i], h, cache, i, start, mask, cos, sin, self.heads,
+                                    self.kv_heads, self.head_dim, self.scaling)
+            def norm(h):
+                return F.rms_norm(h, (h.shape[-1],), *final) if final else h
+        else:
+            if position_ids is None:
+                position_ids = torch.arange(start, end, device=embeds.device)[None].expand(batch, n)
+            # cos/sin from the model's own rotary module: (B, n, head_dim), in the model dtype
+            cos, sin = self.stack.rotary(embeds, position_ids)
+            cos, sin = cos[:, None], sin[:, None]
+            def step(i, h):
+                return self._layer(self.layers[i], h, cache, i, start, mask, cos, sin)
+            norm = self.stack.norm
         picked = {0: embeds}
         h = embeds
-        for i, layer in enumerate(self.layers):
-            h = self._layer(layer, h, cache, i, start, mask, cos, sin)
+        for i in range(len(self.layers)):
+            h = step(i, h)
             if i + 1 in want:
                 picked[i + 1] = h
         cache.length = end
-        out = self.stack.norm(h)
+        out = norm(h)
         # transformers (v5) puts the final-normed states in the last hidden_states entry
         picked[len(self.layers)] = out
-        return out, (pick_layers(picked, want if len(want) > 1 else want[0]) if want else None)
-
-    def _run_packed(self, embeds, cache: StaticKVCache, mask, position_ids, want, start: int,
-                    end: int):
-        """``run`` on packed layers (a draft's steps)."""
-        layers, final, table = self.packed
-        cos, sin = (table.span(start, end, embeds) if position_ids is None
-                    else table.rows(position_ids, embeds))
-        picked = {0: embeds}
-        h = embeds
-        for i, p in enumerate(layers):
-            h = packed_layer(p, h, cache, i, start, mask, cos, sin, self.heads, self.kv_heads,
-                             self.head_dim, self.scaling)
-            if i + 1 in want:
-                picked[i + 1] = h
-        cache.length = end
-        out = F.rms_norm(h, (h.shape[-1],), *final) if final else h
-        picked[len(layers)] = out
         return out, (pick_layers(picked, want if len(want) > 1 else want[0]) if want else None)
 
     def _layer(self, layer, h, cache: StaticKVCache, i: int, start: int, mask, cos, sin):
