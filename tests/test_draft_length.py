@@ -549,3 +549,76 @@ def test_drafting_goes_off_only_after_a_few_timed_rounds():
         policy.observe(state, k, levels=k, fed=k + 1, drafted=k, accepted=0,
                        draft_s=0.03 * k, verify_s=0.01)
     assert all(k > 0 for k in seen[:WARMUP_ROUNDS + MIN_TIMED]) and seen[-1] == 0
+
+
+def test_a_draft_whose_prefill_is_dearer_drafts_one_and_goes_off_after_one_timed_round():
+    """The process's first request times the draft's prefill against the target's: a
+    draft whose prefill took longer (a 4-bit copy of the target on a CPU) drafts one
+    proposal while nothing is timed, and one timed round that does not pay switches it
+    off (before MIN_TIMED: the prefill is the second witness); a cheaper prefill leaves
+    the first round at the budget and MIN_TIMED as it was."""
+    from vlmspec_cli.runtime.draft_length import MIN_TIMED, WARMUP_ROUNDS
+
+    def rounds(ratio, n):
+        policy = AutoGamma(8)
+        assert policy.measures_prefill and not policy.dear
+        policy.note_prefill(0.004 * ratio, 0.004)
+        assert not policy.measures_prefill     # once per process
+        state = _state()
+        policy.start(state)
+        seen = []
+        for _ in range(n):
+            k = policy.choose(state, 8)
+            seen.append(k)                      # a draft step costs 3 target steps
+            policy.observe(state, k, levels=k, fed=k + 1, drafted=k, accepted=k,
+                           draft_s=0.03 * k, verify_s=0.01)
+        return policy, seen
+
+    dear, seen = rounds(2.0, WARMUP_ROUNDS + 3)
+    assert dear.dear and seen == [1] * (WARMUP_ROUNDS + 1) + [0, 0]
+    cheap, seen = rounds(0.2, WARMUP_ROUNDS + MIN_TIMED + 1)
+    assert not cheap.dear and seen[0] == 8
+    assert all(k > 0 for k in seen[:WARMUP_ROUNDS + MIN_TIMED]) and seen[-1] == 0
+
+
+def test_the_first_probe_is_priced_with_the_drafts_prefill():
+    """Before a probe was timed it is taken to land in a new request: its modelled cost
+    adds the draft's last prefill, so a draft that prefills for 1.5 target steps waits
+    1.5 / PROBE_SHARE plain rounds more before its first probe."""
+    waits = []
+    for prefill in (0.0, 1.5):
+        policy = AutoGamma(8, costs=Costs(2.0), probe_after=2, max_backoff=4)
+        policy.note_prefill(prefill)
+        state = _state()
+        policy.start(state)
+        assert _round(policy, state, 8, accepted=0) == 0
+        waits.append(policy.wait)
+    assert waits[1] - waits[0] == pytest.approx(1.5 / PROBE_SHARE, abs=1)
+
+
+def test_the_first_request_prefills_its_draft_with_the_target_timed(zoo_target, zoo_draft, corpus):
+    """With real costs (nothing measured) the process's first request prefills its chain
+    draft with the target and records the ratio of the two prefills; the next request's
+    draft waits for its first drafted round. A draft taken as dear (the ratio set above 1)
+    starts with one-proposal rounds. Every output is the target's."""
+    drafter = _drafter("chain", zoo_target, zoo_draft)
+    engine = SpeculativeEngine(zoo_target, drafter, 5, GREEDY)
+    engine.length = AutoGamma(5)
+    prefills = []
+    real = drafter.prefill
+    drafter.prefill = lambda state: (prefills.append(len(state.tokens)), real(state))
+    try:
+        (req, ref), (req2, ref2) = corpus[:2]
+        res = engine.generate(req)
+        assert res.tokens == ref and prefills == [0]
+        assert 0 < engine.length.prefill_ratio < 1.0     # a 1-layer draft of an 8-layer target
+        assert res.state.stats.draft_length["gamma_hist"][-1] > 0
+        assert engine.generate(req2).tokens == ref2
+        dear = SpeculativeEngine(zoo_target, drafter, 5, GREEDY)
+        dear.length = AutoGamma(5)
+        dear.length.note_prefill(2.0, 1.0)
+        res = dear.generate(req)
+        assert res.tokens == ref
+        assert res.state.stats.draft_length["gamma_hist"][1] >= 2   # the first two rounds
+    finally:
+        del drafter.prefill

@@ -50,6 +50,11 @@ earlier rounds only; every emitted token is still the target's (verify.py), at T
 token for token and at T > 0 in distribution. A seed's sample at T > 0 can differ between
 runs (the γ sequence follows timings), as it differs between two fixed γ.
 
+A process's first request prefills its draft with the target, timed against it
+(``note_prefill``): a draft whose prefill is the dearer (``AutoGamma.dear``) drafts one
+proposal a round until a round is timed, and goes off after one timed round that does not
+pay (others wait for MIN_TIMED).
+
 The engine (engine.py) asks ``choose`` before a round and reports with ``observe``; the
 costs are an injectable object (``RoundCosts``, or a test's own), so tests can force the
 switch. Batches (SpeculativeEngine.run) keep the fixed γ.
@@ -322,6 +327,8 @@ class AutoGamma:
         self.on = True                          # drafting was on at the last decision
         self.probing = False                    # the round being decoded is a probe
         self.probe_cost: float | None = None    # what a probe costs over a plain round
+        self.prefill_ratio: float | None = None  # draft prefill ÷ target prefill, first request
+        self.draft_prefill_s = 0.0              # the draft's last prefill
 
     # -- the model ---------------------------------------------------------------------
     def rates(self, ls: LengthState) -> list[float]:
@@ -369,6 +376,30 @@ class AutoGamma:
         state.length = LengthState(Acceptance(self.decay))
 
     @property
+    def measures_prefill(self) -> bool:
+        """The request starting now should prefill its draft with the target, timed against
+        it (``note_prefill``): the process's first, whose first round drafts anyway (no cost
+        is known yet)."""
+        return self.prefill_ratio is None and not self.off and self.costs.plain_s() is None
+
+    def note_prefill(self, draft_s: float, target_s: float | None = None) -> None:
+        """The draft's prefill took ``draft_s``; ``target_s``: the target's, of the same
+        request under the same thread plan (the process's first request)."""
+        self.draft_prefill_s = draft_s
+        if target_s is not None and self.prefill_ratio is None:
+            self.prefill_ratio = draft_s / max(target_s, 1e-9)
+
+    @property
+    def dear(self) -> bool:
+        """The draft's prefill took longer than the target's over the same request: its
+        forward is likely dearer than the target's (a 4-bit copy of the target on a CPU:
+        36 ms against 16 ms; the demo's one-layer draft: 0.08-0.18 of the target's).
+        Such a draft's first rounds draft one proposal, and one timed round that does not
+        pay switches it off (a second witness: not a stall alone, ``MIN_TIMED``): even
+        with every proposal kept, a draft step dearer than a target step cannot pay."""
+        return self.prefill_ratio is not None and self.prefill_ratio >= 1.0
+
+    @property
     def off(self) -> bool:
         """Drafting is off: the next round decodes plain, or is the probe (which prefills a
         drafter that can wait, so its prefill is timed as part of the probe's cost)."""
@@ -389,6 +420,8 @@ class AutoGamma:
         rates = self.rates(ls)
         k, gain = self.best(rates if self.on else self.doubted(ls, rates), budget,
                             cautious=not self.on)
+        if gain is None and self.dear:       # nothing timed yet, the draft likely dear:
+            return 1                         # the cheapest round that measures it
         if self.probe_due:                   # draft once more, to see if it pays again:
             self.probe_due = False           # one proposal, the cheapest round that tells
             ls.probes += 1                   # whether the first position is kept now
@@ -399,9 +432,10 @@ class AutoGamma:
         # and a noisy estimate must not switch it every few rounds)
         # (not before MIN_TIMED rounds were timed: on a busy machine the first few rounds
         # of a process can take several times their cost, and one of them switched a good
-        # draft off for the demo's first request)
+        # draft off for the demo's first request; a draft whose prefill was dearer than the
+        # target's needs one: ``dear``)
         if (gain is not None and gain < 1.0 + (STAY if self.on else RESUME)
-                and self.costs.timed >= MIN_TIMED):
+                and self.costs.timed >= (1 if self.dear else MIN_TIMED)):
             self.on = False                  # does not pay: plain, probe later
             self.wait = self._plain_rounds(rates[0]) - 1
             self.backoff = min(2 * self.backoff, self.max_backoff)
@@ -418,8 +452,10 @@ class AutoGamma:
         more than ``probe_share`` of them (a probe that lands in a new request prefills the
         draft, and catches it up on the tokens decoded without it). Before any probe was
         timed, its cost is the model's: D(1) + V(its feed: 2 for a chain) over the 1 + h_1
-        tokens it emits at V(1) each (a draft whose step is dearer than the target's, e.g. a 4-bit copy of
-        the target on a CPU, must not be probed every few rounds until a probe is timed)."""
+        tokens it emits at V(1) each, and the draft's prefill (the last one timed: the probe
+        is taken to land in a new request) (a draft whose step is dearer than the target's,
+        e.g. a 4-bit copy of the target on a CPU, must not be probed every few rounds until
+        a probe is timed)."""
         v1 = self.costs.plain_s()
         if not v1:
             return self.backoff
@@ -428,7 +464,7 @@ class AutoGamma:
             draft, verify = self.costs.draft_s(1), self.costs.verify_s(self.feed_size(1))
             if draft is None or verify is None:
                 return self.backoff
-            cost = max(draft + verify - v1 * (1 + h1), 0.0)
+            cost = max(draft + verify - v1 * (1 + h1), 0.0) + self.draft_prefill_s
         return max(self.backoff, math.ceil(cost / (self.probe_share * v1)))
 
     def observe(self, state: DecodeState, k: int, *, levels: int, fed: int, drafted: int,

@@ -125,6 +125,12 @@ class SpeculativeEngine:
         videos = {"videos": request.videos} if request.videos else {}
         inputs = lm.adapter.encode(lm, state.prompt, request.images or None, **videos)
         deferred = state.length is not None and state.length.deferred
+        # the process's first request drafts its first round whatever it costs (nothing is
+        # measured yet): its drafter is prefilled now, timed against the target's prefill
+        # (AutoGamma.dear: a draft whose prefill is the dearer starts with one proposal)
+        measure = deferred and self.length.measures_prefill
+        if measure:
+            deferred = state.length.deferred = False
         if not (deferred and self.length.off):   # (off: this request likely decodes plain)
             self.drafter.prepare(state)   # e.g. start the captioner alongside the prefill
         state.target_cache = lm.adapter.new_cache(lm)
@@ -139,7 +145,10 @@ class SpeculativeEngine:
             state.features = TargetFeatures(hidden[0], 0, ids, lm.adapter.visual_mask(lm, ids),
                                             None if pos is None or pos.dim() != 3 else pos[:, 0])
         if not deferred:
+            t1 = time.perf_counter()
             self.drafter.prefill(state)
+            if measure:
+                self.length.note_prefill(time.perf_counter() - t1, t1 - t0)
         state.stats.prefill_s = time.perf_counter() - t0
         return state
 
@@ -192,7 +201,9 @@ class SpeculativeEngine:
         if state.length is None or not state.length.deferred:
             return False
         if k > 0:
+            t0 = time.perf_counter()
             self.drafter.prefill(state)
+            self.length.note_prefill(time.perf_counter() - t0)
             state.length.deferred = False
         return state.length.deferred
 
