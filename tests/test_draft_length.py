@@ -21,11 +21,11 @@ from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter, method_class
 from vlmspec_cli.profile import ProfileError, load_profile
-from vlmspec_cli.runtime.draft_length import (EXPLORE_AFTER, PROBE_SHARE, Acceptance, AutoGamma,
-                                              LinearCost, RoundCosts, expected_tokens)
+from vlmspec_cli.runtime.draft_length import PROBE_SHARE, Acceptance, AutoGamma, expected_tokens
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.round_costs import EXPLORE_AFTER, LinearCost, RoundCosts
 from vlmspec_cli.runtime.stats import SpecStats
 from vlmspec_cli.runtime.verify import SamplingParams
 from vlmspec_cli.session import build_session

@@ -1,0 +1,158 @@
+"""What rounds cost in this process (``drafting.length: auto``, draft_length.py): D(k),
+drafting k positions, and V(n), verifying and committing n fed tokens, each a decayed
+least-squares line over this process's own timed rounds (``LinearCost``), a plain
+one-token step timed apart (``RoundCosts``).
+
+Timed with ``time.perf_counter`` around the drafter's ``propose`` and around verification
++ commit by the engine; no device synchronisation is added (each phase ends reading its
+tokens back to the host, which waits for its kernels). A round timed over OUTLIER times
+its prediction counts as that; until verification was seen at sizes far enough apart to
+tell its slope, V is taken as flat, and after EXPLORE_AFTER rounds that did not tell it a
+round drafts another length to measure it.
+"""
+
+from __future__ import annotations
+
+import math
+
+COST_DECAY = 0.95         # per round, the cost fits' weights
+MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slope is a guess
+OUTLIER = 3.0             # a round timed over this many times its prediction counts as that
+EXPLORE_AFTER = 32        # drafted rounds before one is drafted short to measure V's slope
+
+
+class LinearCost:
+    """Seconds as a line in a round's size x (positions drafted, or tokens verified): a
+    least-squares fit over the rounds seen, each weight decaying by ``decay`` per
+    observation, so a machine that gets busier is followed within some tens of rounds.
+    While the sizes seen are too alike (weighted spread < MIN_SPREAD) the slope is the last
+    one fitted while they were not (``slope``: sizes, once told apart, keep their relative
+    costs when every round settles on one length), or before any, ``fallback``: "flat"
+    (T(x) = the mean: Remark 1, verification costs about the same for any k) or
+    "proportional" (T(x) ∝ x: a draft step per position). A slope is shrunk towards 0 by
+    its own uncertainty (b − se²/b, se² the residual variance over the sizes' spread and
+    the rounds' effective count): on a busy machine two rounds a few sizes apart differ
+    by more than their sizes explain, and an unshrunk slope from them can make
+    verification look dear enough to draft short chains where long ones pay."""
+
+    def __init__(self, fallback: str = "flat", decay: float = COST_DECAY) -> None:
+        self.fallback = fallback
+        self.decay = decay
+        self.w = self.ww = self.x = self.xx = self.y = self.yy = self.xy = 0.0
+        self.n = 0
+        self.slope: float | None = None   # the last slope fitted over sizes told apart
+
+    def observe(self, x: float, seconds: float) -> None:
+        if self.n >= 3:   # one round the machine stalled must not set the line
+            seconds = min(seconds, OUTLIER * self.at(x))
+        self.n += 1
+        d = self.decay
+        self.w = d * self.w + 1.0
+        self.ww = d * d * self.ww + 1.0
+        self.x = d * self.x + x
+        self.xx = d * self.xx + x * x
+        self.y = d * self.y + seconds
+        self.yy = d * self.yy + seconds * seconds
+        self.xy = d * self.xy + x * seconds
+        if self.spread() >= MIN_SPREAD:
+            self.slope = self._fit()
+
+    def _fit(self) -> float:
+        """The weighted least-squares slope, shrunk by its uncertainty, never below 0 (a
+        round is never cheaper for being longer)."""
+        mean_x, mean_y = self.x / self.w, self.y / self.w
+        var_x = self.xx / self.w - mean_x * mean_x
+        cov = self.xy / self.w - mean_x * mean_y
+        slope = cov / var_x
+        if slope <= 0:
+            return 0.0
+        residual = max(self.yy / self.w - mean_y * mean_y - slope * cov, 0.0)
+        count = self.w * self.w / self.ww              # the rounds' effective number
+        se2 = residual / (var_x * max(count - 2.0, 1.0))
+        return max(slope - se2 / slope, 0.0)
+
+    @property
+    def known(self) -> bool:
+        return self.w > 0
+
+    def spread(self) -> float:
+        if not self.known:
+            return 0.0
+        mean = self.x / self.w
+        return math.sqrt(max(self.xx / self.w - mean * mean, 0.0))
+
+    def at(self, x: float) -> float:
+        mean_x, mean_y = self.x / self.w, self.y / self.w
+        if self.slope is not None:
+            return max(mean_y + self.slope * (x - mean_x), 0.0)
+        if self.fallback == "proportional" and mean_x > 0:
+            return mean_y * x / mean_x
+        return mean_y
+
+
+class RoundCosts:
+    """What rounds cost in this process: drafting by positions drafted (D), verifying and
+    committing by tokens fed to the target (V). A plain step (one token fed) is timed
+    apart from the rounds that feed several: on a CPU the fast path's one-token forward
+    is markedly cheaper than any longer one (bench/profile-deep-cpu.json, the demo's
+    target at 256 positions: V(2) = 1.23·V(1), V(8) = 1.25·V(1)), which a line through both
+    would put near V(2), and a draft that is kept now and then (τ ≈ 1.1) would look as if
+    it paid."""
+
+    def __init__(self) -> None:
+        self.draft = LinearCost("proportional")
+        self.verify = LinearCost("flat")    # rounds feeding the target 2 or more tokens
+        self.plain = LinearCost("flat")     # rounds feeding it one
+
+    def observe(self, levels: int, draft_s: float | None, fed: int, verify_s: float) -> None:
+        """One round: ``draft_s`` for ``levels`` positions (None: not a clean measure, e.g.
+        the draft first caught up on tokens decoded without it), ``verify_s`` for ``fed``
+        tokens."""
+        if draft_s is not None and levels > 0:
+            self.draft.observe(levels, draft_s)
+        (self.plain if fed == 1 else self.verify).observe(fed, verify_s)
+
+    @property
+    def timed(self) -> int:
+        """Rounds timed so far (plain steps and drafted rounds)."""
+        return self.verify.n + self.plain.n
+
+    def draft_s(self, levels: int) -> float | None:
+        return self.draft.at(levels) if self.draft.known else None
+
+    def verify_s(self, fed: int) -> float | None:
+        """V(fed): a plain step's own time for one token, the line through the longer
+        rounds for more; each stands in for the other until it is measured."""
+        if fed == 1 and self.plain.known:
+            return self.plain.at(1)
+        if self.verify.known:
+            return self.verify.at(fed)
+        return self.plain.at(1) if self.plain.known else None
+
+    def plain_s(self, cautious: bool = False) -> float | None:
+        """V(1), what a plain step costs: never more than the line through the longer
+        rounds puts at two tokens (feeding one token costs no more than feeding two; while
+        drafting is on no plain step is timed, and the one that was can be a stall: a bad
+        draft's round cut to one fed token by an EOS, timed at 17.5 ms among 12 ms rounds
+        early in a process, kept a bad draft drafting 15 rounds at a gain of 1.3-1.5);
+        ``cautious``: at most what that line puts at one token, so a plain step timed while
+        the machine was busier than when those rounds were (the costs are measured at
+        different times) is not taken as what drafting would save."""
+        v1 = self.verify_s(1)
+        if v1 is not None and self.plain.known and self.verify.known:
+            v1 = min(v1, self.verify.at(1 if cautious else 2))
+        return v1
+
+    def explore(self, k: int, budget: int) -> int:
+        """``k``, or, while verification has not been seen at sizes far enough apart to tell
+        its slope after EXPLORE_AFTER rounds, the size in 1..budget farthest from those seen
+        (a round to measure it; once told, the slope is kept). Until then V is taken as flat
+        (``LinearCost``'s fallback): rounds cut short by an EOS or by the token budget
+        usually tell the slope for free, and a round drafted short only to measure costs
+        the tokens it does not propose (on the demo, 30 rounds in all, one such round was
+        3% of the run)."""
+        if (not self.verify.known or self.verify.slope is not None
+                or self.verify.n < EXPLORE_AFTER):
+            return k
+        seen = self.verify.x / self.verify.w - 1          # proposals of the mean round
+        return max((1, budget), key=lambda size: abs(size - seen))
