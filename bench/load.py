@@ -24,6 +24,10 @@ seconds; the bench kills each one when its row is done (in a ``finally``). Varia
 ``--set method=tree``: the tree's depth chosen per round or not). Rows take turns: workload by workload,
 each load, each variant.
 
+``--cold``: each pass runs the command without ``--compare`` and again with ``--set
+method=none``, each in a fresh process, so every request is timed as a user's run times
+it, a process's first (one-time costs, and a dear draft's first rounds) included.
+
 A row's speedup is the sum of target-only's wall times over the sum of the method's
 (the records' ``compare.target_only_wall_s`` and ``stats.wall_s``), over ``--repeat``
 passes of its command beside the same competitors (each pass's own ratio is kept too: a
@@ -110,6 +114,32 @@ def competitors(n: int, seconds: float) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", SPIN.format(s=seconds)]) for _ in range(n)]
 
 
+def run_cli(cmd: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, COLUMNS="140"))
+    return proc, [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def cold_pass(cmd: list[str], i: int) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """``--cold``: the command without ``--compare`` and the same with ``--set
+    method=none``, each its own process (the method's first on even passes, the target's
+    on odd), every request timed as a user's run times it (the process's first included,
+    no warm-up); each method record gets the ``compare`` fields from the target-only
+    record of its input."""
+    method = [c for c in cmd if c != "--compare"]
+    sides = [("method", method), ("none", method + ["--set", "method=none"])]
+    runs = dict((name, run_cli(c)) for name, c in (sides if i % 2 == 0 else sides[::-1]))
+    plain = {r["input"]: r for r in runs["none"][1] if not r.get("error")}
+    for r in runs["method"][1]:
+        t = plain.get(r["input"])
+        if t is not None and not r.get("error"):
+            r["compare"] = {"target_only_wall_s": t["stats"]["wall_s"],
+                            "identical": t["output"] == r["output"],
+                            "speedup": round(t["stats"]["wall_s"] / r["stats"]["wall_s"], 4)}
+    failed = [p for p, _ in runs.values() if p.returncode != 0]
+    return (failed[0] if failed else runs["method"][0]), runs["method"][1]
+
+
 def run_row(cmd: list[str], load: int, args) -> dict:
     procs = competitors(load, args.competitor_s)
     try:
@@ -118,11 +148,9 @@ def run_row(cmd: list[str], load: int, args) -> dict:
         before = os.getloadavg()
         t0 = time.perf_counter()
         passes = []   # (process, its records)
-        for _ in range(args.repeat):
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                                  env=dict(os.environ, COLUMNS="140"))
-            passes.append((proc, [json.loads(line) for line in proc.stdout.splitlines()
-                                  if line.startswith("{")]))
+        for i in range(args.repeat):
+            proc, records = cold_pass(cmd, i) if args.cold else run_cli(cmd)
+            passes.append((proc, records))
             if proc.returncode != 0:
                 break
         seconds = time.perf_counter() - t0
@@ -215,6 +243,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="passes of each row's command (beside the same competitors); the "
                          "row's speedup is over all of them")
+    ap.add_argument("--cold", action="store_true",
+                    help="without --compare: the method and target-only (--set method=none) "
+                         "each in its own process, every request timed, the first included")
     ap.add_argument("--json", dest="json_out", help="write the raw rows here")
     ap.add_argument("--note", default="", help="recorded as is in the JSON (e.g. background load)")
     args = ap.parse_args()
@@ -237,7 +268,7 @@ def main() -> None:
                 for variant in variants:
                     full = cmd + VARIANTS[variant]
                     row = {"workload": workload, "variant": variant,
-                           "command": shlex.join(["vlmspec"] + full[3:])}
+                           "command": shlex.join(["vlmspec"] + full[3:]), "cold": args.cold}
                     row.update(run_row(full, load, args))
                     rows.append(row)
                     print(f"[{workload}, {load} competitors, {variant}] {row['command']}\n"
