@@ -30,8 +30,9 @@ probe every few tens of tokens, not a few rounds per request.
   (``Acceptance``: a round that drafted k and kept n puts positions 1..min(n + 1, k) at
   risk and keeps 1..n).
 - D and V: this process's own rounds (``round_costs.py``): decayed least-squares lines over
-  the rounds' sizes, a plain step (one token fed) timed apart; a process's first
-  WARMUP_ROUNDS rounds are not timed.
+  the rounds' sizes, a plain step (one token fed) timed apart, D bounded by the median of
+  the last rounds; a process's first WARMUP_ROUNDS rounds are not timed, and a round after
+  plain ones (the draft caught up on them) only when its drafting came in under the line.
 - Positions few rounds reached: shrunk towards the position before (``Acceptance.rates``),
   so the deep positions of a ceiling seldom drafted to are not taken as likely as the first.
 
@@ -179,6 +180,7 @@ class AutoGamma:
         self.probe_cost: float | None = None    # what a probe costs over a plain round
         self.prefill_ratio: float | None = None  # draft prefill ÷ target prefill, first request
         self.draft_prefill_s = 0.0              # the draft's last prefill
+        self.round_prefill_s = 0.0              # the draft's prefill in the round being decoded
 
     # -- the model ---------------------------------------------------------------------
     def rates(self, ls: LengthState) -> list[float]:
@@ -236,7 +238,9 @@ class AutoGamma:
         """The draft's prefill took ``draft_s``; ``target_s``: the target's, of the same
         request under the same thread plan (the process's first request)."""
         self.draft_prefill_s = draft_s
-        if target_s is not None and self.prefill_ratio is None:
+        if target_s is None:                  # at a round's start (timed within its drafting)
+            self.round_prefill_s = draft_s
+        elif self.prefill_ratio is None:
             self.prefill_ratio = draft_s / max(target_s, 1e-9)
 
     @property
@@ -324,10 +328,20 @@ class AutoGamma:
         kept), verified and committed in ``verify_s``. A round that fed nothing (the first
         token comes from the prefill) times no target forward."""
         ls: LengthState = state.length
-        clean = ls.previous > 0   # after plain rounds the draft first caught up on them
+        prefill, self.round_prefill_s = self.round_prefill_s, 0.0   # this round's, if any
+        own = draft_s - prefill
+        # after plain rounds the draft first caught up on them (and a new request's first
+        # drafted round prefilled it): such a round is timed only when its own drafting came
+        # in under the line, which it can then only pull down. Otherwise a line that one
+        # stall pushed up was never measured again once drafting went off (a probe follows
+        # plain rounds): one 0.3 s stall in an early round kept a good draft off for good
+        clean = ls.previous > 0 and not prefill
+        if not clean and levels > 0:
+            line = self.costs.draft_s(levels)
+            clean = line is not None and own <= line
         self.rounds += 1
         if fed > 0 and self.rounds > WARMUP_ROUNDS:
-            self.costs.observe(levels, draft_s if clean else None, fed, verify_s)
+            self.costs.observe(levels, own if clean else None, fed, verify_s)
         ls.previous = k
         v1 = self.costs.plain_s()
         if self.probing and v1 is not None:   # its time over the plain rounds it stood for
