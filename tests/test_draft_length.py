@@ -671,4 +671,26 @@ def test_a_round_after_plain_ones_is_timed_when_under_the_line():
     policy.note_prefill(0.007)                       # a new request's draft prefilled
     policy.observe(state, 1, levels=1, fed=2, drafted=1, accepted=0, draft_s=0.009,
                    verify_s=0.010)                   # 2 ms of its own
-    assert policy.costs.draft.n == n + 1 and policy.costs.recent[-1] == pytest.approx(0.002)
+    assert policy.costs.draft.n == n + 1 and policy.costs.recent[-1] == (1, pytest.approx(0.002))
+
+
+def test_the_median_bound_keeps_the_lines_shape():
+    """Without a stall, D is the fitted line at every size (a round's fixed cost, e.g. the
+    catch-up forward, keeps short rounds relatively dear: a bound of k times a median
+    per position made them look cheaper and shortened the chosen chains); after a stall
+    the whole line is scaled down, its shape kept."""
+    costs = RoundCosts()
+    for k in (7, 1, 7, 7, 1, 7, 7, 1, 7):
+        costs.observe(k, 0.001 + 0.0001 * k, k + 1, 0.010)
+    for k in range(1, 9):
+        assert costs.draft_s(k) == pytest.approx(costs.draft.at(k))
+    stalled = RoundCosts()                          # one stall, before any clamp applies
+    for k, seconds in ((7, 0.0017), (7, 0.3), (1, 0.0011), (7, 0.0017), (1, 0.0011), (7, 0.0017)):
+        stalled.observe(k, seconds, k + 1, 0.010)
+    assert stalled.draft.at(7) > 0.03 and stalled.draft_s(7) < 0.004
+    assert (stalled.draft_s(1) / stalled.draft_s(7)
+            == pytest.approx(stalled.draft.at(1) / stalled.draft.at(7)))
+    # the median only ever lowers the line: rounds over it (clamped there) raise nothing
+    for _ in range(6):
+        stalled.observe(7, 1.0, 8, 0.010)
+    assert all(stalled.draft_s(k) <= stalled.draft.at(k) for k in range(1, 9))

@@ -30,8 +30,8 @@ probe every few tens of tokens, not a few rounds per request.
   (``Acceptance``: a round that drafted k and kept n puts positions 1..min(n + 1, k) at
   risk and keeps 1..n).
 - D and V: this process's own rounds (``round_costs.py``): decayed least-squares lines over
-  the rounds' sizes, a plain step (one token fed) timed apart, D bounded by the median of
-  the last rounds; a process's first WARMUP_ROUNDS rounds are not timed, and a round after
+  the rounds' sizes, a plain step (one token fed) timed apart, D scaled down where the
+  median of the last rounds is below it; a process's first WARMUP_ROUNDS rounds are not timed, and a round after
   plain ones (the draft caught up on them) only when its drafting came in under the line.
 - Positions few rounds reached: shrunk towards the position before (``Acceptance.rates``),
   so the deep positions of a ceiling seldom drafted to are not taken as likely as the first.

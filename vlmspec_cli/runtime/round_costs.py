@@ -20,7 +20,7 @@ COST_DECAY = 0.95         # per round, the cost fits' weights
 MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slope is a guess
 OUTLIER = 3.0             # a round timed over this many times its prediction counts as that
 EXPLORE_AFTER = 32        # drafted rounds before one is drafted short to measure V's slope
-RECENT = 9                # drafted rounds whose median time per position bounds D
+RECENT = 9                # drafted rounds whose median time (over the line's) bounds D
 
 
 class LinearCost:
@@ -103,7 +103,7 @@ class RoundCosts:
 
     def __init__(self) -> None:
         self.draft = LinearCost("proportional")
-        self.recent: deque[float] = deque(maxlen=RECENT)   # drafting's seconds per position
+        self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)   # (levels, seconds)
         self.verify = LinearCost("flat")    # rounds feeding the target 2 or more tokens
         self.plain = LinearCost("flat")     # rounds feeding it one
 
@@ -113,7 +113,7 @@ class RoundCosts:
         tokens."""
         if draft_s is not None and levels > 0:
             self.draft.observe(levels, draft_s)
-            self.recent.append(draft_s / levels)
+            self.recent.append((levels, draft_s))
         (self.plain if fed == 1 else self.verify).observe(fed, verify_s)
 
     @property
@@ -122,14 +122,17 @@ class RoundCosts:
         return self.verify.n + self.plain.n
 
     def draft_s(self, levels: int) -> float | None:
-        """D(levels): the line, or less where the median of the last RECENT rounds' time
-        per position says so. One stalled round moves a decayed mean for tens of rounds
-        but not a median: a 0.3 s stall in the demo's drafting early in a process (rounds of
-        1-2 ms) had the line say drafting did not pay, and it went off."""
+        """D(levels): the line, scaled down where the last RECENT rounds came in below it
+        (their lower median time over the line's value at their own size, when below 1;
+        the line's shape, e.g. a round's fixed catch-up, is kept). One stalled round moves
+        a decayed mean for tens of rounds but not a median: a 0.3 s stall in the demo's
+        drafting early in a process (rounds of 1-2 ms) had the line say drafting did not
+        pay, and it went off."""
         if not self.draft.known:
             return None
-        median = sorted(self.recent)[len(self.recent) // 2]
-        return min(self.draft.at(levels), median * levels)
+        line = self.draft
+        ratios = sorted(s / max(line.at(x), 1e-12) for x, s in self.recent)
+        return line.at(levels) * min(1.0, ratios[(len(ratios) - 1) // 2])
 
     def verify_s(self, fed: int) -> float | None:
         """V(fed): a plain step's own time for one token, the line through the longer
