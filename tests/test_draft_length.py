@@ -694,3 +694,19 @@ def test_the_median_bound_keeps_the_lines_shape():
     for _ in range(6):
         stalled.observe(7, 1.0, 8, 0.010)
     assert all(stalled.draft_s(k) <= stalled.draft.at(k) for k in range(1, 9))
+
+
+def test_a_plain_step_follows_the_level_of_the_longer_rounds():
+    """A plain step timed beside rounds of 10 ms took 8; in a later request with a longer
+    context the rounds take 20 ms: V(1) is taken as 16 ms there, not the stale 8 (which
+    made a good draft's rounds look twice a plain step and switched it off)."""
+    costs = RoundCosts()
+    for _ in range(5):
+        costs.observe(7, 0.001, 8, 0.010)
+    for _ in range(3):
+        costs.observe(0, None, 1, 0.008)
+    assert costs.plain_s() == pytest.approx(0.008)
+    for _ in range(200):
+        costs.observe(7, 0.001, 8, 0.020)
+    assert costs.plain_s() == pytest.approx(0.016, rel=0.02)
+    assert costs.plain.at(1) == pytest.approx(0.008)    # the stale mean it replaces
