@@ -710,3 +710,31 @@ def test_a_plain_step_follows_the_level_of_the_longer_rounds():
         costs.observe(7, 0.001, 8, 0.020)
     assert costs.plain_s() == pytest.approx(0.016, rel=0.02)
     assert costs.plain.at(1) == pytest.approx(0.008)    # the stale mean it replaces
+
+
+def test_a_new_request_resumes_at_once_when_the_process_says_drafting_pays():
+    """A request the draft cannot predict switches drafting off; the next request is
+    judged at its first round from the process's acceptance (doubted, at RESUME) and
+    drafts at once, not after the plain rounds before the probe. A draft that never
+    paid stays off across requests, its wait going on as it was."""
+    policy = AutoGamma(8, costs=Costs(0.1), probe_after=8, max_backoff=8)
+    good = _state()
+    policy.start(good)
+    assert all(_round(policy, good, 8, accepted=8) > 0 for _ in range(30))
+    hard = _state()
+    policy.start(hard)
+    seen = []
+    while not seen or seen[-1] > 0:
+        seen.append(_round(policy, hard, 8, accepted=0))
+    assert policy.off and len(seen) < 30
+    fresh = _state()
+    policy.start(fresh)
+    assert policy.choose(fresh, 8) > 0 and not policy.off
+    bad = AutoGamma(8, costs=Costs(0.1), probe_after=8, max_backoff=8)
+    first = _state()
+    bad.start(first)
+    assert [_round(bad, first, 8, accepted=0) for _ in range(30)][-1] == 0
+    wait = bad.wait
+    second = _state()
+    bad.start(second)
+    assert bad.choose(second, 8) == 0 and bad.wait == wait - 1

@@ -267,6 +267,8 @@ class AutoGamma:
         return k
 
     def _decide(self, ls: LengthState, budget: int) -> int:
+        if ls.previous < 0 and self.off:     # a new request while drafting is off
+            self._rejudge(ls, budget)
         if self.wait > 0:                    # drafting is off: plain until the probe
             self.wait -= 1
             return 0
@@ -300,6 +302,19 @@ class AutoGamma:
         # a round to measure verification at another size: only while drafting pays
         # for chains (k ≥ 2); a draft worth one proposal a round never needs the slope
         return self.costs.explore(k, budget) if k >= 2 else k
+
+    def _rejudge(self, ls: LengthState, budget: int) -> None:
+        """A new request starts while drafting is off: judged at once from the process's
+        acceptance (at RESUME, costs taken cautiously; not doubted: it rests on all the
+        process's rounds, not on one probe), it resumes without waiting for the probe when
+        that pays; else the off state goes on as it was (its wait and backoff). One
+        request the draft could not predict switched a good draft off, and the requests
+        after it decoded 51 rounds plain before a probe turned it back on (the mixed set
+        at 1.80x)."""
+        _, gain = self.best(self.rates(ls), budget, cautious=True)
+        if gain is not None and gain >= 1.0 + RESUME:
+            self.wait, self.probe_due, self.on = 0, False, True
+            self.backoff = self.probe_after
 
     def _plain_rounds(self, h1: float) -> int:
         """Plain rounds before the next probe: the backoff, or more while a probe costs
