@@ -31,8 +31,9 @@ probe every few tens of tokens, not a few rounds per request.
   risk and keeps 1..n).
 - D and V: this process's own rounds (``round_costs.py``): decayed least-squares lines over
   the rounds' sizes, a plain step (one token fed) timed apart, D scaled down where the
-  median of the last rounds is below it; a process's first WARMUP_ROUNDS rounds are not timed, and a round after
-  plain ones (the draft caught up on them) only when its drafting came in under the line.
+  median of the last rounds is below it. A process's first WARMUP_ROUNDS rounds are not
+  timed, and a round after plain ones (the draft caught up on them) only when its
+  drafting came in under the line.
 - Positions few rounds reached: shrunk towards the position before (``Acceptance.rates``),
   so the deep positions of a ceiling seldom drafted to are not taken as likely as the first.
 
