@@ -107,6 +107,7 @@ class RoundCosts:
         self.verify = LinearCost("flat")    # rounds feeding the target 2 or more tokens
         self.plain = LinearCost("flat")     # rounds feeding it one
         self.ratio_w = self.ratio_sum = 0.0  # a plain step over the line's V(2) at its time
+        self.draft_scale: float | None = None  # draft_s's median scale (None: to compute)
 
     def observe(self, levels: int, draft_s: float | None, fed: int, verify_s: float) -> None:
         """One round: ``draft_s`` for ``levels`` positions (None: not a clean measure, e.g.
@@ -115,6 +116,7 @@ class RoundCosts:
         if draft_s is not None and levels > 0:
             self.draft.observe(levels, draft_s)
             self.recent.append((levels, draft_s))
+            self.draft_scale = None
         if fed == 1 and self.verify.known:
             ratio = min(verify_s / max(self.verify.at(2), 1e-12), 1.0)
             self.ratio_w = COST_DECAY * self.ratio_w + 1.0
@@ -135,9 +137,11 @@ class RoundCosts:
         pay, and it went off."""
         if not self.draft.known:
             return None
-        line = self.draft
-        ratios = sorted(s / max(line.at(x), 1e-12) for x, s in self.recent)
-        return line.at(levels) * min(1.0, ratios[(len(ratios) - 1) // 2])
+        if self.draft_scale is None:   # once per observed round, not per length priced
+            line = self.draft
+            ratios = sorted(s / max(line.at(x), 1e-12) for x, s in self.recent)
+            self.draft_scale = min(1.0, ratios[(len(ratios) - 1) // 2])
+        return self.draft.at(levels) * self.draft_scale
 
     def verify_s(self, fed: int) -> float | None:
         """V(fed): a plain step's own time for one token, the line through the longer
