@@ -1,0 +1,279 @@
+"""Auto draft length against every fixed γ, replayed without the machine's noise (issue 34).
+
+bench/auto_gamma.py times the CLI: on the 2-core CPU two runs of one configuration differ
+by 3-8%, more than the policies differ. This script takes the timing noise out, to say
+whether the auto policy itself chooses well:
+
+1. **Record** (each in its own process, the CLI users run): the set decoded at fixed γ 10
+   and at γ 9, every round's (proposals, kept) read where the engine commits it. At T = 0
+   a round from output position t keeps the proposals up to the first position where the
+   draft's greedy token differs from the target's, so these give, for every output
+   position t, whether the draft predicts it given the target's own prefix (m_t); the
+   round starting at t then keeps a(t) = the run of predicted positions from t, whatever γ
+   chose it. (The position after a round that kept all its proposals is not told; the
+   other run tells it, else it is taken as predicted.)
+2. **Costs**: the first set decoded once more with ``drafting.length=auto``, each round's
+   k drawn at random from 1..10 (the policy's choice replaced), so that this process's
+   own round timing (``RoundCosts``) sees every size; its lines D(k) and V(n) and the plain
+   step V(1) at the end are the replay's costs.
+3. **Replay** each set: fixed γ 1..10, ``AutoGamma`` with each ceiling (the shipped class,
+   its costs told the lines' times, its choices made on the acceptance it saw), the best
+   fixed γ per request (an oracle that knows each request's outputs), and the best k per
+   round (an oracle that knows a(t): no policy can beat it). Speedup = the plain steps'
+   time over the rounds' (decoding only: the prefills are the same for every policy).
+
+Sets: ``mixed`` (bench/auto_gamma.py's: the demo's scenes, crops of real photos, the
+first chats of examples/mmspec) and ``other`` (other crops, the other chats, the scenes
+asked another question, another order).
+
+    python bench/auto_gamma_replay.py [--photos-from DIR] [--ceilings 7,8,10] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+# -- 1, 2: record (run in a child process: ``--record OUT -- CLI ARGS``) -------------------
+def record(out: str, cli_args: list[str], random_k: bool) -> None:
+    from vlmspec_cli.runtime import draft_length, engine
+
+    rounds: dict[int, tuple[object, list]] = {}
+    commit = engine.commit
+
+    def counted(state, verdict, drafter, eos_ids, drops=None):
+        seen = rounds.setdefault(id(state), (state, []))[1]
+        seen.append((verdict.drafted, len(verdict.accepted)))
+        return commit(state, verdict, drafter, eos_ids, drops)
+
+    engine.commit = counted
+    policies = []
+    init = draft_length.AutoGamma.__init__
+
+    def kept(self, *a, **k):
+        init(self, *a, **k)
+        policies.append(self)
+
+    draft_length.AutoGamma.__init__ = kept
+    if random_k:
+        rng = random.Random(1)
+        draft_length.AutoGamma._decide = lambda self, ls, budget: rng.randint(1, budget)
+    from vlmspec_cli.cli import cli
+
+    try:
+        cli(cli_args, standalone_mode=False)
+    except SystemExit:
+        pass
+    requests = [{"id": st.request.request_id, "rounds": rs, "tokens": len(st.tokens)}
+                for st, rs in rounds.values()]
+    costs = None
+    if policies:
+        c = policies[-1].costs
+        costs = {"draft_s": [c.draft_s(k) for k in range(1, 11)],
+                 "verify_s": [c.verify_s(n) for n in range(1, 12)], "plain_s": c.plain_s()}
+    Path(out).write_text(json.dumps({"requests": requests, "costs": costs}))
+
+
+def run_record(out: Path, cli_args: list[str], random_k: bool = False) -> dict:
+    cmd = [sys.executable, __file__, "--record", str(out)] + (["--random-k"] if random_k else [])
+    proc = subprocess.run(cmd + ["--"] + cli_args, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0 or not out.exists():
+        sys.exit(f"recording failed: {' '.join(cli_args)}\n{proc.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def predicted(run_a: dict, run_b: dict) -> dict[str, list[int]]:
+    """Per request, m_t for each output position t (1: the draft predicts it)."""
+    def marks(run):
+        out = {}
+        for r in run["requests"]:
+            m = []
+            for drafted, kept in r["rounds"]:
+                m += [1] * kept + [0 if kept < drafted else None]
+            out[r["id"]] = m
+        return out
+    a, b = marks(run_a), marks(run_b)
+    told = lambda x, y: x if x is not None else (y if y is not None else 1)   # noqa: E731
+    return {rid: [told(x, y) for x, y in zip(a[rid], b[rid])] for rid in a}
+
+
+# -- 3: replay ----------------------------------------------------------------------------
+class Replay:
+    def __init__(self, marks: dict[str, list[int]], order: list[str], costs: dict) -> None:
+        self.marks, self.order = marks, order
+        self.draft = [0.0] + costs["draft_s"]
+        self.verify = costs["verify_s"]            # [n - 1]: n tokens fed
+        self.plain = costs["plain_s"]
+
+    def cost(self, k: int) -> float:
+        return self.plain if k == 0 else self.draft[k] + self.verify[k]
+
+    @staticmethod
+    def kept(m: list[int], t: int, k: int) -> int:
+        n = 0
+        while n < k and t + n < len(m) and m[t + n] == 1:
+            n += 1
+        return n
+
+    def speedup(self, choose_for) -> tuple[float, dict[str, float]]:
+        """choose_for(request id) → choose(t, budget) → k, observe(k, kept)."""
+        kinds: dict[str, list[float]] = {}
+        for rid in self.order:
+            m, t, spent = self.marks[rid], 0, 0.0
+            choose, observe = choose_for(rid)
+            while t < len(m):
+                budget = len(m) - t - 1
+                k = max(0, min(choose(t, budget), budget))
+                n = self.kept(m, t, k)
+                spent += self.cost(k)
+                observe(k, n)
+                t += n + 1
+            kind = kinds.setdefault(rid.rsplit("#", 1)[-1].split("-", 1)[0], [0.0, 0.0])
+            kind[0] += len(m) * self.plain
+            kind[1] += spent
+        plain, spent = sum(v[0] for v in kinds.values()), sum(v[1] for v in kinds.values())
+        return round(plain / spent, 4), {k: round(a / b, 4) for k, (a, b) in sorted(kinds.items())}
+
+    def fixed(self, gamma: int):
+        return self.speedup(lambda rid: (lambda t, b: min(gamma, b), lambda k, n: None))
+
+    def auto(self, ceiling: int):
+        from vlmspec_cli.runtime.draft_length import AutoGamma
+
+        policy = AutoGamma(ceiling)            # one per process, as the engine's
+
+        def for_request(rid):
+            state = types.SimpleNamespace(length=None, stats=types.SimpleNamespace())
+            policy.start(state)
+
+            def observe(k, n):
+                draft = self.draft[k]
+                policy.observe(state, k, levels=k, fed=k + 1, drafted=k, accepted=n,
+                               draft_s=draft, verify_s=self.cost(k) - draft)
+            return (lambda t, b: policy.choose(state, min(b, ceiling)) if b > 0 else 0), observe
+        return self.speedup(for_request)
+
+    def best_per_request(self) -> float:
+        plain = spent = 0.0
+        for rid in self.order:
+            m = self.marks[rid]
+            plain += len(m) * self.plain
+            spent += min(self._fixed_time(m, g) for g in range(0, 11))
+        return round(plain / spent, 4)
+
+    def _fixed_time(self, m: list[int], gamma: int) -> float:
+        t, spent = 0, 0.0
+        while t < len(m):
+            k = min(gamma, len(m) - t - 1)
+            spent += self.cost(k)
+            t += self.kept(m, t, k) + 1
+        return spent
+
+    def best_per_round(self, ceiling: int) -> float:
+        plain = spent = 0.0
+        for rid in self.order:
+            m = self.marks[rid]
+            best = [0.0] * (len(m) + 1)          # best[t]: the least time from t to the end
+            for t in range(len(m) - 1, -1, -1):
+                best[t] = min(self.cost(k) + best[min(t + self.kept(m, t, k) + 1, len(m))]
+                              for k in range(0, min(ceiling, len(m) - t - 1) + 1))
+            plain += len(m) * self.plain
+            spent += best[0]
+        return round(plain / spent, 4)
+
+
+# -- the sets -----------------------------------------------------------------------------
+def other_set(args, folder: Path) -> Path:
+    """Other crops (seed 99), the chats mixed_set leaves out, the scenes asked another
+    question; shuffled with another seed."""
+    from load import photo_set
+
+    photos = photo_set(Path(args.photos_from), folder / "other-photos", args.other_photos, seed=99)
+    ask = lambda kind, name, text, image: {"id": f"{kind}-{name}", "messages": [   # noqa: E731
+        {"role": "user", "text": text, "images": [str(image)]}]}
+    convs = [ask("photo", f.stem, "describe the image.", f) for f in sorted(photos.glob("*.png"))]
+    mmspec = ROOT / "examples" / "mmspec"
+    lines = [json.loads(x) for x in (mmspec / "mmspec.jsonl").read_text().splitlines() if x.strip()]
+    convs += [ask("chat", x["id"], x["turns"][0], mmspec / "images" / x["image"])
+              for x in lines[args.mixed_chats:]]
+    convs += [ask("demo", f.stem, "what is in this picture?", f)
+              for f in sorted((ROOT / "examples" / "images").glob("*.png"))]
+    random.Random(7).shuffle(convs)
+    out = folder / "other.jsonl"
+    out.write_text("".join(json.dumps(c) + "\n" for c in convs))
+    return out
+
+
+def main() -> None:
+    if "--record" in sys.argv:
+        i = sys.argv.index("--")
+        out = sys.argv[sys.argv.index("--record") + 1]
+        record(out, sys.argv[i + 1:], "--random-k" in sys.argv[:i])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--photos-from", default=os.environ.get("VLMSPEC_PHOTOS", ""),
+                    help="folder with scikit-learn's china.jpg and flower.jpg")
+    ap.add_argument("--mixed-photos", type=int, default=8)
+    ap.add_argument("--mixed-chats", type=int, default=8)
+    ap.add_argument("--other-photos", type=int, default=12)
+    ap.add_argument("--ceilings", default="7,8,10")
+    ap.add_argument("--json", help="write the recorded rounds, the costs and the results here")
+    args = ap.parse_args()
+    from auto_gamma import mixed_set
+
+    folder = Path(tempfile.mkdtemp(prefix="vlmspec-replay-"))
+    sets = {"mixed": mixed_set(args, folder), "other": other_set(args, folder)}
+    fixed = lambda g: ["--set", f"drafting.gamma={g}", "--set", "drafting.length=fixed"]  # noqa: E731
+    runs = {}
+    for name, conv in sets.items():
+        base = ["caption", "--chat", str(conv), "--json"]
+        runs[name] = {g: run_record(folder / f"{name}-{g}.json", base + fixed(g)) for g in (10, 9)}
+    base = ["caption", "--chat", str(sets["mixed"]), "--json"]
+    auto = ["--set", "drafting.gamma=10", "--set", "drafting.length=auto"]
+    costs = run_record(folder / "costs.json", base + auto, random_k=True)["costs"]
+    ceilings = [int(c) for c in args.ceilings.split(",")]
+    results = {}
+    print(f"# costs (ms): D(1..10) {[round(x * 1e3, 2) for x in costs['draft_s']]}")
+    print(f"#   V(1..11) {[round(x * 1e3, 2) for x in costs['verify_s']]}, "
+          f"plain step {costs['plain_s'] * 1e3:.2f}")
+    for name, conv in sets.items():
+        order = [f"{conv}#{json.loads(x)['id']}" for x in conv.read_text().splitlines()]
+        replay = Replay(predicted(runs[name][10], runs[name][9]), order, costs)
+        rows = {f"γ={g}": replay.fixed(g) for g in range(1, 11)}
+        rows |= {f"auto ≤{c}": replay.auto(c) for c in ceilings}
+        best = max((r for r in rows if r.startswith("γ")), key=lambda r: rows[r][0])
+        oracles = {"best fixed γ per request": replay.best_per_request(),
+                   **{f"best k per round ≤{c}": replay.best_per_round(c) for c in ceilings}}
+        positions = sum(len(m) for m in replay.marks.values())
+        results[name] = {"rows": rows, "best_fixed": best, "oracles": oracles,
+                         "positions": positions, "requests": len(order)}
+        print(f"\n## {name}: {len(order)} requests, {results[name]['positions']} tokens; "
+              f"decoding speedup over plain steps, replayed (best fixed: {best})")
+        kinds = sorted(rows[best][1])
+        print("| config | all | " + " | ".join(kinds) + " | vs best fixed |")
+        print("|---|---|" + "---|" * len(kinds) + "---|")
+        for label, (total, per) in rows.items():
+            print(f"| {label} | {total:.3f}x | " + " | ".join(f"{per[k]:.3f}x" for k in kinds)
+                  + f" | {100 * (total / rows[best][0] - 1):+.1f}% |")
+        for label, value in oracles.items():
+            print(f"| {label} (oracle) | {value:.3f}x |" + " |" * len(kinds)
+                  + f" {100 * (value / rows[best][0] - 1):+.1f}% |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"costs": costs, "results": results,
+                                               "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""bench/auto_gamma_replay.py's arithmetic: acceptance runs rebuilt from recorded rounds,
+fixed γ and the oracles replayed by hand (no model: the recorded rounds are made up)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import auto_gamma_replay as replay  # noqa: E402
+
+# D(k) = k ms, V(n) = 10 + n ms, a plain step 10 ms
+COSTS = {"draft_s": [k * 1e-3 for k in range(1, 11)],
+         "verify_s": [(10 + n) * 1e-3 for n in range(1, 12)], "plain_s": 10e-3}
+
+
+def test_marks_from_two_recorded_runs():
+    # the outputs' truth: 1 1 0 1 1 1 0 1 0 (1: the draft predicts the position)
+    # γ 3: kept 2 of 3 (0, 1; 2 not), kept 3 of 3 (3-5; 6 untold), kept 1 (7; 8 not)
+    run_3 = {"requests": [{"id": "r", "rounds": [(3, 2), (3, 3), (3, 1)]}]}
+    # γ 2: kept 2 of 2 (0, 1; 2 untold), 2 of 2 (3, 4; 5 untold), 0 (6 not), 1 (7; 8 not)
+    run_2 = {"requests": [{"id": "r", "rounds": [(2, 2), (2, 2), (2, 0), (2, 1)]}]}
+    assert replay.predicted(run_3, run_2)["r"] == [1, 1, 0, 1, 1, 1, 0, 1, 0]
+    # told by neither: taken as predicted (it followed a round that kept everything)
+    run_1 = {"requests": [{"id": "r", "rounds": [(1, 1), (1, 1)]}]}
+    assert replay.predicted(run_1, run_1)["r"] == [1, 1, 1, 1]
+
+
+def test_fixed_gamma_and_the_oracles_by_hand():
+    marks = {"s#demo-a": [1, 1, 0, 1, 0, 0]}
+    r = replay.Replay(marks, ["s#demo-a"], COSTS)
+    # γ 2: t=0 keeps 2 (D(2) 2 + V(3) 13 = 15 ms), t=3 keeps 1 (15 ms),
+    # t=5 has no budget: a plain step (10 ms). 6 tokens: 60 ms plain over 40 ms
+    assert r.fixed(2)[0] == pytest.approx(60 / 40, abs=1e-4)
+    # γ 1: t=0 keeps 1 (1 + 12 = 13), t=2 keeps 0 (13), t=3 keeps 1 (13), t=5 plain (10)
+    assert r.fixed(1)[0] == pytest.approx(60 / 49, abs=1e-4)
+    # the per-round oracle drafts 2 at t=0, 1 at t=3 and nothing where nothing is kept
+    assert r.best_per_round(10) == pytest.approx(60 / 38, abs=1e-4)
+    fixed = [r.fixed(g)[0] for g in range(1, 11)]
+    assert r.best_per_request() == pytest.approx(max(fixed + [1.0]), abs=1e-4)
+    assert r.best_per_round(10) >= r.best_per_request() >= max(fixed)
+    assert r.best_per_round(10) >= r.auto(10)[0]
+
+
+def test_speedup_per_kind_sums_to_the_whole():
+    marks = {"s#demo-a": [1, 1, 1, 0], "s#chat-b": [0, 0, 1, 0, 0]}
+    r = replay.Replay(marks, ["s#demo-a", "s#chat-b"], COSTS)
+    total, kinds = r.fixed(3)
+    assert set(kinds) == {"demo", "chat"}
+    assert min(kinds.values()) <= total <= max(kinds.values())
