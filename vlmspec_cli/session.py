@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime import limits
+from vlmspec_cli.runtime.draft_cost import cannot_pay
 from vlmspec_cli.runtime.draft_length import AutoGamma
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, peek_adapter,
@@ -318,6 +319,9 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     engine = SpeculativeEngine(target, drafter, method.gamma(profile), sampling)
     if method.draft_length(profile) == "auto":   # γ per round, up to method.gamma
         engine.length = AutoGamma(method.gamma(profile), feed_size=drafter.feed_size)
+        reason = None if engine.runs_target else cannot_pay(target, drafter.draft)
+        if reason:   # e.g. a 4-bit copy of the target on a CPU: the target alone from the start
+            engine.length.rule_out(reason)
     if profile.acceptance == "relaxed":
         engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
     captioner = drafter.captioner.lm if drafter.captioner is not None else None

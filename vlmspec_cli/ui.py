@@ -170,7 +170,7 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
     table.add_row("items", f"{summary.items} ({summary.done} done, {summary.skipped} skipped)")
     table.add_row("failures", str(summary.failures), style="red" if summary.failures else None)
     table.add_row("method", method)
-    if s.num_drafts and drafts:
+    if s.num_draft_tokens and drafts:   # (rounds that all decoded plain have no acceptance)
         table.add_row("mean acceptance length", f"{s.mean_accept_len:.3f}")
         table.add_row("draft acceptance rate", f"{s.draft_accept_rate:.3f}")
         rates = " ".join(f"{c / s.num_drafts:.2f}" for c in s.accepted_per_pos)
@@ -180,6 +180,8 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
         table.add_row("draft length (auto)",
                       f"mean γ {d['mean_gamma']:.2f} (≤ {d['max']}); rounds: "
                       f"{d['rounds_drafted']} drafted, {d['rounds_plain']} plain")
+        if d.get("off_reason"):
+            table.add_row("drafting off", d["off_reason"])
     table.add_row("new tokens", str(s.new_tokens))
     table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
     if summary.batched_s is not None:

@@ -45,7 +45,9 @@ runs (the γ sequence follows timings), as it differs between two fixed γ.
 A process's first request prefills its draft with the target, timed against it
 (``note_prefill``): a draft whose prefill is the dearer (``AutoGamma.dear``) drafts one
 proposal a round until a round is timed, and goes off after one timed round that does not
-pay (others wait for MIN_TIMED).
+pay (others wait for MIN_TIMED). A draft known before running not to pay (draft_cost.py:
+on a CPU, the target's arithmetic per token) is ruled out (``rule_out``): never prefilled,
+no round drafts, no probe.
 
 The engine (engine.py) asks ``choose`` before a round and reports with ``observe``; the
 costs are an injectable object (``RoundCosts``, or a test's own), so tests can force the
@@ -182,6 +184,7 @@ class AutoGamma:
         self.prefill_ratio: float | None = None  # draft prefill ÷ target prefill, first request
         self.draft_prefill_s = 0.0              # the draft's last prefill
         self.round_prefill_s = 0.0              # the draft's prefill in the round being decoded
+        self.ruled_out: str | None = None       # why drafting can never pay here (rule_out)
 
     # -- the model ---------------------------------------------------------------------
     def rates(self, ls: LengthState) -> list[float]:
@@ -228,6 +231,13 @@ class AutoGamma:
     def start(self, state: DecodeState) -> None:
         state.length = LengthState(Acceptance(self.decay))
 
+    def rule_out(self, reason: str) -> None:
+        """Drafting off for the process, no probe ever: the draft was known before running
+        not to pay on this machine (draft_cost.py: a CPU, a draft doing as many
+        multiply-adds per token as the target). Its prefill never runs; ``reason`` goes to
+        the records."""
+        self.ruled_out = reason
+
     @property
     def measures_prefill(self) -> bool:
         """The request starting now should prefill its draft with the target, timed against
@@ -258,7 +268,7 @@ class AutoGamma:
     def off(self) -> bool:
         """Drafting is off: the next round decodes plain, or is the probe (which prefills a
         drafter that can wait, so its prefill is timed as part of the probe's cost)."""
-        return self.wait > 0 or self.probe_due
+        return self.ruled_out is not None or self.wait > 0 or self.probe_due
 
     def choose(self, state: DecodeState, budget: int) -> int:
         """The proposals this round drafts (0: a plain target step), at most ``budget``."""
@@ -268,6 +278,8 @@ class AutoGamma:
         return k
 
     def _decide(self, ls: LengthState, budget: int) -> int:
+        if self.ruled_out is not None:       # known not to pay here: the target alone
+            return 0
         if ls.previous < 0 and self.off:     # a new request while drafting is off
             self._rejudge(ls, budget)
         if self.wait > 0:                    # drafting is off: plain until the probe
@@ -373,4 +385,5 @@ class AutoGamma:
         ls: LengthState | None = state.length
         if ls is not None:
             state.stats.draft_length = length_section(self.ceiling, ls.hist, ls.probes,
-                                                      [round(h, 3) for h in self.rates(ls)])
+                                                      [round(h, 3) for h in self.rates(ls)],
+                                                      self.ruled_out)

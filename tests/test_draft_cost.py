@@ -1,0 +1,59 @@
+"""runtime/draft_cost.py: a draft that cannot pay, known before it runs (a CPU, a draft doing
+as many multiply-adds per token as the target), and AutoGamma.rule_out."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from vlmspec_cli.runtime.draft_cost import cannot_pay, multiply_adds
+from vlmspec_cli.runtime.draft_length import AutoGamma
+
+
+def _config(**over):
+    text = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=128, vocab_size=100) | over
+    return SimpleNamespace(text_config=SimpleNamespace(**text))
+
+
+def _lm(config, device="cpu", dtype=torch.float32, quantized=False):
+    model = SimpleNamespace(config=config, hf_quantizer=object() if quantized else None)
+    return SimpleNamespace(model=model, device=torch.device(device), dtype=dtype)
+
+
+def test_multiply_adds_by_hand():
+    # head_dim 16: q and o 64·64 each, k and v 64·32 each = 12288; MLP 3·64·128 = 24576;
+    # two layers, and the head 64·100
+    assert multiply_adds(_config()) == 2 * (12288 + 24576) + 6400
+    assert multiply_adds(SimpleNamespace(hidden_size=64)) is None   # not a decoder's config
+
+
+def test_a_4bit_copy_of_the_target_cannot_pay_on_a_cpu_only():
+    target = _lm(_config())
+    reason = cannot_pay(target, _lm(_config(), quantized=True))
+    assert reason == "the draft does 1x the target's multiply-adds per token: on a CPU it cannot pay"
+    assert cannot_pay(target, _lm(_config())) is not None           # the same model again
+    # a GPU reads a 4-bit copy's quarter of the bytes: it may pay there
+    assert cannot_pay(_lm(_config(), "cuda"), _lm(_config(), "cuda", quantized=True)) is None
+    # a smaller draft, a quantized target, a float draft in a narrower dtype: not ruled out
+    assert cannot_pay(target, _lm(_config(num_hidden_layers=1), quantized=True)) is None
+    assert cannot_pay(_lm(_config(), quantized=True), _lm(_config(), quantized=True)) is None
+    assert cannot_pay(target, _lm(_config(), dtype=torch.bfloat16)) is None
+    assert cannot_pay(target, None) is None
+
+
+def test_ruled_out_drafting_stays_off_and_says_why():
+    policy = AutoGamma(5)
+    policy.rule_out("too dear")
+    state = SimpleNamespace(length=None, stats=SimpleNamespace(draft_length=None))
+    policy.start(state)
+    assert policy.off and not policy.measures_prefill   # its prefill never runs
+    for _ in range(200):                                # no probe, ever
+        assert policy.choose(state, 5) == 0
+        policy.observe(state, 0, levels=0, fed=1, drafted=0, accepted=0, draft_s=0.0,
+                       verify_s=0.01)
+    policy.finish(state)
+    section = state.stats.draft_length
+    assert section["rounds_drafted"] == 0 and section["rounds_plain"] == 200
+    assert section["off_reason"] == "too dear"
