@@ -42,8 +42,10 @@ def _requests() -> list[Request]:
 
 
 def _session(target, draft, method: str, *sets: str):
+    # a fixed γ drafts every round (auto rules out the target as its own draft on a CPU)
     profile = load_profile("tinyworld-caption", [f"target.model={target}", f"draft.model={draft}",
-                                                 f"method={method}", *sets])
+                                                 f"method={method}", "drafting.length=fixed",
+                                                 *sets])
     return build_session(profile)
 
 
