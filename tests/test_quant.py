@@ -104,6 +104,7 @@ def test_the_summary_says_why_drafting_was_off():
     assert "multiply-adds" in json.loads(proc.stdout)["stats"]["draft_length"]["off_reason"]
     assert "drafting off" in proc.stderr and "on a CPU it cannot pay" in proc.stderr
     assert "mean acceptance length" not in proc.stderr
+    assert "no γ (≤ 5); rounds: 0 drafted" in proc.stderr
 
 
 def test_missing_bitsandbytes_says_how_to_install(monkeypatch):

@@ -177,8 +177,9 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
         table.add_row("acceptance per position", rates)
     if s.draft_length and drafts:   # drafting.length auto
         d = s.draft_length
+        mean = f"mean γ {d['mean_gamma']:.2f}" if d["rounds_drafted"] else "no γ"
         table.add_row("draft length (auto)",
-                      f"mean γ {d['mean_gamma']:.2f} (≤ {d['max']}); rounds: "
+                      f"{mean} (≤ {d['max']}); rounds: "
                       f"{d['rounds_drafted']} drafted, {d['rounds_plain']} plain")
         if d.get("off_reason"):
             table.add_row("drafting off", d["off_reason"])
