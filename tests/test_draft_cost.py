@@ -1,8 +1,14 @@
-"""runtime/draft_cost.py: a draft that cannot pay, known before it runs (a CPU, a draft doing
-as many multiply-adds per token as the target), and AutoGamma.rule_out."""
+"""runtime/draft_cost.py: a draft that cannot pay, known before it runs (a CPU, a float draft
+doing as many multiply-adds per token as the target), and AutoGamma.rule_out; as a user
+sees it, the default profile with its target as the draft."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -29,17 +35,18 @@ def test_multiply_adds_by_hand():
     assert multiply_adds(SimpleNamespace(hidden_size=64)) is None   # not a decoder's config
 
 
-def test_a_4bit_copy_of_the_target_cannot_pay_on_a_cpu_only():
+def test_the_target_as_its_own_draft_cannot_pay_on_a_cpu_only():
     target = _lm(_config())
-    reason = cannot_pay(target, _lm(_config(), quantized=True))
+    reason = cannot_pay(target, _lm(_config()))
     assert reason == "the draft does 1x the target's multiply-adds per token: on a CPU it cannot pay"
-    assert cannot_pay(target, _lm(_config())) is not None           # the same model again
-    # a GPU reads a 4-bit copy's quarter of the bytes: it may pay there
-    assert cannot_pay(_lm(_config(), "cuda"), _lm(_config(), "cuda", quantized=True)) is None
-    # a smaller draft, a quantized target, a float draft in a narrower dtype: not ruled out
-    assert cannot_pay(target, _lm(_config(num_hidden_layers=1), quantized=True)) is None
-    assert cannot_pay(_lm(_config(), quantized=True), _lm(_config(), quantized=True)) is None
+    assert cannot_pay(target, _lm(_config(num_hidden_layers=3))) is not None   # larger still
+    # a GPU; a smaller draft; a narrower dtype; a quantized draft (bitsandbytes' fused 4-bit
+    # kernel reads an eighth of the bytes: measured instead) or target: not ruled out
+    assert cannot_pay(_lm(_config(), "cuda"), _lm(_config(), "cuda")) is None
+    assert cannot_pay(target, _lm(_config(num_hidden_layers=1))) is None
     assert cannot_pay(target, _lm(_config(), dtype=torch.bfloat16)) is None
+    assert cannot_pay(target, _lm(_config(), quantized=True)) is None
+    assert cannot_pay(_lm(_config(), quantized=True), _lm(_config(), quantized=True)) is None
     assert cannot_pay(target, None) is None
 
 
@@ -57,3 +64,25 @@ def test_ruled_out_drafting_stays_off_and_says_why():
     section = state.stats.draft_length
     assert section["rounds_drafted"] == 0 and section["rounds_plain"] == 200
     assert section["off_reason"] == "too dear"
+
+
+def test_the_target_drafting_for_itself_decodes_alone_and_the_summary_says_why():
+    """The default profile with its own target as the draft (auto, on a CPU): no round
+    drafts, the draft is never prefilled, the outputs are target-only's, and the record
+    and the summary table name the reason (acceptance rows left out: nothing drafted)."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "vlmspec_cli", "caption", "examples/images/scene1.png",
+         "examples/images/scene2.png", "--set", "draft.model=zoo:tinyworld/llava-target-deep",
+         "--max-new-tokens", "8", "--compare", "--json"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, COLUMNS="200", PYTHONPATH=str(root)))
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(records) == 2 and all(r["compare"]["identical"] for r in records)
+    for r in records:
+        assert r["stats"]["num_draft_tokens"] == 0
+        assert "multiply-adds" in r["stats"]["draft_length"]["off_reason"]
+    assert "drafting off" in proc.stderr and "on a CPU it cannot pay" in proc.stderr
+    assert "mean acceptance length" not in proc.stderr
+    assert "no γ (≤ 7); rounds: 0 drafted" in proc.stderr

@@ -5,11 +5,7 @@ copy (tinyworld-selfquant)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -62,7 +58,7 @@ def test_quantized_target_lossless_relative_to_itself(requests_, quantize):
 
 
 def test_self_speculation_from_a_4bit_copy(requests_):
-    # a fixed γ: the profile's auto rules such a draft out on a CPU (the next test)
+    # a fixed γ: the profile's auto switches such a draft off on a CPU (the next test)
     session = _session("tinyworld-selfquant", "drafting.length=fixed")
     assert "Linear4bit" in {type(m).__name__ for m in session.draft.model.modules()}
     assert "Linear4bit" not in {type(m).__name__ for m in session.target.model.modules()}
@@ -77,34 +73,19 @@ def test_self_speculation_from_a_4bit_copy(requests_):
     assert session.draft.model.get_memory_footprint() < 0.5 * session.target.model.get_memory_footprint()
 
 
-def test_auto_decodes_with_the_target_alone_when_the_draft_cannot_pay(requests_):
-    """The profile's auto, on a CPU: a 4-bit copy of the target does as many multiply-adds
-    per token, so drafting is off from the start (runtime/draft_cost.py): no round drafts,
-    the draft is never prefilled, the records say why, and the outputs are the target's."""
+def test_auto_switches_the_4bit_copy_off_after_measuring_it(requests_):
+    """The profile's auto, on a CPU: the 4-bit copy is not ruled out before it runs (a
+    4-bit draft may pay where reading weights bounds a step: runtime/draft_cost.py), it is
+    found dear at the process's first request and drafts little after; outputs are the
+    target's."""
     session = _session("tinyworld-selfquant")
+    assert session.engine.length.ruled_out is None
     alone = _greedy(session.baseline_engine(), requests_)
     spec = _greedy(session.engine, requests_)
     assert [r.tokens for r in spec] == [r.tokens for r in alone]
-    assert sum(r.state.stats.num_draft_tokens for r in spec) == 0
-    assert all(r.state.drafter_state is None for r in spec)          # never prefilled
-    section = spec[0].state.stats.draft_length
-    assert "multiply-adds" in section["off_reason"] and section["rounds_drafted"] == 0
-
-
-def test_the_summary_says_why_drafting_was_off():
-    """As a user sees it: the record and the summary table name the reason, and the
-    acceptance rows (of proposals never drafted) are left out."""
-    root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run(
-        [sys.executable, "-m", "vlmspec_cli", "caption", "examples/images/scene1.png",
-         "--profile", "tinyworld-selfquant", "--max-new-tokens", "8", "--json"],
-        cwd=root, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, COLUMNS="200", PYTHONPATH=str(root)))
-    assert proc.returncode == 0, proc.stderr
-    assert "multiply-adds" in json.loads(proc.stdout)["stats"]["draft_length"]["off_reason"]
-    assert "drafting off" in proc.stderr and "on a CPU it cannot pay" in proc.stderr
-    assert "mean acceptance length" not in proc.stderr
-    assert "no γ (≤ 5); rounds: 0 drafted" in proc.stderr
+    assert session.engine.length.dear
+    rounds = sum(r.state.stats.num_drafts for r in spec)
+    assert sum(r.state.stats.draft_length["rounds_drafted"] for r in spec) <= rounds // 4
 
 
 def test_missing_bitsandbytes_says_how_to_install(monkeypatch):

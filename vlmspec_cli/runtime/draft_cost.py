@@ -2,19 +2,18 @@
 
 Eq. 1's speedup is at most (γ + 1) / (γ·c + 1) with every proposal kept, c = T_q / T_p the
 cost of a draft step over a target step: a draft whose step costs as much as the target's
-(c ≥ 1) never pays. On a CPU a decoding step's time follows its arithmetic, the
-multiply-adds of its linear layers (the weights are read at the cores' speed there, not
-the memory's), so a draft that does as many of them per token as the target, in the
-target's dtype or through 4-/8-bit weights that a CPU dequantizes back to it, has c ≥ 1:
-tinyworld-selfquant's nf4 copy of its target took 36 ms to prefill against the target's
-16 ms, and its rounds only lost. Auto finds such a draft dear at its first request anyway
-(draft_length.py: its prefill timed against the target's), but that request pays the
-draft's prefill and a round or two: over six short requests timed cold, 0.90x of the
-target alone. Known here, drafting is off from the start (``AutoGamma.rule_out``).
+(c ≥ 1) never pays. On a CPU, a float draft that does as many multiply-adds per token as
+the target (its config's layers and sizes), in a dtype at least as wide, runs the same
+kernels over at least as much data: c ≥ 1. The target itself drafted by itself is one
+(a test's set-up, or a mistake). Auto would find it dear at its first request (its prefill
+timed against the target's, draft_length.py), after paying that prefill and a round or
+two; known here, drafting is off from the start (``AutoGamma.rule_out``).
 
-On a GPU nothing is ruled out: decoding there reads weights from memory, and a 4-bit copy
-reads a quarter of the bytes, so it can pay. Neither is a quantized target (its own
-kernels, not compared here), nor a float draft in a narrower dtype than the target's.
+Not ruled out: anything on a GPU; a quantized target; a quantized draft (bitsandbytes has a
+fused 4-bit CPU kernel, and a 4-bit copy of a large target, whose steps are bound by
+reading its weights, reads an eighth of the bytes: it may pay, and is measured instead —
+tinyworld-selfquant's nf4 copy took 36 ms to prefill against its target's 16 ms, and is
+switched off after its first request); a float draft in a narrower dtype.
 """
 
 from __future__ import annotations
@@ -49,9 +48,9 @@ def cannot_pay(target, draft) -> str | None:
     """Why ``draft`` (a LoadedModel) can never make ``target`` faster here, or None."""
     if draft is None or target.device.type != "cpu" or draft.device.type != "cpu":
         return None
-    if quantized(target.model):
+    if quantized(target.model) or quantized(draft.model):
         return None
-    if not quantized(draft.model) and _bits(draft.dtype) < _bits(target.dtype):
+    if _bits(draft.dtype) < _bits(target.dtype):
         return None
     ours, theirs = multiply_adds(draft.model.config), multiply_adds(target.model.config)
     if ours is None or theirs is None or ours < theirs:

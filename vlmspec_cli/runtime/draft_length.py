@@ -46,8 +46,8 @@ A process's first request prefills its draft with the target, timed against it
 (``note_prefill``): a draft whose prefill is the dearer (``AutoGamma.dear``) drafts one
 proposal a round until a round is timed, and goes off after one timed round that does not
 pay (others wait for MIN_TIMED). A draft known before running not to pay (draft_cost.py:
-on a CPU, the target's arithmetic per token) is ruled out (``rule_out``): never prefilled,
-no round drafts, no probe.
+on a CPU, a float draft with the target's arithmetic per token) is ruled out
+(``rule_out``): never prefilled, no round drafts, no probe.
 
 The engine (engine.py) asks ``choose`` before a round and reports with ``observe``; the
 costs are an injectable object (``RoundCosts``, or a test's own), so tests can force the
@@ -233,7 +233,7 @@ class AutoGamma:
 
     def rule_out(self, reason: str) -> None:
         """Drafting off for the process, no probe ever: the draft was known before running
-        not to pay on this machine (draft_cost.py: a CPU, a draft doing as many
+        not to pay on this machine (draft_cost.py: a CPU, a float draft doing as many
         multiply-adds per token as the target). Its prefill never runs; ``reason`` goes to
         the records."""
         self.ruled_out = reason
