@@ -55,8 +55,7 @@ def cannot_pay(target, draft) -> str | None:
     ours, theirs = multiply_adds(draft.model.config), multiply_adds(target.model.config)
     if ours is None or theirs is None or ours < theirs:
         return None
-    return (f"the draft does {ours / theirs:.2g}x the target's multiply-adds per token: "
-            f"on a CPU it cannot pay")
+    return f"{ours / theirs:.2g}x the target's multiply-adds per token: cannot pay on a CPU"
 
 
 def _bits(dtype: torch.dtype) -> int:
