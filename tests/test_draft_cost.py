@@ -44,6 +44,8 @@ def test_the_target_as_its_own_draft_cannot_pay_on_a_cpu_only():
     # kernel reads an eighth of the bytes: measured instead) or target: not ruled out
     assert cannot_pay(_lm(_config(), "cuda"), _lm(_config(), "cuda")) is None
     assert cannot_pay(target, _lm(_config(num_hidden_layers=1))) is None
+    # one layer as wide as two of the target's: as much arithmetic, half the operators
+    assert cannot_pay(target, _lm(_config(num_hidden_layers=1, intermediate_size=400))) is None
     assert cannot_pay(target, _lm(_config(), dtype=torch.bfloat16)) is None
     assert cannot_pay(target, _lm(_config(), quantized=True)) is None
     assert cannot_pay(_lm(_config(), quantized=True), _lm(_config(), quantized=True)) is None

@@ -2,9 +2,11 @@
 
 Eq. 1's speedup is at most (γ + 1) / (γ·c + 1) with every proposal kept, c = T_q / T_p the
 cost of a draft step over a target step: a draft whose step costs as much as the target's
-(c ≥ 1) never pays. On a CPU, a float draft that does as many multiply-adds per token as
-the target (its config's layers and sizes), in a dtype at least as wide, runs the same
-kernels over at least as much data: c ≥ 1. The target itself drafted by itself is one
+(c ≥ 1) never pays. On a CPU, a float draft with at least the target's layers and
+multiply-adds per token (from the configs), in a dtype at least as wide, runs at least as
+many kernels over at least as much data: c ≥ 1. (Layers too: on small models a step is
+mostly per-operator cost, and a draft of one wide layer could be cheaper than a target of
+many narrow ones with the same arithmetic.) The target itself drafted by itself is one
 (a test's set-up, or a mistake). Auto would find it dear at its first request (its prefill
 timed against the target's, draft_length.py), after paying that prefill and a round or
 two; known here, drafting is off from the start (``AutoGamma.rule_out``).
@@ -55,7 +57,13 @@ def cannot_pay(target, draft) -> str | None:
     ours, theirs = multiply_adds(draft.model.config), multiply_adds(target.model.config)
     if ours is None or theirs is None or ours < theirs:
         return None
+    if _layers(draft.model.config) < _layers(target.model.config):
+        return None
     return f"{ours / theirs:.2g}x the target's multiply-adds per token: cannot pay on a CPU"
+
+
+def _layers(config) -> int:
+    return int((getattr(config, "text_config", None) or config).num_hidden_layers)
 
 
 def _bits(dtype: torch.dtype) -> int:
