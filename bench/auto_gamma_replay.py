@@ -27,6 +27,10 @@ first chats of examples/mmspec) and ``other`` (other crops, the other chats, the
 asked another question, another order).
 
     python bench/auto_gamma_replay.py [--photos-from DIR] [--ceilings 7,8,10] [--json OUT]
+                                      [--profile NAME] [--set KEY=VALUE ...]
+
+(``--profile`` / ``--set`` choose the pair and the method replayed: a chain's rounds keep
+the run of predicted positions; a tree's do not follow that rule, so replay chains.)
 """
 
 from __future__ import annotations
@@ -229,18 +233,23 @@ def main() -> None:
     ap.add_argument("--mixed-chats", type=int, default=8)
     ap.add_argument("--other-photos", type=int, default=12)
     ap.add_argument("--ceilings", default="7,8,10")
+    ap.add_argument("--profile", help="the profile to replay (default: the CLI's default)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a profile override for every recorded run (repeatable)")
     ap.add_argument("--json", help="write the recorded rounds, the costs and the results here")
     args = ap.parse_args()
     from auto_gamma import mixed_set
 
     folder = Path(tempfile.mkdtemp(prefix="vlmspec-replay-"))
     sets = {"mixed": mixed_set(args, folder), "other": other_set(args, folder)}
+    chosen = (["--profile", args.profile] if args.profile else []) + [
+        x for kv in args.sets for x in ("--set", kv)]
     fixed = lambda g: ["--set", f"drafting.gamma={g}", "--set", "drafting.length=fixed"]  # noqa: E731
     runs = {}
     for name, conv in sets.items():
-        base = ["caption", "--chat", str(conv), "--json"]
+        base = ["caption", "--chat", str(conv), "--json", *chosen]
         runs[name] = {g: run_record(folder / f"{name}-{g}.json", base + fixed(g)) for g in (10, 9)}
-    base = ["caption", "--chat", str(sets["mixed"]), "--json"]
+    base = ["caption", "--chat", str(sets["mixed"]), "--json", *chosen]
     auto = ["--set", "drafting.gamma=10", "--set", "drafting.length=auto"]
     costs = run_record(folder / "costs.json", base + auto, random_k=True)["costs"]
     ceilings = [int(c) for c in args.ceilings.split(",")]
