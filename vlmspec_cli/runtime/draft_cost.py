@@ -27,7 +27,7 @@ def multiply_adds(config) -> int | None:
     """Multiply-adds per token of a decoder's linear layers, from its config (the text
     config of a multimodal one): per layer q, k, v and o, and a gated MLP's three matrices;
     the output head. None when the config does not say (another architecture)."""
-    text = getattr(config, "text_config", None) or config
+    text = _text(config)
     try:
         hidden, layers = int(text.hidden_size), int(text.num_hidden_layers)
         heads, inner = int(text.num_attention_heads), int(text.intermediate_size)
@@ -62,8 +62,13 @@ def cannot_pay(target, draft) -> str | None:
     return f"{ours / theirs:.2g}x the target's multiply-adds per token: cannot pay on a CPU"
 
 
+def _text(config):
+    """The decoder's config: a multimodal model's text config, else the config itself."""
+    return getattr(config, "text_config", None) or config
+
+
 def _layers(config) -> int:
-    return int((getattr(config, "text_config", None) or config).num_hidden_layers)
+    return int(_text(config).num_hidden_layers)
 
 
 def _bits(dtype: torch.dtype) -> int:
