@@ -33,6 +33,8 @@ def test_multiply_adds_by_hand():
     # two layers, and the head 64·100
     assert multiply_adds(_config()) == 2 * (12288 + 24576) + 6400
     assert multiply_adds(SimpleNamespace(hidden_size=64)) is None   # not a decoder's config
+    assert multiply_adds(_config(num_attention_heads=0)) is None     # broken: no division by 0
+    assert multiply_adds(_config(hidden_size="wide")) is None
 
 
 def test_the_target_as_its_own_draft_cannot_pay_on_a_cpu_only():

@@ -32,7 +32,9 @@ def multiply_adds(config) -> int | None:
         hidden, layers = int(text.hidden_size), int(text.num_hidden_layers)
         heads, inner = int(text.num_attention_heads), int(text.intermediate_size)
         vocab = int(text.vocab_size)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if min(hidden, layers, heads, inner, vocab) <= 0:   # a broken config: say nothing
         return None
     head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
