@@ -1,6 +1,6 @@
 """Speculative decoding against target-only on an idle and on a loaded machine (issue 34).
 
-Four workloads, each run through the CLI users run, with ``--compare`` (every input
+Five workloads, each run through the CLI users run, with ``--compare`` (every input
 decoded by the method, then by the target alone, one after the other in the same
 process: both sides of a row's ratio see the same conditions):
 
@@ -12,6 +12,10 @@ process: both sides of a row's ratio see the same conditions):
 - ``bad``: the demo with a draft whose decoder layers are redrawn at random
   (bench/auto_gamma.py's ``bad_draft``): τ ≈ 1, drafting never pays;
 - ``video``: ``vlmspec describe-video examples/videos/ --compare`` (its default profile);
+- ``control``: the demo with ``--set method=none``: target-only against target-only, an
+  A/A row. Its ratio is 1 but for the machine's noise, so beside the same competitors it
+  says how far from 1 a row whose method decodes (almost) nothing but plain steps (``bad``)
+  may land by chance: on the 2-core CPU one request of 0.15-0.4 s varies by 7-17% idle;
 - any shipped profile's name (``tinyworld-hidden``, ``tinyworld-video-eagle3``, …): its
   task's examples with ``--profile NAME`` (captions: examples/images/; video:
   examples/videos/), to compare its draft lengths.
@@ -62,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto_gamma import bad_draft  # noqa: E402 (this directory is on sys.path)
 
 SPIN = "import time\nend = time.monotonic() + {s}\nx = 0\nwhile time.monotonic() < end:\n    x += 1\n"
+BUILT_IN = ("demo", "photos", "bad", "video", "control")   # workloads; other names: profiles
 VARIANTS = {"default": [], "fixed": ["--set", "drafting.length=fixed"],
             "auto": ["--set", "drafting.length=auto"],
             "tree-fixed": ["--set", "method=tree", "--set", "drafting.length=fixed"],
@@ -100,9 +105,12 @@ def commands(args, photos: Path | None) -> dict[str, list[str]]:
                             "--set", f"draft.model={bad_draft(Path(args.bad_draft))}"]
     if "video" in args.rows:
         rows["video"] = py + ["describe-video", "examples/videos/", "--compare", "--json"]
+    if "control" in args.rows:
+        rows["control"] = py + ["caption", "examples/images/", "--compare", "--json",
+                                "--set", "method=none"]
     from vlmspec_cli.profile import load_profile
 
-    for name in [r for r in args.rows if r not in ("demo", "photos", "bad", "video")]:
+    for name in [r for r in args.rows if r not in BUILT_IN]:
         video = load_profile(name).task == "video"
         rows[name] = py + (["describe-video", "examples/videos/"] if video
                            else ["caption", "examples/images/"]) + [
@@ -214,15 +222,18 @@ def machine() -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| workload | competitors | variant | speedup | τ | identical | auto: mean γ, rounds drafted/plain "
-             "| load avg before | s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | competitors | variant | speedup | passes (min-max) | τ | identical "
+             "| auto: mean γ, rounds drafted/plain | load avg before | s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         auto = r.get("auto")
         auto_s = (f"{auto['mean_gamma']}, {auto['rounds_drafted']}/{auto['rounds_plain']}"
                   if auto else "fixed")
         speed = f"{r['speedup']:.2f}x" if r.get("speedup") else f"failed (rc {r['rc']})"
         tau = f"{r['mean_acceptance_length']:.2f}" if r.get("mean_acceptance_length") else "-"
-        lines.append(f"| {r['workload']} | {r['competitors']} | {r['variant']} | {speed} | {tau} | "
+        passes = r.get("per_pass_speedup") or []
+        spread = f"{min(passes):.2f}-{max(passes):.2f}" if passes else "-"
+        lines.append(f"| {r['workload']} | {r['competitors']} | {r['variant']} | {speed} | {spread} | {tau} | "
                      f"{r.get('identical', 0)}/{r['inputs']} | {auto_s} | "
                      f"{r['loadavg_before'][0]:.2f} | {r['seconds']:.0f} |")
     return "\n".join(lines)
@@ -231,7 +242,8 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="demo,photos,bad,video",
-                    help="workloads, comma-separated: demo, photos, bad, video, or a profile's name")
+                    help="workloads, comma-separated: demo, photos, bad, video, control, or a "
+                         "profile's name")
     ap.add_argument("--loads", default="0,1,2", help="competitor processes per row")
     ap.add_argument("--variants", default="default", help="default, fixed, auto (comma-separated)")
     ap.add_argument("--photos", type=int, default=24, help="crops in the real-photo set")
