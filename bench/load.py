@@ -25,8 +25,10 @@ Each workload runs idle and beside 1 and 2 CPU-bound competitor processes starte
 seconds; the bench kills each one when its row is done (in a ``finally``). Variants
 (``--variants``): ``default`` (the profile as shipped), ``fixed`` and ``auto``
 (``--set drafting.length=fixed|auto``), ``tree-fixed`` and ``tree-auto`` (the same with
-``--set method=tree``: the tree's depth chosen per round or not). Rows take turns: workload by workload,
-each load, each variant.
+``--set method=tree``: the tree's depth chosen per round or not). Rows take turns: workload by
+workload, each load, each variant, each row beside competitors of its own; ``--interleave``:
+load by load, the rows' passes taking turns beside one set of competitors (a control row
+then sees the conditions of the row it controls).
 
 ``--cold``: each pass runs the command without ``--compare`` and again with ``--set
 method=none``, each in a fresh process, so every request is timed as a user's run times
@@ -148,19 +150,21 @@ def cold_pass(cmd: list[str], i: int) -> tuple[subprocess.CompletedProcess, list
     return (failed[0] if failed else runs["method"][0]), runs["method"][1]
 
 
-def run_row(cmd: list[str], load: int, args) -> dict:
-    procs = competitors(load, args.competitor_s)
+def run_rows(cmds: list[list[str]], load: int, args) -> list[dict]:
+    """Each command's ``--repeat`` passes beside the same ``load`` competitors, one row per
+    command; several commands take turns pass by pass (``--interleave``)."""
+    procs = competitors(load, args.competitor_s * len(cmds))   # (interleaved: each row's)
+    passes: list[list] = [[] for _ in cmds]   # per command: (process, its records)
     try:
         if procs:
             time.sleep(2.0)   # let them take the cores before the row starts
         before = os.getloadavg()
         t0 = time.perf_counter()
-        passes = []   # (process, its records)
         for i in range(args.repeat):
-            proc, records = cold_pass(cmd, i) if args.cold else run_cli(cmd)
-            passes.append((proc, records))
-            if proc.returncode != 0:
-                break
+            for cmd, done in zip(cmds, passes):
+                if done and done[-1][0].returncode != 0:
+                    continue
+                done.append(cold_pass(cmd, i) if args.cold else run_cli(cmd))
         seconds = time.perf_counter() - t0
         after = os.getloadavg()
         alive = sum(p.poll() is None for p in procs)
@@ -168,12 +172,18 @@ def run_row(cmd: list[str], load: int, args) -> dict:
         for p in procs:
             p.kill()
             p.wait()
+    common = {"seconds": round(seconds, 2), "loadavg_before": [round(x, 2) for x in before],
+              "loadavg_after": [round(x, 2) for x in after], "competitors": load,
+              "competitors_alive_at_end": alive, "interleaved": len(cmds) > 1}
+    return [dict(common, **summary(done)) for done in passes]
+
+
+def summary(passes: list) -> dict:
+    """One row's figures from its passes' processes and records."""
+    proc = passes[-1][0]
     records = [r for _, recs in passes for r in recs]
     done = [r for r in records if "compare" in r]
-    row = {"rc": proc.returncode, "seconds": round(seconds, 2), "passes": len(passes),
-           "loadavg_before": [round(x, 2) for x in before],
-           "loadavg_after": [round(x, 2) for x in after],
-           "competitors": load, "competitors_alive_at_end": alive, "inputs": len(done),
+    row = {"rc": proc.returncode, "passes": len(passes), "inputs": len(done),
            "errors": len(records) - len(done)}
     if proc.returncode != 0 or not done:
         row["stderr_tail"] = proc.stderr[-2000:]
@@ -251,13 +261,17 @@ def main() -> None:
                     help="folder holding scikit-learn's china.jpg and flower.jpg")
     ap.add_argument("--bad-draft", default="/tmp/vlmspec-bad-draft")
     ap.add_argument("--competitor-s", type=float, default=240.0,
-                    help="a competitor stops by itself after this many seconds")
+                    help="a competitor stops by itself after this many seconds (--interleave: "
+                         "this many per row)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="passes of each row's command (beside the same competitors); the "
                          "row's speedup is over all of them")
     ap.add_argument("--cold", action="store_true",
                     help="without --compare: the method and target-only (--set method=none) "
                          "each in its own process, every request timed, the first included")
+    ap.add_argument("--interleave", action="store_true",
+                    help="load by load, the rows take turns pass by pass beside the same "
+                         "competitors (e.g. a row and its control)")
     ap.add_argument("--json", dest="json_out", help="write the raw rows here")
     ap.add_argument("--note", default="", help="recorded as is in the JSON (e.g. background load)")
     args = ap.parse_args()
@@ -275,19 +289,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vlmspec-load-") as tmp:
         photos = (photo_set(Path(args.photos_from), Path(tmp) / "photos", args.photos)
                   if "photos" in args.rows else None)
-        for workload, cmd in commands(args, photos).items():
-            for load in loads:
-                for variant in variants:
-                    full = cmd + VARIANTS[variant]
-                    row = {"workload": workload, "variant": variant,
-                           "command": shlex.join(["vlmspec"] + full[3:]), "cold": args.cold}
-                    row.update(run_row(full, load, args))
-                    rows.append(row)
-                    print(f"[{workload}, {load} competitors, {variant}] {row['command']}\n"
-                          f"    load {row['loadavg_before'][0]:.2f} -> {row['loadavg_after'][0]:.2f}, "
-                          f"{row['seconds']:.1f} s, rc {row['rc']}: speedup {row.get('speedup')}, "
-                          f"τ {row.get('mean_acceptance_length')}, identical "
-                          f"{row.get('identical')}/{row['inputs']}, auto {row.get('auto')}", flush=True)
+        cmds = commands(args, photos)
+        jobs = [(w, load, v) for w in cmds for load in loads for v in variants]
+        if args.interleave:   # load by load, every row's passes taking turns
+            groups = [[j for j in jobs if j[1] == load] for load in loads]
+        else:                 # row by row: workload by workload, each load, each variant
+            groups = [[j] for j in jobs]
+        for group in groups:
+            fulls = [cmds[w] + VARIANTS[v] for w, _, v in group]
+            for (workload, load, variant), full, row in zip(group, fulls,
+                                                            run_rows(fulls, group[0][1], args)):
+                row = {"workload": workload, "variant": variant,
+                       "command": shlex.join(["vlmspec"] + full[3:]), "cold": args.cold, **row}
+                rows.append(row)
+                print(f"[{workload}, {load} competitors, {variant}] {row['command']}\n"
+                      f"    load {row['loadavg_before'][0]:.2f} -> {row['loadavg_after'][0]:.2f}, "
+                      f"{row['seconds']:.1f} s, rc {row['rc']}: speedup {row.get('speedup')}, "
+                      f"τ {row.get('mean_acceptance_length')}, identical "
+                      f"{row.get('identical')}/{row['inputs']}, auto {row.get('auto')}", flush=True)
     print()
     print(table(rows))
     if args.json_out:
