@@ -27,10 +27,12 @@ first chats of examples/mmspec) and ``other`` (other crops, the other chats, the
 asked another question, another order).
 
     python bench/auto_gamma_replay.py [--photos-from DIR] [--ceilings 7,8,10] [--json OUT]
-                                      [--profile NAME] [--set KEY=VALUE ...]
+                                      [--profile NAME] [--set KEY=VALUE ...] [--competitors N]
 
 (``--profile`` / ``--set`` choose the pair and the method replayed: a chain's rounds keep
-the run of predicted positions; a tree's do not follow that rule, so replay chains.)
+the run of predicted positions; a tree's do not follow that rule, so replay chains.
+``--competitors N``: step 2 runs beside N CPU-bound processes, so the replay prices rounds
+as a busy machine does; what the draft predicts does not depend on the load.)
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from pathlib import Path
 
@@ -236,9 +239,13 @@ def main() -> None:
     ap.add_argument("--profile", help="the profile to replay (default: the CLI's default)")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a profile override for every recorded run (repeatable)")
+    ap.add_argument("--competitors", type=int, default=0,
+                    help="time the costs (step 2) beside this many CPU-bound processes "
+                         "(bench/load.py's), each stopping by itself after 600 s")
     ap.add_argument("--json", help="write the recorded rounds, the costs and the results here")
     args = ap.parse_args()
     from auto_gamma import mixed_set
+    from load import competitors
 
     folder = Path(tempfile.mkdtemp(prefix="vlmspec-replay-"))
     sets = {"mixed": mixed_set(args, folder), "other": other_set(args, folder)}
@@ -251,7 +258,15 @@ def main() -> None:
         runs[name] = {g: run_record(folder / f"{name}-{g}.json", base + fixed(g)) for g in (10, 9)}
     base = ["caption", "--chat", str(sets["mixed"]), "--json", *chosen]
     auto = ["--set", "drafting.gamma=10", "--set", "drafting.length=auto"]
-    costs = run_record(folder / "costs.json", base + auto, random_k=True)["costs"]
+    procs = competitors(args.competitors, 600.0)
+    try:
+        if procs:
+            time.sleep(2.0)   # let them take the cores before the costs are timed
+        costs = run_record(folder / "costs.json", base + auto, random_k=True)["costs"]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
     ceilings = [int(c) for c in args.ceilings.split(",")]
     results = {}
     print(f"# costs (ms): D(1..10) {[round(x * 1e3, 2) for x in costs['draft_s']]}")
