@@ -137,8 +137,12 @@ def test_prompts_run_on_the_fast_path_and_equal_the_models_forward(both_paths):
         cache = lm.adapter.new_cache(lm)
         if lm.fast is not None:
             assert lm.adapter._fast_prefill(lm, padded, lm.adapter.new_cache(lm)) is not None
-            seen = lm.fast._mask(mask, 2, 12, 0, embeds)       # (2, 1, 12, 12), True = seen
+            seen = lm.fast._visible(mask, 12, 0, embeds.device)   # (2, 1, 12, 12), True = seen
             assert seen.any(-1).all() and torch.equal(seen[1, 0], torch.ones(12, 12).tril().bool())
+            # attention gets it additive, as torch makes a bool mask: 0 seen, -inf not
+            additive = lm.fast._mask(mask, 2, 12, 0, embeds)
+            assert additive.dtype == embeds.dtype and torch.equal(additive == 0, seen)
+            assert torch.isneginf(additive[~seen]).all()
         outs.append(lm.adapter.prefill(lm, padded, cache))
         for row in (0, 1):
             real = mask[row].bool()

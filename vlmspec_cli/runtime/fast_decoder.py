@@ -25,6 +25,8 @@ here too, as rows with a 0/1 mask and per-row positions.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -239,15 +241,29 @@ class FastDecoder:
 
     @staticmethod
     def _mask(attention_mask, batch: int, n: int, start: int, like: torch.Tensor):
-        """The attention mask over positions [0, start + n) for the new rows."""
+        """The attention mask over positions [0, start + n) for the new rows: None (one row
+        sees every position), else additive in ``like``'s dtype."""
         if attention_mask is not None and attention_mask.dim() == 4:
             # bool (True = visible; trees' masks on this path) or additive float; made
             # additive here, once, rather than by attention in every layer
             mask = attention_mask[..., : start + n]
             return additive(mask, like.dtype) if mask.dtype == torch.bool else mask.to(like.dtype)
+        visible = FastDecoder._visible(attention_mask, n, start, like.device)
+        # what scaled_dot_product_attention does with a bool mask (0 where visible, -inf
+        # elsewhere), done once here rather than in each of the layers: the same values,
+        # so the same outputs bit for bit; it saved 1-2.5 µs a layer on the 2-core CPU (by
+        # hand: a 32-layer target's verification, 12-14 ms, by 0.03-0.08 ms)
+        return None if visible is None else torch.zeros(
+            visible.shape, dtype=like.dtype, device=like.device).masked_fill_(~visible, -math.inf)
+
+    @staticmethod
+    def _visible(attention_mask, n: int, start: int, device) -> torch.Tensor | None:
+        """Which of positions [0, start + n) each new row sees (True: visible), causal and
+        with a (B, length) 0/1 padding mask's zeros hidden; None: every position (one row,
+        no padding)."""
         causal = None
         if n > 1:
-            causal = torch.ones(n, start + n, dtype=torch.bool, device=like.device).tril(start)
+            causal = torch.ones(n, start + n, dtype=torch.bool, device=device).tril(start)
         if attention_mask is None:
             return causal
         pad = attention_mask[:, None, None, : start + n].bool()   # (B, 1, 1, start + n)
@@ -259,7 +275,7 @@ class FastDecoder:
         # nothing, which torch 2.13's CPU kernel returns as zeros but a kernel may return as
         # NaN, carried by their keys/values into later layers (0 x NaN is NaN even where
         # masked). So they see themselves; rows of real tokens see their own position anyway.
-        return (pad & causal) | torch.eye(n, dtype=torch.bool, device=like.device)
+        return (pad & causal) | torch.eye(n, dtype=torch.bool, device=device)
 
 
 def project_qkv(layer, h: torch.Tensor, head_dim: int, cos, sin):
