@@ -143,7 +143,8 @@ class Draft(Proposal):
         if out is not None and len(out):
             # the pending token's row is p_1; without one, p_1 is target_next_logits
             rows.append(out[len(state.target_pending) - 1 if state.target_pending else 0:])
-        target_logits = torch.cat(rows, dim=0)[: len(self) + 1]
+        # (one source, as in every round after the first: no copy)
+        target_logits = (rows[0] if len(rows) == 1 else torch.cat(rows, dim=0))[: len(self) + 1]
         n, tok = verify_chain(self.tokens, self.probs, target_logits, sampling,
                               state.target_generator)
         return Verdict(self.tokens[:n], tok, target_logits, drafted=len(self),
