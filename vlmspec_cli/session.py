@@ -320,7 +320,7 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     if method.draft_length(profile) == "auto":   # γ per round, up to method.gamma
         engine.length = AutoGamma(method.gamma(profile), feed_size=drafter.feed_size)
         reason = None if engine.runs_target else cannot_pay(target, drafter.draft)
-        if reason:   # e.g. a 4-bit copy of the target on a CPU: the target alone from the start
+        if reason:   # e.g. the target drafting for itself on a CPU: the target alone from the start
             engine.length.rule_out(reason)
     if profile.acceptance == "relaxed":
         engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
