@@ -226,6 +226,55 @@ def test_tau_model_and_latency_model():
     assert model.predicted_tree_speedup(3.0, 2, 2, 4) == pytest.approx(3.0 * 2.0 / (2 * 0.6 + 2.6))
 
 
+def test_measured_latency_prices_candidates_by_their_probes_rounds():
+    """Latency timed by the calibration itself: a candidate's wall over the samples is
+    n·start + (N / τ)·(round + Δ) from its probe's medians, its prediction target-only's
+    measured wall over that; Δ prices a shorter γ (a draft step per level not drafted, the
+    verification line's slope per token not verified; the line, not one noisy entry)."""
+    from vlmspec_cli.runtime.stats import SpecStats
+    from vlmspec_cli.tasks.calibrate import RoundsModel, Run
+
+    stats = SpecStats(new_tokens=120)
+    base = Run(wall=1.2, walls=[0.3, 0.4, 0.5], outputs=[], stats=stats)
+    rounds = RoundsModel.of_probe(base, {"round_ms": 15.0, "start_ms": 20.0})
+    assert rounds.speedup(4.0) == pytest.approx(1200 / (3 * 20 + 30 * 15))
+    assert rounds.speedup(4.0, -3.0) == pytest.approx(1200 / (3 * 20 + 30 * 12))
+    assert RoundsModel.of_probe(base, {"rounds": 5, "rounds_drafting": 0}) is None   # never drafted
+    # k ≥ 2 only: (2, 12), (3, 13), (4, 15), (9, 19); T_p(1) is the plain step
+    model = LatencyModel({1: 10.0, 2: 12.0, 3: 13.0, 4: 15.0, 9: 19.0}, {1: 0.5})
+    assert model.verify_slope() == pytest.approx(28.5 / 29.0)
+    assert LatencyModel({1: 10.0, 2: 14.0, 5: 12.0}, {}).verify_slope() == 0.0   # never < 0
+
+
+def test_a_probes_candidates_are_priced_by_its_own_timed_rounds(setup, monkeypatch):
+    """A chain probe decoded at its largest γ, latency measured now: each γ's prediction is
+    the probe's rounds less what γ does not draft (levels at the draft step) and verify
+    (tokens at the table's slope), over τ(γ)."""
+    from vlmspec_cli.tasks import calibrate as cal
+    from vlmspec_cli.tasks.calibrate_space import Probe
+
+    _, samples, base = setup
+    profile = load_profile(str(base), ["generation.max_new_tokens=16"])
+    requests = sample_requests(profile, expand_inputs([str(samples)]))[0]
+    timed, real = [], cal.time_rounds
+    monkeypatch.setattr(cal, "time_rounds", lambda *a, **kw: timed.append(real(*a, **kw)) or timed[-1])
+    session = build_session(profile)
+    base_run = cal._decode(session.baseline_engine(), requests)
+    model = LatencyModel({1: 10.0, 2: 11.0, 9: 14.5}, {1: 0.25}, measured=True)   # slope 0.5
+    probe = Probe("chain", {"method": "chain", "drafting.inputs": ["multimodal"]}, "chain M",
+                  replay=True, rows=1)
+    cands = cal.probe_candidates(profile, probe, requests, [2, 4], model, base_run, True,
+                                 session.target)
+    summary = timed[0].summary()
+    rounds = cal.RoundsModel.of_probe(base_run, summary)
+    levels, nodes = summary["levels_per_round"], summary["drafted_per_round"]
+    assert [c.gamma for c in cands] == [2, 4] and all(c.cost == "rounds" for c in cands)
+    for c in cands:
+        delta = (min(c.gamma, levels) - levels) * 0.25 + (min(c.gamma, nodes) - nodes) * 0.5
+        assert c.predicted == pytest.approx(rounds.speedup(c.tau_model, delta), rel=1e-3)
+    assert cands[0].predicted != pytest.approx(rounds.speedup(cands[0].tau_model), rel=1e-3)
+
+
 def test_calibrate_needs_samples_and_names_bad_ones(tmp_path):
     res = CliRunner().invoke(cli, ["calibrate"])
     assert res.exit_code == 2 and "no SAMPLES" in res.output
@@ -358,6 +407,9 @@ def test_calibrate_answers_none_when_target_only_is_fastest(setup, tmp_path):
     assert "\ntask: caption\n" in text and "measured fastest here: method none" in text
     measured = [c for c in out["candidates"] if c["speedup"] is not None and c["method"] != "none"]
     assert measured and all(c["speedup"] < 1 for c in measured)
+    # latency measured here (no hardware profile): each candidate priced by its probe's rounds
+    assert out["latency"] == "measured"
+    assert all(c["cost"] == "rounds" for c in out["candidates"] if c["method"] != "none")
     for c in measured:
         assert c["speedup_min"] <= c["speedup_median"] <= c["speedup_max"]
         assert c["prediction_error"] == pytest.approx(c["predicted"] / c["speedup"] - 1, abs=1e-3)

@@ -9,6 +9,8 @@ the costs the process measures would rarely switch it on a test machine."""
 
 from __future__ import annotations
 
+import statistics
+
 import json
 import math
 
@@ -514,6 +516,12 @@ def test_round_timing_sets_an_auto_length_aside(zoo_target, zoo_draft, corpus):
     times = time_rounds(engine, [req for req, _ in corpus[:2]], warmup=0)
     assert times.outputs == [ref for _, ref in corpus[:2]]
     assert max(times.levels) == 5 and engine.length is policy
+    # what calibrate's measured model reads: each request's start, a whole drafting round
+    summary = times.summary()
+    assert len(times.start_ms) == 2 and summary["start_ms"] == pytest.approx(
+        statistics.median(times.start_ms), abs=1e-4)
+    whole = [d + v for d, v, n in zip(times.draft_ms, times.verify_ms, times.drafted) if n]
+    assert summary["round_ms"] == pytest.approx(statistics.median(whole), abs=1e-4)
 
 
 def test_a_slope_from_noisy_rounds_is_shrunk_towards_flat():

@@ -315,6 +315,8 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
     samples (min–median–max, target-only's wall ÷ the candidate's per sample) and how far
     the prediction was (predicted ÷ measured − 1)."""
     title = "vlmspec calibrate" + (f" (latency: {latency})" if latency else "")
+    if any(c.cost == "rounds" for c in candidates):
+        title += ", each candidate priced by its probe's timed rounds"
     table = Table(title=title, title_justify="left")
     for name, justify in (("candidate", "left"), ("τ model", "right"), ("predicted", "right"),
                           ("τ meas.", "right"), ("speedup meas. (per sample min/med/max)", "right"),

@@ -30,6 +30,7 @@ class RoundTimes:
     verify_ms: list[float] = field(default_factory=list)   # per round: everything else
     drafted: list[int] = field(default_factory=list)       # proposals (a tree's nodes)
     levels: list[int] = field(default_factory=list)        # draft positions deep
+    start_ms: list[float] = field(default_factory=list)    # per request: its start (prefills)
     new_tokens: int = 0
     stats: SpecStats = field(default_factory=SpecStats)     # the timed requests' acceptance
     outputs: list[list[int]] = field(default_factory=list)  # their tokens, in order
@@ -53,6 +54,11 @@ class RoundTimes:
             "draft_ms_per_level": round(statistics.median(
                 self.draft_ms[i] / max(1, self.levels[i]) for i in drafting), 4),
             "tokens_per_round": round(self.new_tokens / len(self.drafted), 3),
+            # a whole drafting round as the engine decodes it (the draft's catch-up, the
+            # target's forward and every bookkeeping step), and a request's start (the
+            # prefills): medians, what calibrate's measured model predicts a request from
+            "round_ms": round(statistics.median(d + v for d, v in zip(draft, verify)), 4),
+            "start_ms": round(statistics.median(self.start_ms), 4) if self.start_ms else 0.0,
         }
 
 
@@ -84,7 +90,11 @@ def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
         for req in requests[:warmup]:
             engine.generate(req)
         for req in requests:
+            synchronize(device)
+            t0 = time.perf_counter()
             state = engine.start(req)
+            synchronize(device)
+            times.start_ms.append((time.perf_counter() - t0) * 1000.0)
             while not state.done:
                 last.update(ms=0.0, drafted=0, levels=0)   # a round with no room to draft
                 synchronize(device)

@@ -15,7 +15,11 @@
    a round costs levels·T_q(rows) + T_p(nodes + 1) for a draft model (a chain: γ levels of
    one row, γ nodes; an ensemble: rows = its inputs; a tree of depth d, top_k k and n
    nodes: d levels of k rows, n nodes), and levels·L + T_p(nodes + 1) otherwise (levels
-   and nodes as the probe's rounds drafted them, a chain's capped at γ).
+   and nodes as the probe's rounds drafted them, a chain's capped at γ). With latency
+   measured now (no hardware profile), each probe's own timed rounds price its candidates
+   instead (``RoundsModel``: whole rounds and the prefills, as the engine runs them; the
+   tables only say how a shorter γ's round differs), so what the tables leave out, the
+   engine's own time per round, is in the prediction.
 4. The best ``top`` candidates and the profile's own configuration are decoded for real,
    against target-only decoding on the same samples (each one's speedup, and its spread
    over the samples: min, median, max; predicted ÷ measured − 1 is the model's error);
@@ -61,7 +65,8 @@ class Candidate:
     tree: tuple[int, int, int] | None = None    # a fixed tree: (depth, top_k, total_tokens)
     tau_model: float = 0.0          # τ estimated from the probe
     predicted: float = 0.0          # modelled speedup
-    cost: str = "table"             # where the drafting cost came from: table | timed
+    cost: str = "table"             # the drafting cost: table | timed (a head's levels) |
+    #                                 rounds (the probe's own rounds: latency measured here)
     tau: float | None = None        # measured
     speedup: float | None = None    # measured, vs target-only on the same samples
     tokens_per_s: float | None = None
@@ -109,11 +114,15 @@ FIXED_LENGTH = {"drafting.length": "fixed"}
 
 
 class LatencyModel:
+    """The latency tables. ``measured``: timed by this calibration (not a hardware
+    profile's): each probe's own rounds then price its candidates (``RoundsModel``)."""
+
     def __init__(self, verify_ms: dict[int, float], draft_ms: dict[int, float],
-                 level_ms: dict[str, float] | None = None) -> None:
+                 level_ms: dict[str, float] | None = None, measured: bool = False) -> None:
         self.verify_ms = dict(sorted(verify_ms.items()))
         self.draft_ms = dict(sorted(draft_ms.items()))
         self.level_ms = dict(level_ms or {})    # per method without a draft-model table
+        self.measured = measured
 
     @staticmethod
     def _at(table: dict[int, float], x: int) -> float:
@@ -126,11 +135,27 @@ class LatencyModel:
                 return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
         return table[keys[-1]]
 
+    def round_ms(self, levels: float, nodes: float, step_ms: float) -> float:
+        """levels·step + T_p(nodes + 1): a round drafts ``levels`` steps of ``step_ms`` and
+        the target verifies the pending token and ``nodes`` proposals (forwards only)."""
+        return levels * step_ms + self._at(self.verify_ms, round(nodes) + 1)
+
+    def verify_slope(self) -> float:
+        """The ms each more token verified costs: a least-squares line over the table's
+        k ≥ 2 (≥ 0). Timed now on a busy machine, one entry can be a fifth off (medians of
+        7 forwards, by hand: T_p(5) 18.4 ms in one table, 11.8 in the next), the line
+        through all of them much less."""
+        points = [(k, v) for k, v in self.verify_ms.items() if k >= 2]
+        if len(points) < 2:
+            return 0.0
+        mk = statistics.fmean(k for k, _ in points)
+        mv = statistics.fmean(v for _, v in points)
+        spread = sum((k - mk) ** 2 for k, _ in points)
+        return max(sum((k - mk) * (v - mv) for k, v in points) / spread, 0.0)
+
     def speedup(self, tau: float, levels: float, nodes: float, step_ms: float) -> float:
-        """τ·T_p(1) / (levels·step + T_p(nodes + 1)): a round drafts ``levels`` steps of
-        ``step_ms`` and the target verifies the pending token and ``nodes`` proposals."""
-        t_p = self._at(self.verify_ms, 1)
-        return tau * t_p / (levels * step_ms + self._at(self.verify_ms, round(nodes) + 1))
+        """τ·T_p(1) / round_ms: Eq. 1 with the measured verification cost."""
+        return tau * self._at(self.verify_ms, 1) / self.round_ms(levels, nodes, step_ms)
 
     def predicted_speedup(self, tau: float, gamma: int, rows: int) -> float:
         return self.speedup(tau, gamma, gamma, self._at(self.draft_ms, rows))
@@ -191,22 +216,55 @@ def measure_latency(session, draft, requests: list[Request], all_probes: list[Pr
         from vlmspec_cli.tasks.hwprofile_image import image_tables
 
         tables = image_tables(session, warmup=2, repeats=5)
-        return LatencyModel(next(iter(tables.target_verify_ms.values())), {})
+        return LatencyModel(next(iter(tables.target_verify_ms.values())), {}, measured=True)
     s0 = prompt_tokens(target, requests[0].messages)
     ks = {1, *[g + 1 for g in gammas], *[p.tree[2] + 1 for p in all_probes if p.tree]}
     rows = sorted({p.rows for p in all_probes if p.rows} | {1})
     tables = measure_tables(target, draft, [s0], sorted(ks), rows if draft is not None else [],
                             warmup=2, repeats=7)
     return LatencyModel(tables.target_verify_ms[s0],
-                        {b: r[s0] for b, r in tables.draft_step_ms.items()})
+                        {b: r[s0] for b, r in tables.draft_step_ms.items()}, measured=True)
 
 
 def _mismatches(outputs, reference, greedy: bool) -> int:
     return sum(a != b for a, b in zip(outputs, reference)) if greedy else 0
 
 
+@dataclass
+class RoundsModel:
+    """The samples decoded as a probe's own timed rounds decoded them (latency measured by
+    this calibration): a candidate's wall over the samples is n·start + (N / τ)·(round + Δ)
+    (start and round: the probe's medians, a request's prefills and a whole drafting round
+    as the engine runs it, the draft catching up and every bookkeeping step with the
+    forwards; N: the tokens target-only decoded; τ: the candidate's tokens per round; Δ: what
+    a shorter γ of a chain probe does not draft and verify, priced by the tables: a draft
+    step per level, the verification line's slope per token), and its speedup target-only's
+    measured wall over that. The tables alone
+    (Eq. 1, forwards only) leave out the engine's own time per round and the prefills: on
+    the 2-core CPU they predicted the demo's finalists 53% too fast on average, a draft tree
+    98% (modelled third, measured last; bench/calibrate-demo-s49-tables.json)."""
+
+    base_wall_ms: float     # target-only over the samples, measured
+    tokens: int             # what target-only decoded (every lossless candidate's too)
+    requests: int
+    start_ms: float
+    round_ms: float
+
+    @classmethod
+    def of_probe(cls, base_run: Run, summary: dict) -> "RoundsModel | None":
+        if "round_ms" not in summary or base_run.wall <= 0 or not base_run.stats.new_tokens:
+            return None     # a probe that never drafted: the tables price it
+        return cls(base_run.wall * 1000.0, base_run.stats.new_tokens, len(base_run.walls),
+                   summary["start_ms"], summary["round_ms"])
+
+    def speedup(self, tau: float, delta_ms: float = 0.0) -> float:
+        wall = (self.requests * self.start_ms
+                + self.tokens / max(tau, 1e-9) * max(self.round_ms + delta_ms, 1e-9))
+        return self.base_wall_ms / wall
+
+
 def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: LatencyModel,
-                     reference, greedy: bool, target=None) -> list[Candidate]:
+                     base_run: Run, greedy: bool, target=None) -> list[Candidate]:
     """Decode the samples once with the probe's configuration; its candidates, modelled.
     ``target``: the base session's target, reused (build_session)."""
     gamma = max(gammas) if probe.replay else None
@@ -216,33 +274,45 @@ def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: Lat
     session = build_session(profile, target=target)
     timed = time_rounds(session.engine, requests, warmup=0)
     summary = timed.summary()
-    mismatches = _mismatches(timed.outputs, reference, greedy)
+    mismatches = _mismatches(timed.outputs, base_run.outputs, greedy)
     if not model.draft_ms:    # no draft-model table (a hardware profile of a head): timed
         probe = dataclasses.replace(probe, rows=0)
     level_ms = model.level_ms.get(probe.method)
     cost = "table" if probe.rows or level_ms is not None else "timed"
     if level_ms is None:
         level_ms = summary.get("draft_ms_per_level", 0.0)
+    rounds = RoundsModel.of_probe(base_run, summary) if model.measured else None
+    cost = "rounds" if rounds is not None else cost
     inputs = method_class(probe.method).drafting_inputs(profile)
     common = dict(inputs=inputs, cost=cost, mismatches=mismatches)
     if not probe.replay:
         tau = timed.stats.mean_accept_len
-        if probe.rows:       # a draft model's tree: d levels of top_k rows, n nodes
+        if rounds is not None:   # as its own rounds decoded
+            predicted = rounds.speedup(tau)
+        elif probe.rows:         # a draft model's tree: d levels of top_k rows, n nodes
             predicted = model.predicted_tree_speedup(tau, *probe.tree)
-        else:                # as the rounds drafted them
+        else:                    # as the rounds drafted them
             predicted = model.speedup(tau, summary.get("levels_per_round", 0.0),
                                       summary.get("drafted_per_round", 0.0), level_ms)
         return [Candidate(probe.method, probe.label, dict(probe.settings, **pin),
                           method_class(profile.method).gamma(profile), tree=probe.tree,
                           tau_model=round(tau, 4), predicted=round(predicted, 4), **common)]
+    # the probe's rounds (at the largest γ; fewer near a request's end, or a twig stopping
+    # early): a candidate of γ drafts min(γ, that) levels and proposals
+    step = model._at(model.draft_ms, probe.rows) if probe.rows else level_ms
+    levels = summary.get("levels_per_round", gamma)
+    nodes = summary.get("drafted_per_round", levels)
+    slope = model.verify_slope()
     out = []
     for g in gammas:
         tau = tau_for_gamma(timed.stats.accept_len_hist, g)
-        if probe.rows:
+        if rounds is not None:   # the probe's round, less the levels and tokens not drafted
+            delta = (min(g, levels) - levels) * step + (min(g, nodes) - nodes) * slope
+            predicted = rounds.speedup(tau, delta)
+        elif probe.rows:
             predicted = model.predicted_speedup(tau, g, probe.rows)
         else:   # an early-stopping twig drafts fewer levels than γ
-            levels = min(g, summary.get("levels_per_round", g))
-            predicted = model.speedup(tau, levels, levels, level_ms)
+            predicted = model.speedup(tau, min(g, levels), min(g, levels), level_ms)
         out.append(Candidate(probe.method, f"{probe.label} γ={g}",
                              dict(probe.settings, **{"drafting.gamma": g}, **pin), g,
                              tau_model=round(tau, 4), predicted=round(predicted, 4), **common))
@@ -385,7 +455,7 @@ def _probe_all(base, all_probes, requests, gammas, model, base_run: Run, greedy:
             continue
         say(f"acceptance of {probe.label}")
         try:
-            candidates += probe_candidates(base, probe, requests, gammas, model, base_run.outputs,
+            candidates += probe_candidates(base, probe, requests, gammas, model, base_run,
                                            greedy, target)
         except (ModelLoadError, SessionError, ValueError) as exc:
             # a draft of another tokenizer, a family refusing the probe's inputs (Qwen's
