@@ -68,7 +68,8 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
 
     Measures the acceptance of every configuration the profile's task allows once (chain
     variants at the largest γ stand for every γ), models each with the latency profile
-    (Eq. 1 with measured verification cost), decodes the best candidates and the profile's
+    (Eq. 1 with measured verification cost; with latency timed now, by its probe's own
+    timed rounds and prefills), decodes the best candidates and the profile's
     own for real against target-only decoding, and prints a ranked table: measured speedup
     with its spread over the samples, and the prediction's error. Target-only decoding is a
     candidate too: where nothing beats it, the answer is method none. SAMPLES are images
