@@ -18,7 +18,8 @@ from corpus import make_broken_model_dir, write_foreign_yaml, write_user_notes
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile, profile_to_dict, with_settings
 from vlmspec_cli.session import build_session
-from vlmspec_cli.tasks.calibrate import Candidate, LatencyModel, _batch_candidates, tau_for_gamma
+from vlmspec_cli.tasks.calibrate import Candidate, _batch_candidates
+from vlmspec_cli.tasks.calibrate_model import LatencyModel, tau_for_gamma
 from vlmspec_cli.tasks.calibrate_io import sample_requests
 from vlmspec_cli.tasks.calibrate_space import (ADT_BETAS, IMAGE_TREE_SHAPES, TREE_SHAPES,
                                                TWIG_THRESHOLDS)
@@ -228,28 +229,36 @@ def test_tau_model_and_latency_model():
 
 def test_measured_latency_prices_candidates_by_their_probes_rounds():
     """Latency timed by the calibration itself: a candidate's wall over the samples is
-    n·start + (N / τ)·(round + Δ) from its probe's medians, its prediction target-only's
-    measured wall over that; Δ prices a shorter γ (a draft step per level not drafted, the
-    verification line's slope per token not verified; the line, not one noisy entry)."""
+    n·start + (N / τ)·round·share from its probe's medians, its prediction target-only's
+    measured wall over that; the share of a shorter γ's round comes from the tables'
+    verification line (through every entry, not one noisy one), never ≤ 0."""
     from vlmspec_cli.runtime.stats import SpecStats
-    from vlmspec_cli.tasks.calibrate import RoundsModel, Run
+    from vlmspec_cli.tasks.calibrate_model import RoundsModel, Run
 
     stats = SpecStats(new_tokens=120)
     base = Run(wall=1.2, walls=[0.3, 0.4, 0.5], outputs=[], stats=stats)
     rounds = RoundsModel.of_probe(base, {"round_ms": 15.0, "start_ms": 20.0})
     assert rounds.speedup(4.0) == pytest.approx(1200 / (3 * 20 + 30 * 15))
-    assert rounds.speedup(4.0, -3.0) == pytest.approx(1200 / (3 * 20 + 30 * 12))
+    assert rounds.speedup(4.0, 0.8) == pytest.approx(1200 / (3 * 20 + 30 * 12))
     assert RoundsModel.of_probe(base, {"rounds": 5, "rounds_drafting": 0}) is None   # never drafted
     # k ≥ 2 only: (2, 12), (3, 13), (4, 15), (9, 19); T_p(1) is the plain step
     model = LatencyModel({1: 10.0, 2: 12.0, 3: 13.0, 4: 15.0, 9: 19.0}, {1: 0.5})
-    assert model.verify_slope() == pytest.approx(28.5 / 29.0)
-    assert LatencyModel({1: 10.0, 2: 14.0, 5: 12.0}, {}).verify_slope() == 0.0   # never < 0
+    intercept, slope = model.verify_line()
+    assert slope == pytest.approx(28.5 / 29.0) and intercept == pytest.approx(14.75 - 4.5 * slope)
+    assert model.line_round_ms(2, 3, 0.5) == pytest.approx(1.0 + intercept + 4 * slope)
+    # a falling table is taken flat at its mean; one entry beyond T_p(1): flat at it
+    assert LatencyModel({1: 10.0, 2: 14.0, 5: 12.0}, {}).verify_line() == (13.0, 0.0)
+    assert LatencyModel({1: 10.0, 8: 12.5}, {}).verify_line() == (12.5, 0.0)
+    # one slow entry far out: the line at 2 tokens falls below T_p(1), which bounds it
+    steep = LatencyModel({1: 10.0, 2: 10.0, 3: 10.0, 40: 200.0}, {})
+    assert sum(steep.verify_line()) + steep.verify_line()[1] < 10.0
+    assert steep.line_round_ms(0, 1, 0.0) == 10.0
 
 
 def test_a_probes_candidates_are_priced_by_its_own_timed_rounds(setup, monkeypatch):
     """A chain probe decoded at its largest γ, latency measured now: each γ's prediction is
-    the probe's rounds less what γ does not draft (levels at the draft step) and verify
-    (tokens at the table's slope), over τ(γ)."""
+    the probe's rounds shortened by the share the tables give γ's round (levels at the
+    draft step, tokens on the verification line), over τ(γ)."""
     from vlmspec_cli.tasks import calibrate as cal
     from vlmspec_cli.tasks.calibrate_space import Probe
 
@@ -260,7 +269,8 @@ def test_a_probes_candidates_are_priced_by_its_own_timed_rounds(setup, monkeypat
     monkeypatch.setattr(cal, "time_rounds", lambda *a, **kw: timed.append(real(*a, **kw)) or timed[-1])
     session = build_session(profile)
     base_run = cal._decode(session.baseline_engine(), requests)
-    model = LatencyModel({1: 10.0, 2: 11.0, 9: 14.5}, {1: 0.25}, measured=True)   # slope 0.5
+    # a line of intercept 10 and slope 0.5; a draft step of 0.25 ms
+    model = LatencyModel({1: 10.0, 2: 11.0, 9: 14.5}, {1: 0.25}, measured=True)
     probe = Probe("chain", {"method": "chain", "drafting.inputs": ["multimodal"]}, "chain M",
                   replay=True, rows=1)
     cands = cal.probe_candidates(profile, probe, requests, [2, 4], model, base_run, True,
@@ -269,9 +279,10 @@ def test_a_probes_candidates_are_priced_by_its_own_timed_rounds(setup, monkeypat
     rounds = cal.RoundsModel.of_probe(base_run, summary)
     levels, nodes = summary["levels_per_round"], summary["drafted_per_round"]
     assert [c.gamma for c in cands] == [2, 4] and all(c.cost == "rounds" for c in cands)
+    line = lambda lv, nd: lv * 0.25 + 10.0 + 0.5 * (nd + 1)   # noqa: E731
     for c in cands:
-        delta = (min(c.gamma, levels) - levels) * 0.25 + (min(c.gamma, nodes) - nodes) * 0.5
-        assert c.predicted == pytest.approx(rounds.speedup(c.tau_model, delta), rel=1e-3)
+        share = line(min(c.gamma, levels), min(c.gamma, nodes)) / line(levels, nodes)
+        assert c.predicted == pytest.approx(rounds.speedup(c.tau_model, share), rel=1e-3)
     assert cands[0].predicted != pytest.approx(rounds.speedup(cands[0].tau_model), rel=1e-3)
 
 

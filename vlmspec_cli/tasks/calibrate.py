@@ -52,6 +52,7 @@ from vlmspec_cli.runtime.models import ModelLoadError
 from vlmspec_cli.runtime.request import Request
 from vlmspec_cli.runtime.round_timing import time_rounds
 from vlmspec_cli.session import SessionError, build_session
+from vlmspec_cli.tasks.calibrate_model import LatencyModel, RoundsModel, Run, tau_for_gamma
 from vlmspec_cli.tasks.calibrate_space import Probe, probes
 
 
@@ -98,91 +99,9 @@ class Calibration:
                 "max_abs": round(max(abs(e) for e in errors), 4)}
 
 
-@dataclass
-class Run:
-    """Samples decoded one at a time: the total wall time, each one's, outputs, stats."""
-
-    wall: float
-    walls: list[float]
-    outputs: list[list[int]]
-    stats: object
-
-
 # drafting.length: auto decodes each γ as the rounds go: a probe that stands for every γ,
 # and a candidate of one γ, decode at that γ
 FIXED_LENGTH = {"drafting.length": "fixed"}
-
-
-class LatencyModel:
-    """The latency tables. ``measured``: timed by this calibration (not a hardware
-    profile's): each probe's own rounds then price its candidates (``RoundsModel``)."""
-
-    def __init__(self, verify_ms: dict[int, float], draft_ms: dict[int, float],
-                 level_ms: dict[str, float] | None = None, measured: bool = False) -> None:
-        self.verify_ms = dict(sorted(verify_ms.items()))
-        self.draft_ms = dict(sorted(draft_ms.items()))
-        self.level_ms = dict(level_ms or {})    # per method without a draft-model table
-        self.measured = measured
-
-    @staticmethod
-    def _at(table: dict[int, float], x: int) -> float:
-        """Linear interpolation in a table keyed by int (clamped at its ends)."""
-        keys = list(table)
-        if x <= keys[0]:
-            return table[keys[0]]
-        for lo, hi in zip(keys, keys[1:]):
-            if x <= hi:
-                return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
-        return table[keys[-1]]
-
-    def round_ms(self, levels: float, nodes: float, step_ms: float) -> float:
-        """levels·step + T_p(nodes + 1): a round drafts ``levels`` steps of ``step_ms`` and
-        the target verifies the pending token and ``nodes`` proposals (forwards only)."""
-        return levels * step_ms + self._at(self.verify_ms, round(nodes) + 1)
-
-    def verify_slope(self) -> float:
-        """The ms each more token verified costs: a least-squares line over the table's
-        k ≥ 2 (≥ 0). Timed now on a busy machine, one entry can be a fifth off (medians of
-        7 forwards, by hand: T_p(5) 18.4 ms in one table, 11.8 in the next), the line
-        through all of them much less."""
-        points = [(k, v) for k, v in self.verify_ms.items() if k >= 2]
-        if len(points) < 2:
-            return 0.0
-        mk = statistics.fmean(k for k, _ in points)
-        mv = statistics.fmean(v for _, v in points)
-        spread = sum((k - mk) ** 2 for k, _ in points)
-        return max(sum((k - mk) * (v - mv) for k, v in points) / spread, 0.0)
-
-    def speedup(self, tau: float, levels: float, nodes: float, step_ms: float) -> float:
-        """τ·T_p(1) / round_ms: Eq. 1 with the measured verification cost."""
-        return tau * self._at(self.verify_ms, 1) / self.round_ms(levels, nodes, step_ms)
-
-    def predicted_speedup(self, tau: float, gamma: int, rows: int) -> float:
-        return self.speedup(tau, gamma, gamma, self._at(self.draft_ms, rows))
-
-    def predicted_tree_speedup(self, tau: float, depth: int, top_k: int, nodes: int) -> float:
-        """A round drafts ``depth`` levels of up to ``top_k`` rows and verifies nodes + 1."""
-        return self.speedup(tau, depth, nodes, self._at(self.draft_ms, top_k))
-
-    @classmethod
-    def from_hardware(cls, hardware) -> "LatencyModel | None":
-        m = hardware.measurements if hardware is not None else None
-        if not isinstance(m, dict) or not m.get("target_verify_ms"):
-            return None
-        verify = next(iter(m["target_verify_ms"].values()))       # the sample prompt's S
-        draft = {int(b): next(iter(row.values())) for b, row in (m.get("draft_step_ms") or {}).items()}
-        levels = dict(m.get("draft_level_ms") or {})
-        rounds = m.get("rounds") or {}
-        if rounds.get("method") and rounds.get("draft_ms_per_level") is not None:
-            levels.setdefault(rounds["method"], rounds["draft_ms_per_level"])
-        return cls({int(k): float(v) for k, v in verify.items()}, draft,
-                   {k: float(v) for k, v in levels.items()})
-
-
-def tau_for_gamma(hist: list[int], gamma: int) -> float:
-    """1 + E[min(k, γ)] over rounds that accepted k proposals (probed at a larger γ)."""
-    rounds = sum(hist)
-    return 1.0 + sum(n * min(k, gamma) for k, n in enumerate(hist)) / rounds if rounds else 1.0
 
 
 def _decode(engine, requests: list[Request]) -> Run:
@@ -230,39 +149,6 @@ def _mismatches(outputs, reference, greedy: bool) -> int:
     return sum(a != b for a, b in zip(outputs, reference)) if greedy else 0
 
 
-@dataclass
-class RoundsModel:
-    """The samples decoded as a probe's own timed rounds decoded them (latency measured by
-    this calibration): a candidate's wall over the samples is n·start + (N / τ)·(round + Δ)
-    (start and round: the probe's medians, a request's prefills and a whole drafting round
-    as the engine runs it, the draft catching up and every bookkeeping step with the
-    forwards; N: the tokens target-only decoded; τ: the candidate's tokens per round; Δ: what
-    a shorter γ of a chain probe does not draft and verify, priced by the tables: a draft
-    step per level, the verification line's slope per token), and its speedup target-only's
-    measured wall over that. The tables alone
-    (Eq. 1, forwards only) leave out the engine's own time per round and the prefills: on
-    the 2-core CPU they predicted the demo's finalists 53% too fast on average, a draft tree
-    98% (modelled third, measured last; bench/calibrate-demo-s49-tables.json)."""
-
-    base_wall_ms: float     # target-only over the samples, measured
-    tokens: int             # what target-only decoded (every lossless candidate's too)
-    requests: int
-    start_ms: float
-    round_ms: float
-
-    @classmethod
-    def of_probe(cls, base_run: Run, summary: dict) -> "RoundsModel | None":
-        if "round_ms" not in summary or base_run.wall <= 0 or not base_run.stats.new_tokens:
-            return None     # a probe that never drafted: the tables price it
-        return cls(base_run.wall * 1000.0, base_run.stats.new_tokens, len(base_run.walls),
-                   summary["start_ms"], summary["round_ms"])
-
-    def speedup(self, tau: float, delta_ms: float = 0.0) -> float:
-        wall = (self.requests * self.start_ms
-                + self.tokens / max(tau, 1e-9) * max(self.round_ms + delta_ms, 1e-9))
-        return self.base_wall_ms / wall
-
-
 def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: LatencyModel,
                      base_run: Run, greedy: bool, target=None) -> list[Candidate]:
     """Decode the samples once with the probe's configuration; its candidates, modelled.
@@ -299,16 +185,16 @@ def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: Lat
                           tau_model=round(tau, 4), predicted=round(predicted, 4), **common)]
     # the probe's rounds (at the largest γ; fewer near a request's end, or a twig stopping
     # early): a candidate of γ drafts min(γ, that) levels and proposals
-    step = model._at(model.draft_ms, probe.rows) if probe.rows else level_ms
+    step = model.step_ms(probe.rows) if probe.rows else level_ms
     levels = summary.get("levels_per_round", gamma)
     nodes = summary.get("drafted_per_round", levels)
-    slope = model.verify_slope()
     out = []
     for g in gammas:
         tau = tau_for_gamma(timed.stats.accept_len_hist, g)
-        if rounds is not None:   # the probe's round, less the levels and tokens not drafted
-            delta = (min(g, levels) - levels) * step + (min(g, nodes) - nodes) * slope
-            predicted = rounds.speedup(tau, delta)
+        if rounds is not None:   # the probe's round, shortened as the tables say γ's is
+            share = (model.line_round_ms(min(g, levels), min(g, nodes), step)
+                     / model.line_round_ms(levels, nodes, step))
+            predicted = rounds.speedup(tau, share)
         elif probe.rows:
             predicted = model.predicted_speedup(tau, g, probe.rows)
         else:   # an early-stopping twig drafts fewer levels than γ
