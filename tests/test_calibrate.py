@@ -286,6 +286,33 @@ def test_a_probes_candidates_are_priced_by_its_own_timed_rounds(setup, monkeypat
     assert cands[0].predicted != pytest.approx(rounds.speedup(cands[0].tau_model), rel=1e-3)
 
 
+def test_the_profiles_own_configuration_is_probed_and_decoded_whatever_the_budget(setup, monkeypatch):
+    """--budget spent at once: the one probe that runs is the search's probe of the
+    profile's own configuration (moved to the front, not left where the search lists it),
+    and the profile as it is (auto) is decoded for real although the budget is over."""
+    from vlmspec_cli.tasks import calibrate as cal
+    from vlmspec_cli.tasks.calibrate_space import Probe, own_probe
+
+    _, samples, base = setup
+    # (named to sort after its twin at the same modelled speed: not the first finalist)
+    profile = load_profile(str(base), ["drafting.length=auto", "generation.max_new_tokens=12",
+                                       "name=zz"])
+    inputs = list(profile.drafting.inputs)
+    other = Probe("chain", {"method": "chain", "drafting.inputs": ["text"]}, "chain T",
+                  replay=True, rows=1)
+    same = Probe("chain", {"method": "chain", "drafting.inputs": inputs}, "chain own inputs",
+                 replay=True, rows=1)
+    assert inputs != ["text"]
+    monkeypatch.setattr(cal, "probes", lambda p, d, **kw: [other, same, own_probe(p)])
+    requests = sample_requests(profile, expand_inputs([str(samples)]))[0]
+    result = cal.calibrate(profile, requests, gammas=[2, 3], top=1, budget_s=1e-9)
+    probed = {c.label.rsplit(" γ", 1)[0] for c in result.candidates if c.method == "chain" and c.settings}
+    assert probed == {"chain own inputs"} and any("chain T (budget)" in s for s in result.skipped)
+    own = next(c for c in result.candidates if c.settings == {})
+    ranked = [c for c in result.candidates if c.method != "none"]
+    assert ranked.index(own) > 0 and own.speedup is not None and own.mismatches == 0
+
+
 def test_calibrate_needs_samples_and_names_bad_ones(tmp_path):
     res = CliRunner().invoke(cli, ["calibrate"])
     assert res.exit_code == 2 and "no SAMPLES" in res.output

@@ -44,7 +44,10 @@ deterministic (the latency model then comes from it instead of a fresh measureme
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
               help="Modelled-best candidates decoded for real (plus the profile's own).")
 @click.option("--budget", type=FiniteFloat(min=1), default=120, show_default=True,
-              metavar="SECONDS", help="Stop probing / measuring new candidates after this.")
+              metavar="SECONDS", help="Start no new probe or finalist after this many seconds (one "
+                   "under way finishes; the latency tables, target-only's run, the probe of "
+                   "the profile's own configuration, the first finalist and the profile's own "
+                   "always run).")
 @click.option("--margin", type=FiniteFloat(min=0), default=0.10, show_default=True,
               help="Prefer a measured candidate over the modelled best only when it was "
                    "this much faster (0.10 = 10%); large values keep the modelled choice.")
@@ -114,7 +117,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     if note:
         ui.warning(note)
     gamma_list = sorted(set(gammas) | {base.drafting.gamma})  # the profile's own γ too
-    with ui.Status(quiet) as status:
+    with ui.Status(quiet, "calibrate:") as status:
         result = calibrate(base, requests, gammas=gamma_list, captioner_ok=note is None,
                            hidden=heads, twigs=twigs, top=top, budget_s=budget, margin=margin,
                            progress=status.update, session=session)

@@ -279,10 +279,14 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
         draft = load_model(base.draft, "draft")
     all_probes = probes(base, draft, captioner_ok=captioner_ok, hidden=hidden, twigs=twigs)
     own = all_probes.pop()
-    if not any(_same_config(base, own.settings, p.settings) for p in all_probes):
-        # first: no --budget leaves out the configuration the user runs now (a method no
-        # probe list knows, one added in one file, is then searched as it stands)
-        all_probes.insert(0, own)
+    # first: no --budget leaves out the configuration the user runs now: the search's probe
+    # of it, moved to the front (tinyworld-video's head came second, and a budget skipped
+    # it), or its own probe (a method no probe list knows, one added in one file, is then
+    # searched as it stands)
+    same = next((p for p in all_probes if _same_config(base, own.settings, p.settings)), None)
+    if same is not None:
+        all_probes.remove(same)
+    all_probes.insert(0, same or own)
     model = LatencyModel.from_hardware(base.hardware)
     latency = "hardware profile"
     if model is None:
@@ -299,7 +303,7 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     default = next((c for c in candidates if with_settings(base, c.settings) == base), None)
     finalists = candidates[:top] + ([default] if default is not None and default not in candidates[:top] else [])
     for i, cand in enumerate(finalists):
-        if i > 0 and over():
+        if i > 0 and over() and cand is not default:   # the profile's own: always decoded
             skipped.append(f"measuring {cand.label} (budget)")
             continue
         say(f"measuring {cand.label}")
