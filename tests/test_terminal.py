@@ -144,3 +144,15 @@ def test_the_token_bar_follows_the_oldest_row_of_a_batch():
         events.tokens(c, 2, 16)                   # the oldest row now
         task = events.progress.tasks[events.tokens_task]
         assert (task.completed, task.total) == (2, 16)
+
+
+def test_what_calibrate_did_not_try_reads_a_line_per_reason():
+    """A short --budget skips tens of probes: one line per reason, each listing what it
+    skipped (on one line they ran on for several screen rows)."""
+    from vlmspec_cli.ui import _not_tried
+
+    lines = _not_tried(["tree M d=6 k=4 n=30 (budget)", "batch sizes (method hidden decodes one "
+                        "request at a time)", "measuring chain M γ=4 (budget)", "no reason"])
+    assert lines == ["not tried: tree M d=6 k=4 n=30, measuring chain M γ=4 (budget)",
+                     "not tried: batch sizes (method hidden decodes one request at a time)",
+                     "not tried: no reason"]

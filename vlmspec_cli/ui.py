@@ -336,8 +336,8 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
     stderr.print(table)
     if len(candidates) > len(shown):
         stderr.print(f"{len(candidates) - len(shown)} more candidates modelled (--json lists all)")
-    if skipped:
-        stderr.print(f"not tried: {escape('; '.join(skipped))}")
+    for line in _not_tried(skipped):
+        stderr.print(escape(line))
     if target_only and target_only.get("sample_wall_s"):
         w = target_only["sample_wall_s"]
         stderr.print(f"target-only: {target_only['tokens_per_s']} tok/s, per sample "
@@ -348,6 +348,19 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
     if note:
         stderr.print(escape(note))
     stderr.print(f"winner: [bold]{escape(winner.label)}[/]")
+
+
+def _not_tried(skipped) -> list[str]:
+    """calibrate's "WHAT (WHY)" entries, a line per WHY (first seen first): a short --budget
+    skips tens of probes, which on one line ran on for several screen rows."""
+    groups: dict[str, list[str]] = {}
+    for entry in skipped:
+        what, sep, why = entry.rpartition(" (")
+        if not sep or not why.endswith(")"):
+            what, why = entry, ""
+        groups.setdefault(why[:-1] if why else "", []).append(what)
+    return [f"not tried: {', '.join(whats)}" + (f" ({why})" if why else "")
+            for why, whats in groups.items()]
 
 
 def bench_table(report, title: str = "vlmspec bench") -> None:
