@@ -18,8 +18,8 @@
    and nodes as the probe's rounds drafted them, a chain's capped at γ). With latency
    measured now (no hardware profile), each probe's own timed rounds price its candidates
    instead (``RoundsModel``: whole rounds and the prefills, as the engine runs them; the
-   tables only say how a shorter γ's round differs), so what the tables leave out, the
-   engine's own time per round, is in the prediction.
+   tables only give a shorter γ's round as a share of the probe's), so what the tables
+   leave out, the engine's own time per round, is in the prediction.
 4. The best ``top`` candidates and the profile's own configuration are decoded for real,
    against target-only decoding on the same samples (each one's speedup, and its spread
    over the samples: min, median, max; predicted ÷ measured − 1 is the model's error);
