@@ -236,6 +236,41 @@ steps:
     assert sorted(json.loads((tmp_path / "elsewhere.json").read_text())["steps"]) == ["1", "2"]
 
 
+def test_a_done_step_runs_again_when_its_inputs_or_outputs_changed(folder, tmp_path, monkeypatch):
+    """The state says done, the files say otherwise: an image added to the folder is
+    captioned at the rerun (the step resumes: the others are not decoded again), a deleted
+    --out is made again; a step that does not resume by itself (bench) runs again only when
+    what it wrote is gone."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "r.yaml", """
+name: changed
+steps:
+  - caption: {inputs: [imgs], out: caps.jsonl, max_new_tokens: 8, quiet: true}
+  - bench: {dataset: mm.jsonl, methods: none, limit: 1, max_new_tokens: 4, out: b.jsonl, quiet: true}
+""")
+    (tmp_path / "mm.jsonl").write_text((ROOT / "examples/mmspec/mmspec.jsonl").read_text().splitlines()[0]
+                                       .replace('"image":"', f'"image":"{ROOT}/examples/mmspec/images/') + "\n")
+    assert run(["r.yaml"]).exit_code == 0
+    (_, im), = fresh_scenes(1, seed=7302)
+    im.save(folder / "s3.png")
+    res = run(["r.yaml"])
+    assert res.exit_code == 0, res.output
+    assert "step 1 (caption): done in an earlier run, but what it reads changed" in res.stderr
+    assert "step 2 (bench): done in an earlier run, skipped" in res.stderr
+    recs = lines(tmp_path / "caps.jsonl")
+    assert sorted(r["input"] for r in recs) == [f"imgs/s{i}.png" for i in range(4)]   # once each
+    res = run(["r.yaml"])
+    assert "step 1 (caption): done in an earlier run, skipped" in res.stderr
+    (tmp_path / "caps.jsonl").unlink()
+    (tmp_path / "b.jsonl").unlink()
+    res = run(["r.yaml", "--dry-run"])
+    assert "step 1 (caption): done in an earlier run, but --out caps.jsonl is not there: would run again" in res.stderr
+    res = run(["r.yaml"])
+    assert res.exit_code == 0, res.output
+    assert "step 2 (bench): done in an earlier run, but --out b.jsonl is not there" in res.stderr
+    assert len(lines(tmp_path / "caps.jsonl")) == 4 and lines(tmp_path / "b.jsonl")
+
+
 def test_exit_1_continues_exit_2_stops(folder, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "r.yaml", """

@@ -26,6 +26,7 @@ folder, or when it is a folder above one of the step's paths.  Knows click, not 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ import click
 from vlmspec_cli.fileio import same_file
 
 __all__ = ["StepPath", "DERIVED_PATHS", "step_paths", "path_params", "state_collision",
-           "READ_PARAMS", "resolve_reads", "missing_reads"]
+           "READ_PARAMS", "resolve_reads", "missing_reads", "reads_fingerprint", "still_done"]
 
 
 def _profile_file(name: str, given: Mapping) -> list[tuple[Path, bool]]:
@@ -267,3 +268,88 @@ def missing_reads(recipe, commands: Mapping[str, click.Command]) -> list[str]:
                                 "the current directory; a --var value in the current directory)")
         earlier += list(step_paths(command, step.argv))
     return problems
+
+
+# ------------------------------------------------------------ whether a done step still is
+# What a step writes (by parameter name): a step the state file records as done runs again
+# when one of them is gone (a user deleted captions.jsonl; the rerun said "done" and left
+# nothing). A default counts (generate-image writes into images/).
+WRITE_PARAMS = ("out", "write_name", "write_path", "plot_path", "trace_file", "out_dir")
+# The commands whose --out records what is done, so that a rerun skips it by itself: a step
+# of theirs also runs again when what it reads changed since it finished (images added to
+# its folder were never captioned: the step was "done"); rerunning it decodes only those.
+RESUMING = ("caption", "describe-video")
+_MAX_ENTRIES = 200_000        # files a fingerprint looks at, at most (then: changed)
+
+
+def missing_writes(command: click.Command, argv: list[str]) -> str | None:
+    """The first file or folder the step writes that is not there (as "--out caps.jsonl")."""
+    ctx, values = _parsed(command, argv)
+    for name, (param, _) in path_params(command).items():
+        if name not in WRITE_PARAMS:
+            continue
+        given = values.get(name)
+        if given is None:
+            given = param.get_default(ctx, call=True)
+        derive = DERIVED_PATHS.get((command.name, name))
+        for value in _strings(given):
+            made = [path for path, _ in derive(value, values)] if derive else []
+            if not all(os.path.lexists(p) for p in made or [value]):
+                return f"{_label(param)} {value}"
+    return None
+
+
+def reads_fingerprint(command: click.Command, argv: list[str], skip=()) -> str | None:
+    """A hash of what a RESUMING step reads (CHECKED_READS: every file under its inputs,
+    with sizes and modification times; ``skip``: paths left out, the state file), to tell
+    at a rerun whether it changed; None for other commands."""
+    if command.name not in RESUMING:
+        return None
+    _, values = _parsed(command, argv)
+    left_out = {os.path.abspath(p) for p in skip}
+    seen: list[str] = []
+    for name in CHECKED_READS:
+        for value in _strings(values.get(name) or []):
+            for top in sorted(glob.glob(value, recursive=True)) if _GLOB.search(value) else [value]:
+                seen += _entries(top, left_out, _MAX_ENTRIES - len(seen))
+                if len(seen) >= _MAX_ENTRIES:
+                    return "too many files"
+    return hashlib.sha256("\n".join(seen).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _entries(top: str, left_out: set, room: int) -> list[str]:
+    """"path size mtime_ns" of ``top`` (a file) or of every file below it (a folder)."""
+    def entry(path: str) -> str:
+        try:
+            st = os.stat(path)
+            return f"{path}\t{st.st_size}\t{st.st_mtime_ns}"
+        except OSError:
+            return f"{path}\tmissing"
+    if not os.path.isdir(top):
+        return [] if os.path.abspath(top) in left_out else [entry(top)]
+    out = []
+    for folder, dirs, files in os.walk(top):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if os.path.abspath(path) not in left_out:
+                out.append(entry(path))
+        if len(out) >= room:
+            break
+    return out
+
+
+def still_done(entry, digest: str, command: click.Command, argv: list[str], state_path
+               ) -> str | None:
+    """None when the state's ``entry`` says the step (``digest``: of its argv) is done and
+    still is: the same argv, what it wrote still there, what a RESUMING step reads
+    unchanged. Else why not, as a phrase ("" when never done, or done with another argv)."""
+    if not isinstance(entry, dict) or entry.get("argv_sha256") != digest:
+        return ""
+    gone = missing_writes(command, argv)
+    if gone is not None:
+        return f"{gone} is not there"
+    now = reads_fingerprint(command, argv, skip=[state_path])
+    if now is not None and now != entry.get("reads_sha256"):
+        return "what it reads changed since (it skips what it recorded)"
+    return None

@@ -25,7 +25,8 @@ import click
 import yaml
 
 from vlmspec_cli.profile.yaml_file import YamlFileError, check_events, read_text
-from vlmspec_cli.cli.recipe_paths import missing_reads, resolve_reads, state_collision
+from vlmspec_cli.cli.recipe_paths import (missing_reads, reads_fingerprint, resolve_reads,
+                                          state_collision, still_done)
 from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.fileio import atomic_write_text, same_file
 from vlmspec_cli.tasks.output_files import MAX_OWN_BYTES, OutputRefused, check_output
@@ -416,19 +417,25 @@ def _run_steps(recipe: Recipe, commands: Mapping[str, click.Command], state_path
     final, total = 0, len(recipe.steps)
     for step in recipe.steps:
         label, key = f"step {step.index} ({step.command})", str(step.index)
-        entry = done.get(key)
-        if isinstance(entry, dict) and entry.get("argv_sha256") == step.digest:
+        command = commands[step.command]
+        why = still_done(done.get(key), step.digest, command, step.argv, state_path)
+        if why is None:
             ui.info(f"{label}: done in an earlier run, skipped")
             continue
-        if key in done:  # recorded with another argv: no longer done
+        if key in done:  # recorded with another argv, or its files changed: no longer done
             del done[key]
             _write_state(state_path, recipe, done)
+            if why:
+                ui.info(f"{label}: done in an earlier run, but {why}: running it again")
         ui.info(f"{label} of {total}: {step.shell()}")
-        code = _invoke(commands[step.command], step)
+        code = _invoke(command, step)
         where = f"{recipe.path}:{step.line}: {label}"
         if code == 0:
             done[key] = {"command": step.command, "argv": step.argv, "argv_sha256": step.digest,
                          "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            reads = reads_fingerprint(command, step.argv, skip=[state_path])
+            if reads is not None:
+                done[key]["reads_sha256"] = reads
             _write_state(state_path, recipe, done)
         elif code == 1:
             final = 1
@@ -474,10 +481,14 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
     if dry_run:
         done = {} if restart else _read_state(state_path, ui)
         for step in recipe.steps:
-            entry = done.get(str(step.index))
-            if isinstance(entry, dict) and entry.get("argv_sha256") == step.digest:
+            why = still_done(done.get(str(step.index)), step.digest, commands[step.command],
+                             step.argv, state_path)
+            if why is None:
                 ui.info(f"step {step.index} ({step.command}): done in an earlier run, "
                         "would be skipped")
+            elif why:
+                ui.info(f"step {step.index} ({step.command}): done in an earlier run, but "
+                        f"{why}: would run again")
             click.echo(step.shell())
         return 0
     return run_recipe(recipe, commands, state_path, restart=restart)

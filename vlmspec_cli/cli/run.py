@@ -36,7 +36,8 @@ def run_recipe(recipe, var_pairs, state, restart, dry_run):
     The whole recipe is checked first (commands, options, ${vars}); errors name
     the file and line, and nothing runs. Steps run in order. A step that
     finished is recorded in the state file and skipped on a rerun while its
-    command line is unchanged; caption steps with --out resume on their own.
+    command line is unchanged and what it wrote is still there; caption steps with
+    --out resume on their own, and run again when their inputs changed.
     """
     from vlmspec_cli.cli.recipes import cli_run
 
