@@ -320,3 +320,13 @@ def test_explicit_non_image_extension_file_that_is_an_image_loads(tmp_path):
     Image.new("RGB", (4, 4), (1, 2, 3)).save(p, format="PNG")
     assert expand_inputs([str(p)]) == [InputItem(str(p))]
     assert load_image(str(p)).getpixel((0, 0)) == (1, 2, 3)
+
+
+def test_an_empty_path_is_one_clear_error():
+    """'' (a recipe's --var left empty, a script's unset variable): an error item saying so,
+    shown as '' (it read as "error: : no such file or directory")."""
+    from vlmspec_cli.tasks.inputs import REASON_EMPTY_PATH, InputError, expand_inputs
+
+    item, = expand_inputs([""])
+    assert item.path == "" and item.error == REASON_EMPTY_PATH
+    assert str(InputError(item.path, item.error)) == "'': an empty path names no file"

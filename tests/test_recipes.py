@@ -271,6 +271,18 @@ steps:
     assert len(lines(tmp_path / "caps.jsonl")) == 4 and lines(tmp_path / "b.jsonl")
 
 
+def test_an_input_var_left_empty_is_refused_before_step_1(tmp_path, monkeypatch):
+    """--var folder= made INPUTS '': it was not checked (the step loaded its models, then
+    failed on '' and wrote an error record), unlike a missing folder."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "r.yaml", 'vars: {folder: imgs}\nsteps:\n'
+          '  - caption: {inputs: ["${folder}"], out: caps.jsonl}\n')
+    for extra in ([], ["--dry-run"]):
+        res = run(["r.yaml", "--var", "folder=", *extra])
+        assert res.exit_code == 2 and "r.yaml:3: step 1 (caption): INPUTS '': an empty path" in res.stderr
+    assert not (tmp_path / "caps.jsonl").exists()
+
+
 def test_exit_1_continues_exit_2_stops(folder, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "r.yaml", """

@@ -157,7 +157,7 @@ class BatchUI:
     def item_failed(self, item, reason: str, record: dict) -> None:
         if self.progress is not None:
             self._finished(item.path)
-        error(f"{item.path}: {reason}")
+        error(f"{item.path or repr('')}: {reason}")
 
 
 def summary_table(summary, method: str, drafts: bool, extra: dict | None = None) -> None:

@@ -255,7 +255,12 @@ def missing_reads(recipe, commands: Mapping[str, click.Command]) -> list[str]:
             param = next((p for p in command.params if p.name == name), None)
             if param is None:
                 continue
-            given = _strings(values.get(name) or [])
+            raw = values.get(name) or []
+            if "" in (raw if isinstance(raw, (list, tuple)) else [raw]):   # a --var left empty
+                problems.append(f"{recipe.path}:{step.line}: step {step.index} ({step.command}): "
+                                f"{_label(param)} '': an empty path names no file")
+                continue
+            given = _strings(raw)
             missing = [value for value in given
                        if not (_GLOB.search(value) or os.path.lexists(value)
                                or any(_within(value, used) for used in earlier))]

@@ -40,6 +40,7 @@ __all__ = [
     "utf8_name",
     "MAX_IMAGE_BYTES",
     "REASON_MISSING",
+    "REASON_EMPTY_PATH",
     "REASON_BROKEN_LINK",
     "REASON_IS_DIR",
     "REASON_PERMISSION",
@@ -57,6 +58,7 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".
 
 # Reason strings (stable: tests and downstream summaries match on them).
 REASON_MISSING = "no such file or directory"
+REASON_EMPTY_PATH = "an empty path names no file"
 REASON_BROKEN_LINK = "no such file or directory (broken symbolic link)"
 REASON_IS_DIR = "is a directory"
 REASON_PERMISSION = "permission denied"
@@ -106,7 +108,7 @@ class InputError(Exception):
         self.reason = reason
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.reason}"
+        return f"{self.path or repr('')}: {self.reason}"   # '': a --var left empty
 
 
 # --------------------------------------------------------------------------
@@ -364,7 +366,7 @@ def expand_inputs(
             add(_stdin_items(stdin if stdin is not None else sys.stdin, exts, stdin_image))
             continue
         if arg == "":
-            add([InputItem(arg, REASON_MISSING)])
+            add([InputItem(arg, REASON_EMPTY_PATH)])
             continue
         add(_expand_one(arg, exts))
     return out
