@@ -15,7 +15,8 @@ EPILOG_BENCH = """\b
 Examples:
   vlmspec bench examples/mmspec/mmspec.jsonl          # profile's method vs target-only
   vlmspec bench examples/mmspec/mmspec.jsonl --methods none,chain,tree,hidden,tabed,twig \\
-      --out bench.jsonl --plot bench.png              # every method; a rerun resumes
+      --out bench.jsonl --plot bench.png --force      # every method; a rerun resumes
+                                                      # (and redraws its own PNG)
   vlmspec bench examples/mmspec/mmspec.jsonl --categories "general vqa,multi-turn" --limit 4
   vlmspec bench examples/mmspec/mmspec.jsonl -m none,chain --batch-size 4 --json > recs.jsonl
   vlmspec bench MMSpec/test/mmspec.jsonl -p qwen25-vl-7b --methods none,chain,hidden \\
