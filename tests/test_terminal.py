@@ -21,6 +21,8 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH = 100
 COMMAND = [sys.executable, "-m", "vlmspec_cli", "caption", "examples/images/", "--max-new-tokens", "8"]
@@ -156,3 +158,37 @@ def test_what_calibrate_did_not_try_reads_a_line_per_reason():
     assert lines == ["not tried: tree M d=6 k=4 n=30, measuring chain M γ=4 (budget)",
                      "not tried: batch sizes (method hidden decodes one request at a time)",
                      "not tried: no reason"]
+
+
+@pytest.mark.parametrize("width", [80, 140])
+def test_the_bench_table_reads_at_80_columns(monkeypatch, width):
+    """In a terminal of 80 columns the bench table's category column shrank to nothing
+    ("overall" gone) and method, n, MAT and tok/s became "…": there the acceptance per
+    position goes below the table, a line per row; wide, it stays a column."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from vlmspec_cli import ui
+
+    buf = io.StringIO()
+    monkeypatch.setattr(ui, "stderr", Console(file=buf, force_terminal=True, width=width,
+                                              color_system=None))
+    row = lambda cat, method, acc: SimpleNamespace(   # noqa: E731
+        category=cat, method=method, label=method, describe="", samples=2, mat=3.75,
+        speedup=None if method == "none" else 1.53, tokens_per_s=116.1, p50_s=0.06,
+        p90_s=0.073, lossless=True, mismatched=False, accept_per_pos=acc, identical=2, compared=2)
+    report = SimpleNamespace(reference="none", greedy=True, rows=[
+        row("general vqa", "none", []), row("general vqa", "chain", [0.8, 0.4, 0.4]),
+        row("overall", "none", []), row("overall", "chain", [0.75, 0.5, 0.5, 0.38, 0.38, 0.12, 0.1])])
+    ui.bench_table(report)
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width
+    for cell in ("general vqa", "overall", "chain", "3.75", "116.1", "1.53x", "2/2"):
+        assert cell in text, (cell, text)
+    if width == 80:
+        assert "accepted at position 1, 2, …\n" in text
+        assert "  overall · chain: 0.75 0.50 0.50 0.38 0.38 0.12 …" in text
+    else:
+        assert "┃ accepted at position 1, 2, …" in text and "overall · chain" not in text

@@ -367,37 +367,46 @@ def bench_table(report, title: str = "vlmspec bench") -> None:
     """``vlmspec bench``'s rows (tasks/bench_report.py BenchReport): per category, then
     overall, each method by name (its shape listed below); a lossless row that differs
     from target-only at T = 0 in red. Written whole, wider than 80 columns, when stderr
-    is a file or a pipe."""
+    is a file or a pipe; in a terminal narrower than that, the acceptance per position
+    goes below the table, a line per row (at 80 columns the category column shrank to
+    nothing, and method, n, MAT and tok/s to "…")."""
+    out = stderr if stderr.is_terminal else Console(stderr=True, highlight=False, soft_wrap=True,
+                                                    width=max(stderr.width, 140))
+    below = out.width < 120      # rich caps a print's width at the console's
     table = Table(title=escape(title), title_justify="left")
     for name, justify in (("category", "left"), ("method", "left"), ("n", "right"),
                           ("MAT", "right"), ("speedup", "right"), ("tok/s", "right"),
                           ("p50 ms", "right"), ("p90 ms", "right"), ("= target", "right"),
-                          ("accepted at position 1, 2, …", "left")):
-        table.add_column(name, justify=justify, no_wrap=name != "category")
-    last, labels = None, {}
+                          ("accepted at position 1, 2, …", "left"))[:9 if below else 10]:
+        table.add_column(name.replace(" ms", "") if below else name, justify=justify,
+                         no_wrap=name != "category", min_width=10 if name == "category" else None)
+    last, labels, accepted = None, {}, []
     for row in report.rows:
         if last is not None and row.category != last:
             table.add_section()
         labels[row.method] = row.label + (f", {row.describe}" if row.describe else "")
-        table.add_row(escape(row.category) if row.category != last else "", escape(row.method),
-                      str(row.samples), f"{row.mat:.2f}",
-                      "-" if row.speedup is None else f"{row.speedup:.2f}x",
-                      f"{row.tokens_per_s:.1f}", _ms(row.p50_s), _ms(row.p90_s),
-                      _same(report, row),
-                      " ".join(f"{r:.2f}" for r in row.accept_per_pos[:6])
-                      + (" …" if len(row.accept_per_pos) > 6 else ""),
+        per_position = (" ".join(f"{r:.2f}" for r in row.accept_per_pos[:6])
+                        + (" …" if len(row.accept_per_pos) > 6 else ""))
+        cells = [escape(row.category) if row.category != last else "", escape(row.method),
+                 str(row.samples), f"{row.mat:.2f}",
+                 "-" if row.speedup is None else f"{row.speedup:.2f}x",
+                 f"{row.tokens_per_s:.1f}", _ms(row.p50_s), _ms(row.p90_s), _same(report, row)]
+        table.add_row(*cells, *([] if below else [per_position]),
                       style="red" if row.lossless and row.mismatched else None)
+        if per_position:
+            accepted.append(f"  {escape(row.category)} · {escape(row.method)}: {per_position}")
         last = row.category
-    # rich caps a print's width at the console's: a file or pipe gets a console of its own
-    out = stderr if stderr.is_terminal else Console(stderr=True, highlight=False, soft_wrap=True,
-                                                    width=max(stderr.width, 140))
     out.print(table)
+    if below and accepted:
+        out.print("accepted at position 1, 2, …", style="bold")
+        for line in accepted:
+            out.print(line)
     for name, label in labels.items():
         if label != name:
             out.print(f"{escape(name)}: {escape(label)}", style="dim")
     out.print("MAT: tokens per verification round, 1 + accepted/rounds (vLLM's "
               "mean_acceptance_length); speedup: Σ target-only wall / Σ method wall over the "
-              "same samples; p50/p90: per-request latency; = target: samples identical to "
+              "same samples; p50/p90: per-request latency (ms); = target: samples identical to "
               "target-only", style="dim")
 
 
