@@ -153,7 +153,7 @@ def test_methods_side_by_side_json_png_and_resume(tmp_path):
     assert Image.open(png).format == "PNG"
     assert len(out.read_text().splitlines()) == 24
     again = run([*args, "--plot", str(tmp_path / "again.png")])      # resumes: nothing decoded
-    assert again.exit_code == 0 and "skipping 24 input(s) already recorded" in again.stderr
+    assert again.exit_code == 0 and "skipping 24 record(s) (sample, method) already recorded" in again.stderr
     assert "6/6" in again.stderr and len(out.read_text().splitlines()) == 24
 
 

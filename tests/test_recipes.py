@@ -72,6 +72,8 @@ GOOD_STEP = '  - caption: {inputs: [imgs], out: caps.jsonl, max_new_tokens: 8, q
     (GOOD_STEP + "  - caption: {inputs: [imgs], out: [a, b]}\n",
      "r.yaml:5: step 2: option 'out' of caption takes one value, not a list"),
     (GOOD_STEP + "stpes: []\n", "r.yaml:5: unknown key 'stpes' (did you mean 'steps'?)"),
+    ("  []\n", "r.yaml:4: 'steps' must be a non-empty list of one-key mappings like "
+                "'- caption: {inputs: [DIR]}'"),
     (GOOD_STEP + "  - caption: {inputs: [imgs}\n", "r.yaml:5:28: invalid YAML: expected ','"),
 ])
 def test_invalid_recipe_exits_2_and_runs_nothing(tmp_path, monkeypatch, body, expected):

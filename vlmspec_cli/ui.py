@@ -84,9 +84,11 @@ class BatchUI:
     for the input being decoded (in a batch, the oldest row's); failures are printed as
     one line each. Results printed with ``result`` go above the bars."""
 
-    def __init__(self, quiet: bool = False, label: str = "captioning") -> None:
+    def __init__(self, quiet: bool = False, label: str = "captioning",
+                 recorded: str = "input(s)") -> None:
         self.quiet = quiet
         self.label = label
+        self.recorded = recorded      # what a skipped unit is ("record(s)": bench's pairs)
         self.progress: Progress | None = None
         self.items_task = None
         self.tokens_task = None
@@ -113,7 +115,7 @@ class BatchUI:
 
     def batch_started(self, total: int, skipped: int) -> None:
         if skipped and not self.quiet:
-            info(f"skipping {skipped} input(s) already recorded")
+            info(f"skipping {skipped} {self.recorded} already recorded")
         if self.progress is not None:
             self.items_task = self.progress.add_task(self.label, total=total, note="")
             # shown from the first token count (a Ray run's driver hears none)

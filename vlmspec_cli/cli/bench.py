@@ -137,7 +137,7 @@ def _run(plan, sink, emit, quiet):
     from vlmspec_cli.tasks.bench_run import run_bench
 
     if sink is not None and plan_keys(plan) <= sink.done_keys():
-        with ui.BatchUI(quiet=quiet, label="benchmarking") as events:   # all recorded:
+        with ui.BatchUI(quiet=quiet, label="benchmarking", recorded="record(s) (sample, method)") as events:   # all recorded:
             return run_bench(plan, {}, events, sink=sink, emit=emit)    # nothing to load
     try:
         with ui.Status(quiet, "loading models") as status:
@@ -147,7 +147,7 @@ def _run(plan, sink, emit, quiet):
     tokens = len(plan.samples) * plan.profiles[plan.methods[0]].generation.max_new_tokens
     for i, session in enumerate(sessions.values()):
         start_decoding(session, tokens, quiet or i > 0)
-    with ui.BatchUI(quiet=quiet, label="benchmarking") as events:
+    with ui.BatchUI(quiet=quiet, label="benchmarking", recorded="record(s) (sample, method)") as events:
         return run_bench(plan, sessions, events, sink=sink, emit=emit)
 
 

@@ -46,7 +46,8 @@ def run_job_command(prof, items, *, noun: str, out: str | None, as_json: bool, c
             except (SessionError, ModelLoadError, ValueError) as exc:
                 fail(str(exc))
             start_decoding(session, len(items) * prof.generation.max_new_tokens, quiet)
-        with remote_context(), ui.BatchUI(quiet=quiet) as events:
+        label = "describing" if noun.startswith("video") else "captioning"
+        with remote_context(), ui.BatchUI(quiet=quiet, label=label) as events:
             if remote is not None:
                 summary = remote(events, sink, emit)
             else:

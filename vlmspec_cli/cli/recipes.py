@@ -276,7 +276,7 @@ def load_recipe(path, commands: Mapping[str, click.Command],
     if not isinstance(steps_node, yaml.SequenceNode) or not steps_node.value:
         line = steps_node.start_mark.line + 1 if steps_node is not None else 1
         raise RecipeError(errors + [f"{shown}:{line}: 'steps' must be a non-empty list of "
-                                    "one-key mappings like '- caption: {{inputs: [DIR]}}'"])
+                                    "one-key mappings like '- caption: {inputs: [DIR]}'"])
     used: set = set()
     steps: list[Step] = []
     runnable = sorted(n for n in commands if n != "run")
