@@ -285,6 +285,26 @@ def test_an_input_var_left_empty_is_refused_before_step_1(tmp_path, monkeypatch)
     assert not (tmp_path / "caps.jsonl").exists()
 
 
+def test_another_recipes_state_file_is_not_taken_over(folder, tmp_path, monkeypatch):
+    """Two recipes named r.yaml in two folders share r.state.json in the current directory:
+    the second was told the first's steps were done (the same argv) and rewrote the file
+    as its own; now it is refused (exit 2, nothing run) unless --restart."""
+    monkeypatch.chdir(tmp_path)
+    body = "steps:\n  - caption: {inputs: [imgs], out: caps.jsonl, max_new_tokens: 8, quiet: true}\n"
+    write(tmp_path / "r.yaml", body)
+    (tmp_path / "other").mkdir()
+    write(tmp_path / "other" / "r.yaml", body.replace("[imgs]", f"[{folder}]"))
+    assert run(["r.yaml"]).exit_code == 0
+    state = (tmp_path / "r.state.json").read_text()
+    for extra in ([], ["--dry-run"]):
+        res = run(["other/r.yaml", *extra])
+        assert res.exit_code == 2 and "records the steps of" in res.stderr and "--restart" in res.stderr
+    assert (tmp_path / "r.state.json").read_text() == state
+    res = run(["other/r.yaml", "--restart"])
+    assert res.exit_code == 0 and "step 1 (caption) of 1" in res.stderr
+    assert json.loads((tmp_path / "r.state.json").read_text())["recipe"] == str(tmp_path / "other" / "r.yaml")
+
+
 def test_exit_1_continues_exit_2_stops(folder, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "r.yaml", """

@@ -27,9 +27,10 @@ import yaml
 from vlmspec_cli.profile.yaml_file import YamlFileError, check_events, read_text
 from vlmspec_cli.cli.recipe_paths import (missing_reads, reads_fingerprint, resolve_reads,
                                           state_collision, still_done)
+from vlmspec_cli.cli.recipe_state import (check_state_path, default_state_path, read_state,
+                                          state_owner, write_state)
 from vlmspec_cli.suggest import did_you_mean
-from vlmspec_cli.fileio import atomic_write_text, same_file
-from vlmspec_cli.tasks.output_files import MAX_OWN_BYTES, OutputRefused, check_output
+from vlmspec_cli.tasks.output_files import OutputRefused
 from vlmspec_cli.cli.types import IntList
 
 __all__ = ["RecipeError", "Recipe", "Step", "load_recipe", "parse_vars", "run_recipe", "cli_run"]
@@ -322,57 +323,6 @@ def load_recipe(path, commands: Mapping[str, click.Command],
 
 
 # ----------------------------------------------------------------- running
-def default_state_path(recipe_path) -> Path:
-    return Path(f"{Path(recipe_path).stem}.state.json")
-
-
-def is_state_file(path: Path) -> bool:
-    """A state file ``vlmspec run`` wrote: a JSON object with a version and a steps mapping."""
-    try:
-        if path.stat().st_size > MAX_OWN_BYTES:
-            return False
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):   # RecursionError: JSON nested 100k deep
-        return False
-    return isinstance(state, dict) and "version" in state and isinstance(state.get("steps"), dict)
-
-
-def check_state_path(state_path: Path, recipe_path) -> None:
-    """OutputRefused unless the state file may be (re)written: never the recipe itself,
-    never an existing file that is not a state file (a user's data under that name)."""
-    label = f"state file {state_path}"
-    if same_file(state_path, recipe_path):
-        raise OutputRefused(f"{label}: is the recipe itself; give another --state PATH")
-    check_output(state_path, label, force=True, ours=is_state_file,
-                 what="vlmspec recipe state file",
-                 foreign_hint="not overwritten (give another --state PATH)")
-
-
-def _read_state(path: Path, ui) -> dict:
-    """The finished steps the state file records. A file that is not a vlmspec recipe
-    state is never overwritten (check_state_path refuses it before a run): a warning here."""
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(state, dict) or not isinstance(state.get("steps"), dict):
-            raise ValueError("not a JSON object with steps")
-        return state["steps"]
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, RecursionError) as exc:
-        why = (exc.strerror if isinstance(exc, OSError) and exc.strerror else
-               "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc))
-        ui.warning(f"{path}: not a vlmspec recipe state file ({why}); a run would refuse it")
-        return {}
-
-
-def _write_state(path: Path, recipe: Recipe, done: dict) -> None:
-    """Replace the state file; checked again at every write (OutputRefused, nothing
-    written): a step may have made a file there since the run began."""
-    check_state_path(path, recipe.path)
-    state = {"version": 1, "recipe": str(recipe.path.resolve()), "steps": done}
-    atomic_write_text(path, json.dumps(state, indent=2) + "\n")
-
-
 def _invoke(command: click.Command, step: Step) -> int:
     """Run one step in-process; its exit code (click errors count as usage errors, 2)."""
     try:
@@ -402,7 +352,7 @@ def run_recipe(recipe: Recipe, commands: Mapping[str, click.Command], state_path
     from vlmspec_cli import ui
 
     state_path = Path(state_path)
-    done = {} if restart else _read_state(state_path, ui)
+    done = {} if restart else read_state(state_path, ui)
     try:
         return _run_steps(recipe, commands, state_path, done, restart, ui)
     except OutputRefused as exc:  # the state file would replace a file that is not one
@@ -413,7 +363,7 @@ def run_recipe(recipe: Recipe, commands: Mapping[str, click.Command], state_path
 def _run_steps(recipe: Recipe, commands: Mapping[str, click.Command], state_path: Path,
                done: dict, restart: bool, ui) -> int:
     if restart and state_path.exists():
-        _write_state(state_path, recipe, done)
+        write_state(state_path, recipe, done)
     final, total = 0, len(recipe.steps)
     for step in recipe.steps:
         label, key = f"step {step.index} ({step.command})", str(step.index)
@@ -424,7 +374,7 @@ def _run_steps(recipe: Recipe, commands: Mapping[str, click.Command], state_path
             continue
         if key in done:  # recorded with another argv, or its files changed: no longer done
             del done[key]
-            _write_state(state_path, recipe, done)
+            write_state(state_path, recipe, done)
             if why:
                 ui.info(f"{label}: done in an earlier run, but {why}: running it again")
         ui.info(f"{label} of {total}: {step.shell()}")
@@ -436,7 +386,7 @@ def _run_steps(recipe: Recipe, commands: Mapping[str, click.Command], state_path
             reads = reads_fingerprint(command, step.argv, skip=[state_path])
             if reads is not None:
                 done[key]["reads_sha256"] = reads
-            _write_state(state_path, recipe, done)
+            write_state(state_path, recipe, done)
         elif code == 1:
             final = 1
             ui.warning(f"{where}: some inputs failed (exit 1), the rest were done; continuing")
@@ -473,13 +423,19 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
     except OutputRefused as exc:
         ui.error(str(exc))
         return 2
+    owner = state_owner(state_path)
+    if owner is not None and not restart and owner != str(recipe.path.resolve()):
+        ui.error(f"state file {state_path}: records the steps of {owner}, not of {recipe.path} "
+                 "(two recipes of one name share <name>.state.json here); give another "
+                 "--state PATH, or --restart to start this recipe's state in it")
+        return 2
     missing = missing_reads(recipe, commands)   # before step 1, and under --dry-run
     if missing:
         for message in missing:
             ui.error(message)
         return 2
     if dry_run:
-        done = {} if restart else _read_state(state_path, ui)
+        done = {} if restart else read_state(state_path, ui)
         for step in recipe.steps:
             why = still_done(done.get(str(step.index)), step.digest, commands[step.command],
                              step.argv, state_path)
