@@ -280,6 +280,7 @@ def test_folder_with_broken_image(tmp_path):
     msg = str(info.value)
     assert str(folder) in msg and "frame3.png" in msg and "\n" not in msg
     assert info.value.path == str(folder)
+    assert "''" not in msg and "cannot identify image file)" in msg   # the path out, quotes too
 
 
 def test_folder_with_truncated_sampled_image(tmp_path):

@@ -380,7 +380,8 @@ def _read_folder(path: str, frames, fps, max_pixels, folder_fps, max_frames=None
 
     def bad(name, exc):
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        detail = detail.replace(os.path.join(path, name), "").replace(repr(os.path.join(path, name)), "").strip(" :")
+        # the frame's path out of PIL's message (quoted first: "cannot identify image file ''")
+        detail = detail.replace(repr(os.path.join(path, name)), "").replace(os.path.join(path, name), "").strip(" :")
         return VideoError(path, f"unreadable frame {name} ({detail.lower() or type(exc).__name__.lower()})")
 
     times = [i / folder_fps for i in range(len(names))]
