@@ -249,6 +249,10 @@ def test_measured_latency_prices_candidates_by_their_probes_rounds():
     # a falling table is taken flat at its mean; one entry beyond T_p(1): flat at it
     assert LatencyModel({1: 10.0, 2: 14.0, 5: 12.0}, {}).verify_line() == (13.0, 0.0)
     assert LatencyModel({1: 10.0, 8: 12.5}, {}).verify_line() == (12.5, 0.0)
+    # Eq. 1 over whole requests (Amdahl): 4 prefills of 25 ms, 100 steps of T_p(1) = 10 ms
+    whole = LatencyModel({1: 10.0}, {}, prefill_ms=25.0)
+    assert whole.with_prefill(3.0, 4, 100) == pytest.approx(1100 / (100 + 1000 / 3.0))
+    assert LatencyModel({1: 10.0}, {}).with_prefill(3.0, 4, 100) == 3.0   # no prefill time
     # one slow entry far out: the line at 2 tokens falls below T_p(1), which bounds it
     steep = LatencyModel({1: 10.0, 2: 10.0, 3: 10.0, 40: 200.0}, {})
     assert sum(steep.verify_line()) + steep.verify_line()[1] < 10.0
@@ -284,6 +288,16 @@ def test_a_probes_candidates_are_priced_by_its_own_timed_rounds(setup, monkeypat
         share = line(min(c.gamma, levels), min(c.gamma, nodes)) / line(levels, nodes)
         assert c.predicted == pytest.approx(rounds.speedup(c.tau_model, share), rel=1e-3)
     assert cands[0].predicted != pytest.approx(rounds.speedup(cands[0].tau_model), rel=1e-3)
+    # the tables (a hardware profile's) with its prefill time: Eq. 1 over whole requests
+    assert LatencyModel.from_hardware(profile.hardware).prefill_ms == profile.hardware.prefill_ms > 0
+    table = LatencyModel({1: 10.0, 2: 11.0, 9: 14.5}, {1: 0.25}, prefill_ms=30.0)
+    cands = cal.probe_candidates(profile, probe, requests, [2, 4], table, base_run, True,
+                                 session.target)
+    n, tokens = len(base_run.walls), base_run.stats.new_tokens
+    for c in cands:
+        eq1 = table.predicted_speedup(c.tau_model, c.gamma, 1)
+        assert c.cost == "table" and c.predicted == pytest.approx(table.with_prefill(eq1, n, tokens), rel=1e-3)
+        assert 1.0 < c.predicted < eq1
 
 
 def test_the_profiles_own_configuration_is_probed_and_decoded_whatever_the_budget(setup, monkeypatch):

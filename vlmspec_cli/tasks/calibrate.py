@@ -171,15 +171,18 @@ def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: Lat
     cost = "rounds" if rounds is not None else cost
     inputs = method_class(probe.method).drafting_inputs(profile)
     common = dict(inputs=inputs, cost=cost, mismatches=mismatches)
+    # the tables' Eq. 1 over whole requests: the samples' prefills (a hardware profile's
+    # prefill_ms; the tokens target-only decoded: the same at T = 0, so still deterministic)
+    whole = lambda s: model.with_prefill(s, len(base_run.walls), base_run.stats.new_tokens)  # noqa: E731
     if not probe.replay:
         tau = timed.stats.mean_accept_len
         if rounds is not None:   # as its own rounds decoded
             predicted = rounds.speedup(tau)
         elif probe.rows:         # a draft model's tree: d levels of top_k rows, n nodes
-            predicted = model.predicted_tree_speedup(tau, *probe.tree)
+            predicted = whole(model.predicted_tree_speedup(tau, *probe.tree))
         else:                    # as the rounds drafted them
-            predicted = model.speedup(tau, summary.get("levels_per_round", 0.0),
-                                      summary.get("drafted_per_round", 0.0), level_ms)
+            predicted = whole(model.speedup(tau, summary.get("levels_per_round", 0.0),
+                                            summary.get("drafted_per_round", 0.0), level_ms))
         return [Candidate(probe.method, probe.label, dict(probe.settings, **pin),
                           method_class(profile.method).gamma(profile), tree=probe.tree,
                           tau_model=round(tau, 4), predicted=round(predicted, 4), **common)]
@@ -196,9 +199,9 @@ def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: Lat
                      / model.line_round_ms(levels, nodes, step))
             predicted = rounds.speedup(tau, share)
         elif probe.rows:
-            predicted = model.predicted_speedup(tau, g, probe.rows)
+            predicted = whole(model.predicted_speedup(tau, g, probe.rows))
         else:   # an early-stopping twig drafts fewer levels than γ
-            predicted = model.speedup(tau, min(g, levels), min(g, levels), level_ms)
+            predicted = whole(model.speedup(tau, min(g, levels), min(g, levels), level_ms))
         out.append(Candidate(probe.method, f"{probe.label} γ={g}",
                              dict(probe.settings, **{"drafting.gamma": g}, **pin), g,
                              tau_model=round(tau, 4), predicted=round(predicted, 4), **common))

@@ -36,11 +36,13 @@ class LatencyModel:
     profile's): each probe's own rounds then price its candidates (``RoundsModel``)."""
 
     def __init__(self, verify_ms: dict[int, float], draft_ms: dict[int, float],
-                 level_ms: dict[str, float] | None = None, measured: bool = False) -> None:
+                 level_ms: dict[str, float] | None = None, measured: bool = False,
+                 prefill_ms: float = 0.0) -> None:
         self.verify_ms = dict(sorted(verify_ms.items()))
         self.draft_ms = dict(sorted(draft_ms.items()))
         self.level_ms = dict(level_ms or {})    # per method without a draft-model table
         self.measured = measured
+        self.prefill_ms = prefill_ms            # the target's prefill of a sample request
 
     @staticmethod
     def _at(table: dict[int, float], x: int) -> float:
@@ -87,6 +89,17 @@ class LatencyModel:
         """τ·T_p(1) / round_ms: Eq. 1 with the measured verification cost."""
         return tau * self._at(self.verify_ms, 1) / self.round_ms(levels, nodes, step_ms)
 
+    def with_prefill(self, speedup: float, requests: int, tokens: int) -> float:
+        """A decode-only speedup (Eq. 1) over whole requests: ``requests`` prefills of
+        ``prefill_ms`` that both sides pay and ``tokens`` target steps of T_p(1) that the
+        method decodes ``speedup`` times faster (Amdahl). The demo's six captions of ~20
+        tokens spend about a tenth of target-only's time prefilling: left out, Eq. 1 ranks
+        the same but predicts high. Unchanged without a prefill time (0)."""
+        if not self.prefill_ms or tokens <= 0 or speedup <= 0:
+            return speedup
+        prefill, decode = requests * self.prefill_ms, tokens * self._at(self.verify_ms, 1)
+        return (prefill + decode) / (prefill + decode / speedup)
+
     def predicted_speedup(self, tau: float, gamma: int, rows: int) -> float:
         return self.speedup(tau, gamma, gamma, self.step_ms(rows))
 
@@ -106,7 +119,8 @@ class LatencyModel:
         if rounds.get("method") and rounds.get("draft_ms_per_level") is not None:
             levels.setdefault(rounds["method"], rounds["draft_ms_per_level"])
         return cls({int(k): float(v) for k, v in verify.items()}, draft,
-                   {k: float(v) for k, v in levels.items()})
+                   {k: float(v) for k, v in levels.items()},
+                   prefill_ms=float(hardware.prefill_ms or 0.0))
 
 
 @dataclass
