@@ -15,11 +15,12 @@
    a round costs levels·T_q(rows) + T_p(nodes + 1) for a draft model (a chain: γ levels of
    one row, γ nodes; an ensemble: rows = its inputs; a tree of depth d, top_k k and n
    nodes: d levels of k rows, n nodes), and levels·L + T_p(nodes + 1) otherwise (levels
-   and nodes as the probe's rounds drafted them, a chain's capped at γ). With latency
-   measured now (no hardware profile), each probe's own timed rounds price its candidates
-   instead (``RoundsModel``: whole rounds and the prefills, as the engine runs them; the
-   tables only give a shorter γ's round as a share of the probe's), so what the tables
-   leave out, the engine's own time per round, is in the prediction.
+   and nodes as the probe's rounds drafted them, a chain's capped at γ), taken over whole
+   requests with the hardware profile's prefill time (``LatencyModel.with_prefill``).
+   With latency measured now (no hardware profile), each probe's own timed rounds price
+   its candidates instead (``RoundsModel``: whole rounds and the prefills, as the engine
+   runs them; the tables only give a shorter γ's round as a share of the probe's), so
+   what the tables leave out, the engine's own time per round, is in the prediction.
 4. The best ``top`` candidates and the profile's own configuration are decoded for real,
    against target-only decoding on the same samples (each one's speedup, and its spread
    over the samples: min, median, max; predicted ÷ measured − 1 is the model's error);
