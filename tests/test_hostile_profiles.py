@@ -162,3 +162,20 @@ def test_a_thread_count_as_text_is_bounded_too(tmp_path):
     assert res.exit_code == 2 and "key 'runtime.threads' must be >= 1 and <= 1024" in line
     assert load_profile(None, ["runtime.threads=1024"]).runtime.threads == "1024"
     assert load_profile(None, ["drafting.gamma=64", "tree.total_tokens=512"]).drafting.gamma == 64
+
+
+def test_an_unknown_method_is_named_where_it_was_set(tmp_path):
+    """A method name the registry lacks is one error line that says which option, --set or
+    profile file gave it, as the other profile errors do."""
+    yaml_file = tmp_path / "p.yaml"
+    yaml_file.write_text("include: tinyworld-caption\nmethod: chian\n")
+    image = str(ROOT / "examples" / "images" / "scene1.png")
+    hint = "unknown method 'chian' (did you mean 'chain'?)"
+    for args, where in ((["--set", "method=chian"], "--set method=chian: "),
+                        (["-m", "chian"], "--method chian: "),
+                        (["-p", str(yaml_file)], f"{yaml_file}: key 'method': "),
+                        (["-p", str(yaml_file), "--set", "method=tre"], "--set method=tre: ")):
+        res = run(["caption", image, "--dry-run", *args])
+        line = one_error_line(res.stderr)
+        assert res.exit_code == 2 and line.startswith("error: " + where), line
+        assert hint in line or "unknown method 'tre'" in line, line

@@ -71,11 +71,24 @@ def decoding_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task
     prof = load_profile(profile, sets, cli, task)
     try:
         prof, notes = match_companions(prof)
-    except (SessionError, ValueError):   # an unknown method: validate_method says so
+    except SessionError:                 # validate_method says what is wrong
         return prof
+    except ValueError as exc:            # an unknown method: named where it was set
+        fail(f"{_method_origin(profile, sets, cli)}: {exc}")
     for note in notes:
         ui.info(note)
     return prof
+
+
+def _method_origin(profile: str | None, sets: tuple[str, ...], cli: dict) -> str:
+    """Where the profile's ``method`` came from, as its errors name it: the option, the
+    last ``--set method=…``, or the profile file."""
+    if cli.get("method") is not None:
+        return f"--method {cli['method']}"
+    for item in reversed(sets):
+        if str(item).partition("=")[0].strip() == "method":
+            return f"--set {item}"
+    return f"{profile}: key 'method'"
 
 
 DEFAULT_CAPTION_PROFILE = "tinyworld-caption"   # profile.DEFAULT_PROFILE (not imported: slow)
