@@ -9,7 +9,7 @@ import click
 from vlmspec_cli.cli.common import (decoding_profile, exit_130_on_interrupt, fail, json_line,
                                     nonempty_path, print_plan, profile_option, records_sink,
                                     set_option, start_decoding, stdout_guard)
-from vlmspec_cli.cli.types import FiniteFloat, Seed
+from vlmspec_cli.cli.types import Count, FiniteFloat, Seed
 
 EPILOG_BENCH = """\b
 Examples:
@@ -49,14 +49,14 @@ def _list(ctx, param, value):
                    "profile's method].")
 @click.option("--categories", callback=_list, metavar="LIST",
               help="Only these categories (MMSpec's topic, else category; case, _ and - ignored).")
-@click.option("--limit", type=click.IntRange(min=1),
+@click.option("--limit", type=Count(min=1),
               help="Only the first N samples (of --categories; a bad line counts as one).")
-@click.option("--batch-size", "-b", type=click.IntRange(min=1),
+@click.option("--batch-size", "-b", type=Count(min=1),
               help="Decode B samples of a category together (methods that batch only) "
                    "[profile: generation.batch_size, default 1].")
 @profile_option()
 @set_option
-@click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per reply.")
+@click.option("--max-new-tokens", type=Count(min=1), help="Token limit per reply.")
 @click.option("--temperature", "-t", type=FiniteFloat(min=0), help="0 = greedy (default); >0 samples.")
 @click.option("--seed", type=Seed(), help="Sampling seed, a signed 64-bit integer.")
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")

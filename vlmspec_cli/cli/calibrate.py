@@ -9,7 +9,7 @@ import sys
 import click
 
 from vlmspec_cli.cli.common import decoding_profile, fail, nonempty_path, profile_option, set_option
-from vlmspec_cli.cli.types import FiniteFloat, IntList, Seed
+from vlmspec_cli.cli.types import Count, FiniteFloat, IntList, Seed
 
 
 EPILOG_CALIBRATE = """\b
@@ -41,7 +41,7 @@ deterministic (the latency model then comes from it instead of a fresh measureme
 @click.option("--gammas", type=IntList(min=1, max=64),   # 64: profile.schema.MAX_GAMMA
               default="1,2,3,4,5,6,8", show_default=True, metavar="G,G,...",
               help="Draft lengths γ to consider (1 to 64).")
-@click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--top", type=Count(min=1), default=3, show_default=True,
               help="Modelled-best candidates decoded for real (plus the profile's own).")
 @click.option("--budget", type=FiniteFloat(min=1), default=120, show_default=True,
               metavar="SECONDS", help="Start no new probe or finalist after this many seconds (one "
@@ -56,7 +56,7 @@ deterministic (the latency model then comes from it instead of a fresh measureme
                    "target are tried anyway).")
 @click.option("--twig", "twigs", multiple=True, metavar="MODEL",
               help="Also try this twig (repeatable; as --hidden).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), help="Token limit per sample.")
+@click.option("--max-new-tokens", type=Count(min=1), help="Token limit per sample.")
 @click.option("--seed", type=Seed(), help="Sampling seed [profile: sampling.seed].")
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps.")
 @click.option("--write", "write_name", metavar="NAME|FILE.yaml", callback=nonempty_path,

@@ -10,7 +10,7 @@ import click
 from vlmspec_cli.cli.common import (decode_options, decoding_profile, fail, method_option,
                                     nonempty_path, parse_inputs, profile_option, set_option)
 from vlmspec_cli.cli.jobs import run_job_command
-from vlmspec_cli.cli.types import Utf8Text
+from vlmspec_cli.cli.types import Count, Utf8Text
 
 EPILOG_CAPTION = """\b
 Examples:
@@ -49,7 +49,7 @@ done and written), 2 usage, profile, model-loading or output error (--out or
               callback=nonempty_path, metavar="FILE.jsonl", help="tabed: append one line per drafting block "
                                          "(weights, drafted, accepted) for plots.")
 @set_option
-@click.option("--batch-size", "-b", type=click.IntRange(min=1),
+@click.option("--batch-size", "-b", type=Count(min=1),
               help="Decode B inputs together (methods none and chain); each output is the one "
                    "decoded alone [profile: generation.batch_size, default 1].")
 @decode_options("input", "INPUT")
@@ -57,7 +57,7 @@ done and written), 2 usage, profile, model-loading or output error (--out or
               help="local: decode here; ray: shard over a Ray actor pool, one session per GPU "
                    "(or --workers CPU actors), same records and resume (needs "
                    "pip install 'vlmspec[ray]'; not with --chat, --compare or --trace).")
-@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--workers", type=Count(min=1), default=2, show_default=True,
               help="ray: actors in the pool (at most one per GPU).")
 @click.option("--ray-address", metavar="ADDR",
               help="ray: an existing cluster (auto, ray://HOST:10001); default a local Ray.")

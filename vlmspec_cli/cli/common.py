@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.types import FiniteFloat, Seed
+from vlmspec_cli.cli.types import Count, FiniteFloat, Seed
 from vlmspec_cli.drafting_inputs import parse_inputs  # noqa: F401  (--inputs M,T -> names)
 
 # stdout text lines are two tab-separated columns; a file name or a model output can hold
@@ -132,7 +132,7 @@ def decode_options(noun: str, column: str):
     """The options every decoding command shares (caption, describe-video), in --help order;
     ``noun`` names one input ("input", "video"), ``column`` the first stdout column."""
     options = [
-        click.option("--max-new-tokens", type=click.IntRange(min=1), help=f"Token limit per {noun}."),
+        click.option("--max-new-tokens", type=Count(min=1), help=f"Token limit per {noun}."),
         click.option("--temperature", "-t", type=FiniteFloat(min=0),
                      help="0 = greedy (default); >0 samples."),
         click.option("--seed", type=Seed(),

@@ -8,7 +8,7 @@ import os
 import click
 
 from vlmspec_cli.cli.common import decoding_profile, fail, nonempty_path, profile_option, set_option
-from vlmspec_cli.cli.types import FiniteFloat, IntList
+from vlmspec_cli.cli.types import Count, FiniteFloat, IntList
 
 
 EPILOG_PROFILE = """\b
@@ -38,9 +38,9 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
               help="Draw T vs tokens verified, context length S and batch rows B.")
 @click.option("--contexts", type=IntList(min=1), metavar="S,S,...",
               help="Extra context lengths S to time, positive integers [256,512].")
-@click.option("--repeats", type=click.IntRange(min=3), default=15, show_default=True,
+@click.option("--repeats", type=Count(min=3), default=15, show_default=True,
               help="Timed calls per number (the median is kept).")
-@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
+@click.option("--warmup", type=Count(min=0), default=3, show_default=True)
 @click.option("--tau", type=FiniteFloat(min=1), help="Also give Eq. 1's speedup for this τ.")
 @click.option("--compile", "compile_steps", is_flag=True,
               help="Also time the fast path's steps compiled with torch.compile and the "

@@ -10,7 +10,7 @@ import click
 from vlmspec_cli.cli.common import (decoding_profile, TSV_HELP, echo_result, fail, finish_batch,
                                     method_option, nonempty_path, print_plan, profile_option,
                                     set_option, start_decoding, stdout_guard, tsv_field)
-from vlmspec_cli.cli.types import FiniteFloat, Seed, Utf8Text
+from vlmspec_cli.cli.types import Count, FiniteFloat, Seed, Utf8Text
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
 
@@ -36,7 +36,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 @click.option("--prompts-file", type=click.Path(allow_dash=True), metavar="FILE",
               help="More prompts, one per line of UTF-8 text (- for stdin; blank and # lines "
                    "skipped; a regular file, at most 64 MiB, lines up to 1 MiB).")
-@click.option("-n", "--images-per-prompt", "n", type=click.IntRange(min=1),
+@click.option("-n", "--images-per-prompt", "n", type=Count(min=1),
               help="Images per prompt, at most 10,000 [profile: image.images_per_prompt, "
                    "default 1].")
 @click.option("--out-dir", "-o", default="images", show_default=True,

@@ -28,6 +28,13 @@ class FiniteFloat(click.FloatRange):
         return rv
 
 
+class Count(click.IntRange):
+    """An integer with a lower bound (a token limit, a batch size): click's IntRange, whose
+    error for a word reads "'abc' is not a valid integer range."; this one says integer."""
+
+    name = "integer"
+
+
 class Seed(click.IntRange):
     """A sampling seed: an integer in the signed 64-bit range (see SEED_MIN / SEED_MAX)."""
 

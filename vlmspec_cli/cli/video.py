@@ -10,7 +10,7 @@ import click
 from vlmspec_cli.cli.common import (decode_options, decoding_profile, fail, method_option,
                                     parse_inputs, profile_option, set_option)
 from vlmspec_cli.cli.jobs import run_job_command
-from vlmspec_cli.cli.types import FiniteFloat, Utf8Text
+from vlmspec_cli.cli.types import Count, FiniteFloat, Utf8Text
 
 DEFAULT_VIDEO_PROFILE = "tinyworld-video"
 
@@ -40,11 +40,11 @@ loads), 130 interrupted (Ctrl-C).
 @click.option("--inputs", "drafting_inputs", metavar="LIST",
               help="chain: multimodal or text [profile: drafting.inputs].")
 @set_option
-@click.option("--frames", type=click.IntRange(min=1),
+@click.option("--frames", type=Count(min=1),
               help="Sample N frames uniformly [profile: video.frames, default 8].")
 @click.option("--fps", type=FiniteFloat(min=0, min_open=True),
               help="Sample F frames per second of video time instead of --frames.")
-@click.option("--max-pixels", type=click.IntRange(min=1),
+@click.option("--max-pixels", type=Count(min=1),
               help="Downscale frames to at most this many pixels [profile: video.max_pixels].")
 @decode_options("video", "VIDEO")
 def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frames, fps, max_pixels,
