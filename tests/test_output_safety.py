@@ -376,7 +376,11 @@ def test_interrupt_exits_130_in_other_commands(tmp_path, monkeypatch, image):
     assert not (tmp_path / "r.state.json").exists()
 
 
-def test_sigint_subprocess_exits_130_with_only_complete_records(tmp_path):
+@pytest.mark.parametrize("sig, code_wanted, word", [(signal.SIGINT, 130, "interrupted"),
+                                                     (signal.SIGTERM, 143, "terminated")])
+def test_a_stop_signal_exits_saying_what_was_recorded(tmp_path, sig, code_wanted, word):
+    """Ctrl-C (SIGINT) and ``kill`` (SIGTERM): whole records only, and one line saying how
+    many were kept; SIGTERM's default would end the process with no word."""
     # enough inputs that the batch cannot end between the first record and the signal
     # (the fast path decodes a tinyworld caption in well under a tenth of a second)
     images = make_good_images(tmp_path / "imgs", 120)
@@ -397,18 +401,18 @@ def test_sigint_subprocess_exits_130_with_only_complete_records(tmp_path):
                     break
                 time.sleep(0.02)
             assert proc.poll() is None, "the batch finished before it could be interrupted"
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             code = proc.wait(timeout=60)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert code == 130
+    assert code == code_wanted
     recs = file_records(out)  # only complete records
     n = len(recs)
     assert 1 <= n < len(images)
     assert error_lines(stderr.read_text())[-1] == (
-        f"error: interrupted: {n} input(s) finished; {n} record(s) written to {out} by this "
+        f"error: {word}: {n} input(s) finished; {n} record(s) written to {out} by this "
         "run, a rerun with the same --out resumes")
 
 

@@ -9,7 +9,7 @@ from vlmspec_cli import __version__
 from vlmspec_cli.cli.bench import bench
 from vlmspec_cli.cli.calibrate import calibrate_cmd
 from vlmspec_cli.cli.caption import caption
-from vlmspec_cli.cli.common import fail
+from vlmspec_cli.cli.common import fail, stop_code, stop_on_sigterm, stop_word
 from vlmspec_cli.cli.hwprofile import profile_cmd
 from vlmspec_cli.cli.image import generate_image
 from vlmspec_cli.cli.noise import silence_library_noise
@@ -19,14 +19,14 @@ from vlmspec_cli.cli.video import describe_video
 
 
 class _Group(click.Group):
-    """Ctrl-C in any command exits 130 (click's default is "Aborted!" and 1, the code of
-    "some input failed")."""
+    """Ctrl-C in any command exits 130, SIGTERM 143 (click's default is "Aborted!" and 1,
+    the code of "some input failed")."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            fail("interrupted", 130)
+        except KeyboardInterrupt as exc:
+            fail(stop_word(exc), stop_code(exc))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,4 +49,5 @@ for _command in (caption, generate_image, describe_video, profiles, profile_cmd,
 
 
 def main() -> None:
+    stop_on_sigterm()
     cli(prog_name="vlmspec")

@@ -27,7 +27,7 @@ DATASET is MMSpec's JSONL (id, image, turns, category, topic; images beside it o
 in images/) or --chat conversations; tables group by MMSpec's topic (else category).
 Exit codes: 0 every sample done, 1 a sample failed or a lossless method's output
 differs from target-only at T=0, 2 usage, profile, model-loading or output error,
-130 interrupted (a rerun with the same --out resumes).
+130 interrupted, 143 terminated (SIGTERM) (a rerun with the same --out resumes).
 """
 
 

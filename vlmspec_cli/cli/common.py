@@ -191,9 +191,36 @@ def records_sink(out: str | None, inputs: list[str], trace: str | None = None):
                 sink.close()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a scheduler's stop), raised where Ctrl-C raises KeyboardInterrupt:
+    the same clean stop (whole records, one line saying what was kept), exit 143."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM stops a command as Ctrl-C does, not silently mid-write (the process's entry
+    point installs it; its default would end the process with no word of what was saved)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def stop_code(exc: BaseException) -> int:
+    """The exit code of a stop: 143 (128 + SIGTERM) for ``Terminated``, 130 for Ctrl-C."""
+    return 143 if isinstance(exc, Terminated) else 130
+
+
+def stop_word(exc: BaseException) -> str:
+    return "terminated" if isinstance(exc, Terminated) else "interrupted"
+
+
 @contextlib.contextmanager
 def exit_130_on_interrupt(sink, emit):
-    """Ctrl-C during a batch: one line saying how much was finished and recorded, exit 130.
+    """Ctrl-C during a batch: one line saying how much was finished and recorded, exit 130
+    (SIGTERM: 143).
     Yields ``emit`` counting the finished inputs."""
     finished = 0
 
@@ -210,7 +237,7 @@ def exit_130_on_interrupt(sink, emit):
 
     try:
         yield counted
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if sink is not None:
             # every finished input's record goes to the sink: an interrupt landing between
             # a record's write and the count above (a few bytecodes; seen 1 run in ~10 of
@@ -219,7 +246,7 @@ def exit_130_on_interrupt(sink, emit):
         saved = ("" if sink is None else
                  f"; {sink.written} record(s) written to {sink.path} by this run" + (
                      "" if sink.stream else ", a rerun with the same --out resumes"))
-        fail(f"interrupted: {finished} input(s) finished{saved}", 130)
+        fail(f"{stop_word(exc)}: {finished} input(s) finished{saved}", stop_code(exc))
 
 
 def echo_result(line: str | bytes) -> None:

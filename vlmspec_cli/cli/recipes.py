@@ -31,6 +31,7 @@ from vlmspec_cli.cli.recipe_state import (check_state_path, default_state_path, 
                                           state_owner, write_state)
 from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.tasks.output_files import OutputRefused
+from vlmspec_cli.cli.common import stop_code
 from vlmspec_cli.cli.types import IntList
 
 __all__ = ["RecipeError", "Recipe", "Step", "load_recipe", "parse_vars", "run_recipe", "cli_run"]
@@ -337,8 +338,9 @@ def _invoke(command: click.Command, step: Step) -> int:
         exc.show()
         return 2
     except click.exceptions.Abort as exc:  # click's form of Ctrl-C outside standalone mode
-        if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
-            return 130
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, KeyboardInterrupt):
+            return stop_code(cause)
         raise
     finally:
         sys.stdout.flush()
@@ -393,7 +395,7 @@ def _run_steps(recipe: Recipe, commands: Mapping[str, click.Command], state_path
         else:
             rest = {0: "", 1: f"; step {total} not run"}.get(
                 total - step.index, f"; steps {step.index + 1}-{total} not run")
-            how = "interrupted" if code == 130 else f"failed (exit {code})"
+            how = {130: "interrupted", 143: "terminated"}.get(code, f"failed (exit {code})")
             ui.error(f"{where} {how}; recipe stopped{rest}")
             return code
     return final
