@@ -192,3 +192,39 @@ def test_the_bench_table_reads_at_80_columns(monkeypatch, width):
         assert "  overall · chain: 0.75 0.50 0.50 0.38 0.38 0.12 …" in text
     else:
         assert "┃ accepted at position 1, 2, …" in text and "overall · chain" not in text
+
+
+@pytest.mark.parametrize("width", [80, 140])
+def test_the_calibrate_table_reads_at_80_columns(monkeypatch, width):
+    """At 80 columns calibrate's candidate names were cut to "hidden llava-deep-…" over
+    four lines and the measured spread to "(1.77/2.28/2…": there the headers shorten, the
+    names wrap at words and the spread goes below the table; wide, it stays in its cell."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from vlmspec_cli import ui
+
+    buf = io.StringIO()
+    monkeypatch.setattr(ui, "stderr", Console(file=buf, force_terminal=True, width=width,
+                                              color_system=None))
+    cand = lambda label, measured: SimpleNamespace(   # noqa: E731
+        label=label, cost="rounds", tau_model=4.1159, predicted=2.4173, tau=4.12 if measured else None,
+        speedup=2.2361 if measured else None, speedup_min=1.7698 if measured else None,
+        speedup_median=2.2829, speedup_max=2.5617, prediction_error=0.081 if measured else None,
+        tokens_per_s=191.99 if measured else None)
+    best = cand("hidden llava-deep-hidden tree d=4 k=4 n=12", True)
+    ui.calibration_table([best, cand("hidden llava-deep-hidden γ=7", False)], best,
+                         ["batch sizes (method hidden decodes one request at a time)"], "measured")
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "…" not in text
+    for cell in ("llava-deep-hidden", "2.42x", "2.24x", "+8%", "192", "γ=7"):
+        assert cell in text, (cell, text)
+    if width == 80:
+        assert "speedup per sample, min/median/max\n" in text
+        assert "  hidden llava-deep-hidden tree d=4 k=4 n=12: 1.77/2.28/2.56\n" in text
+    else:
+        assert "│ hidden llava-deep-hidden tree d=4 k=4 n=12 │" in text
+        assert "2.24x (1.77/2.28/2.56)" in text and "speedup per sample" not in text

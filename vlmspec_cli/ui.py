@@ -315,41 +315,56 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
                       note: str = "") -> None:
     """The candidates, modelled and measured: the measured speedup with its spread over the
     samples (min–median–max, target-only's wall ÷ the candidate's per sample) and how far
-    the prediction was (predicted ÷ measured − 1)."""
+    the prediction was (predicted ÷ measured − 1). Whole, 140 columns or more, when stderr
+    is a file or a pipe; in a terminal under 120 columns the spread goes below the table, a
+    line per measured candidate, and long candidate names fold (at 80 columns they were cut
+    to "hidden llava-deep-…" over four lines and the spread to "(1.77/2.28/2…")."""
     title = "vlmspec calibrate" + (f" (latency: {latency})" if latency else "")
     if any(c.cost == "rounds" for c in candidates):
         title += ", each candidate priced by its probe's timed rounds"
+    out = stderr if stderr.is_terminal else Console(stderr=True, highlight=False, soft_wrap=True,
+                                                    width=max(stderr.width, 140))
+    below = out.width < 120
     table = Table(title=title, title_justify="left")
-    for name, justify in (("candidate", "left"), ("τ model", "right"), ("predicted", "right"),
-                          ("τ meas.", "right"), ("speedup meas. (per sample min/med/max)", "right"),
-                          ("error", "right"), ("tok/s", "right")):
-        table.add_column(name, justify=justify)
+    for wide, narrow in (("candidate", "candidate"), ("τ model", "τ mod"), ("predicted", "pred."),
+                         ("τ meas.", "τ meas"),
+                         ("speedup meas. (per sample min/med/max)", "speedup"),
+                         ("error", "err"), ("tok/s", "tok/s")):
+        table.add_column(narrow if below else wide, justify="left" if wide == "candidate" else "right",
+                         overflow="fold", no_wrap=wide not in ("candidate", "predicted"))
     shown = candidates[:rows] + [c for c in candidates[rows:] if c.speedup is not None]
+    spreads = []
     for c in shown:
         timed = " (timed)" if c.cost == "timed" else ""
         speedup = "-" if c.speedup is None else f"{c.speedup:.2f}x"
         if c.speedup_min is not None:
-            speedup += f" ({c.speedup_min:.2f}/{c.speedup_median:.2f}/{c.speedup_max:.2f})"
+            spread = f"{c.speedup_min:.2f}/{c.speedup_median:.2f}/{c.speedup_max:.2f}"
+            spreads.append(f"  {escape(c.label)}: {spread}")
+            speedup += "" if below else f" ({spread})"
         table.add_row(escape(c.label), f"{c.tau_model:.2f}", f"{c.predicted:.2f}x{timed}",
                       "-" if c.tau is None else f"{c.tau:.2f}", speedup,
                       "-" if c.prediction_error is None else f"{c.prediction_error:+.0%}",
                       "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.0f}",
                       style="bold green" if c is winner else None)
-    stderr.print(table)
+    out.print(table)
+    if below and spreads:
+        out.print("speedup per sample, min/median/max", style="bold")
+        for line in spreads:
+            out.print(line)
     if len(candidates) > len(shown):
-        stderr.print(f"{len(candidates) - len(shown)} more candidates modelled (--json lists all)")
+        out.print(f"{len(candidates) - len(shown)} more candidates modelled (--json lists all)")
     for line in _not_tried(skipped):
-        stderr.print(escape(line))
+        out.print(escape(line))
     if target_only and target_only.get("sample_wall_s"):
         w = target_only["sample_wall_s"]
-        stderr.print(f"target-only: {target_only['tokens_per_s']} tok/s, per sample "
+        out.print(f"target-only: {target_only['tokens_per_s']} tok/s, per sample "
                      f"{w['min']:.3f}–{w['median']:.3f}–{w['max']:.3f} s (min–median–max)")
     if errors and errors.get("measured"):
-        stderr.print(f"prediction error over {errors['measured']} measured: mean {errors['mean']:+.0%}, "
+        out.print(f"prediction error over {errors['measured']} measured: mean {errors['mean']:+.0%}, "
                      f"mean |error| {errors['mean_abs']:.0%}, max |error| {errors['max_abs']:.0%}")
     if note:
-        stderr.print(escape(note))
-    stderr.print(f"winner: [bold]{escape(winner.label)}[/]")
+        out.print(escape(note))
+    out.print(f"winner: [bold]{escape(winner.label)}[/]")
 
 
 def _not_tried(skipped) -> list[str]:
