@@ -265,6 +265,9 @@ steps:
     assert sorted(r["input"] for r in recs) == [f"imgs/s{i}.png" for i in range(4)]   # once each
     res = run(["r.yaml"])
     assert "step 1 (caption): done in an earlier run, skipped" in res.stderr
+    (folder / "notes.txt").write_text("not an image: caption never reads it\n")
+    res = run(["r.yaml"])   # the fingerprint is of the images the command decodes
+    assert "step 1 (caption): done in an earlier run, skipped" in res.stderr, res.stderr
     (tmp_path / "caps.jsonl").unlink()
     (tmp_path / "b.jsonl").unlink()
     res = run(["r.yaml", "--dry-run"])

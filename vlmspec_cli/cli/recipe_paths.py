@@ -305,8 +305,8 @@ def missing_writes(command: click.Command, argv: list[str]) -> str | None:
 
 
 def reads_fingerprint(command: click.Command, argv: list[str], skip=()) -> str | None:
-    """A hash of what a RESUMING step reads (CHECKED_READS: every file under its inputs,
-    with sizes and modification times; ``skip``: paths left out, the state file), to tell
+    """A hash of what a RESUMING step reads (CHECKED_READS: the files its inputs expand to
+    and its other files, with sizes and modification times; ``skip``: paths left out, the state file), to tell
     at a rerun whether it changed; None for other commands."""
     if command.name not in RESUMING:
         return None
@@ -314,12 +314,27 @@ def reads_fingerprint(command: click.Command, argv: list[str], skip=()) -> str |
     left_out = {os.path.abspath(p) for p in skip}
     seen: list[str] = []
     for name in CHECKED_READS:
-        for value in _strings(values.get(name) or []):
-            for top in sorted(glob.glob(value, recursive=True)) if _GLOB.search(value) else [value]:
-                seen += _entries(top, left_out, _MAX_ENTRIES - len(seen))
-                if len(seen) >= _MAX_ENTRIES:
-                    return "too many files"
+        words = _strings(values.get(name) or [])
+        tops = (_decoded(command.name, words) if name == "inputs" else
+                [top for value in words for top in (
+                    sorted(glob.glob(value, recursive=True)) if _GLOB.search(value) else [value])])
+        for top in tops:
+            seen += _entries(top, left_out, _MAX_ENTRIES - len(seen))
+            if len(seen) >= _MAX_ENTRIES:
+                return "too many files"
     return hashlib.sha256("\n".join(seen).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _decoded(command_name: str, words: list[str]) -> list[str]:
+    """The inputs the command itself takes from its arguments, by its own expansion
+    (caption: image files; describe-video: videos, or a folder of frames as one input), so
+    that a file of another kind written into an input folder (a later step's JSONL, a
+    plot) changes nothing: walking the folders made such a step rerun at every ``run``."""
+    if command_name == "describe-video":
+        from vlmspec_cli.tasks.video import expand_video_inputs as expand
+    else:
+        from vlmspec_cli.tasks.inputs import expand_inputs as expand
+    return [item.path for item in expand([w for w in words if w != "-"])]
 
 
 def _entries(top: str, left_out: set, room: int) -> list[str]:
