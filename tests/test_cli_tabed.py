@@ -34,7 +34,11 @@ def test_tabed_records_weights_and_trace(tmp_path):
     assert rec["lossless"] is True
     ens = rec["stats"]["ensemble"]
     assert ens["inputs"] == ["multimodal", "text", "pooled"] and ens["policy"] == "grid"
-    assert rec["stats"]["num_drafts"] - 1 <= len(ens["block_weights"]) <= rec["stats"]["num_drafts"]
+    # a weight vector per drafted block (the first may come from the prefill's token); the
+    # auto draft length may decode plain rounds on a busy machine (no block, no weights),
+    # which num_drafts counts too: compare with the rounds that drafted
+    drafted = rec["stats"]["draft_length"]["rounds_drafted"]
+    assert drafted >= 1 and drafted - 1 <= len(ens["block_weights"]) <= drafted, rec["stats"]
     blocks = [json.loads(line) for line in trace.read_text().splitlines()]
     assert [b["weights"] for b in blocks] == ens["block_weights"]
     assert all(b["request"] == str(image) for b in blocks)
