@@ -18,6 +18,7 @@ from PIL import Image
 
 from vlmspec_cli.cli import cli
 from vlmspec_cli.tasks.bench_report import OVERALL, build_report, percentile
+from vlmspec_cli.tasks.records import SCHEMA
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = str(ROOT / "examples" / "mmspec" / "mmspec.jsonl")
@@ -138,6 +139,7 @@ def test_methods_side_by_side_json_png_and_resume(tmp_path):
     assert res.exit_code == 0, res.stderr
     recs = records(res.stdout)
     assert len(recs) == 6 * 4 and all(r["error"] is None for r in recs)
+    assert all(r["schema"] == SCHEMA and r["task"] == "bench" for r in recs)   # as every record
     assert {r["category"] for r in recs} == {"general vqa", "text vqa", "image captioning",
                                              "chart understanding", "complex reasoning",
                                              "multi-turn conversation"}

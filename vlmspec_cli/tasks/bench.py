@@ -32,7 +32,7 @@ from vlmspec_cli.tasks.calibrate_space import SHIPPED_COMPANIONS
 from vlmspec_cli.tasks.caption import output_settings
 from vlmspec_cli.tasks.inputs import InputError, load_image, utf8_name
 from vlmspec_cli.tasks.mmspec import BenchSample, SampleError
-from vlmspec_cli.tasks.records import record_key
+from vlmspec_cli.tasks.records import SCHEMA, record_key
 
 TASK = "bench"
 
@@ -185,7 +185,7 @@ def plan_keys(plan: BenchPlan) -> set:
 def base_record(plan: BenchPlan, sample: BenchSample, name: str, session) -> dict:
     ident = identity(plan, sample, name)
     profile = plan.profiles[name]
-    return {"input": f"{utf8_name(plan.file)}#{sample.key}", "task": TASK,
+    return {"input": f"{utf8_name(plan.file)}#{sample.key}", "task": TASK, "schema": SCHEMA,
             "prompt": ident["prompt"], "source": ident["source"], "settings": ident["settings"],
             "sample": sample.key, "line": sample.line, "category": sample.group,
             "method": name, "label": plan.label(name),
@@ -196,7 +196,8 @@ def base_record(plan: BenchPlan, sample: BenchSample, name: str, session) -> dic
 
 def error_record(plan: BenchPlan, item: BenchSample | SampleError, reason: str) -> dict:
     """A sample that failed (for every method): never counted as done, so a rerun tries it."""
-    return {"input": f"{utf8_name(plan.file)}:{item.line}", "task": TASK, "prompt": "",
+    return {"input": f"{utf8_name(plan.file)}:{item.line}", "task": TASK, "schema": SCHEMA,
+            "prompt": "",
             "source": f"{utf8_name(os.path.realpath(plan.file))}#{item.key}", "settings": {},
             "sample": item.key, "line": item.line, "category": item.group, "method": None,
             "output": None, "error": reason}
