@@ -164,8 +164,10 @@ def test_cli_every_container_and_a_frame_folder(clips, tmp_path):
         s = r["stats"]
         assert s["prefill_s"] > 0 and s["decode_s"] > 0 and 0 < s["prefill_share"] < 1
         # the head's proposals are really accepted (τ is 3.7 on this pair; a head that never
-        # drafted, or whose drafts were all rejected, gives exactly 1.0)
-        assert s["mean_acceptance_length"] > 1.5
+        # drafted, or whose drafts were all rejected, gives exactly 1.0), counted over the
+        # rounds that drafted: auto γ may decode plain rounds on a busy machine
+        drafted = s["draft_length"]["rounds_drafted"]
+        assert drafted >= 1 and s["num_accepted_tokens"] / drafted > 0.5, s
         assert s["mean_acceptance_length"] == pytest.approx(
             1 + s["num_accepted_tokens"] / s["num_drafts"], abs=1e-4)
         assert s["draft_cache"]["entries"] < s["draft_cache"]["prompt_tokens"]
