@@ -497,3 +497,34 @@ def test_an_auto_profile_is_probed_at_fixed_lengths_and_measured_as_it_is(setup,
     assert all(c.settings["drafting.length"] == "fixed" for c in chains)
     assert own.predicted == max(c.predicted for c in chains)
     assert lengths[0] == "auto" and "fixed" in lengths and lengths.count("auto") >= 2
+
+
+def test_finalists_are_timed_beside_target_only_sample_by_sample():
+    """A finalist's speedup compares each sample decoded by target-only and by the candidate
+    back to back (which goes first alternating), not against target-only timed minutes
+    earlier: a busy stretch on a shared machine falls on both sides of a pair."""
+    from types import SimpleNamespace
+
+    from vlmspec_cli.runtime.stats import SpecStats
+    from vlmspec_cli.tasks.calibrate import _paired
+
+    calls = []
+
+    class Engine:
+        drafter = None
+
+        def __init__(self, name):
+            self.name = name
+
+        def generate(self, req):
+            calls.append((self.name, req))
+            stats = SpecStats()
+            stats.new_tokens = 3
+            return SimpleNamespace(state=SimpleNamespace(stats=stats), tokens=[req, self.name])
+
+    base, cand = _paired(Engine("base"), Engine("cand"), [0, 1, 2])
+    assert calls == [("base", 0), ("cand", 0), ("cand", 1), ("base", 1), ("base", 2), ("cand", 2)]
+    assert base.outputs == [[0, "base"], [1, "base"], [2, "base"]]
+    assert cand.outputs == [[0, "cand"], [1, "cand"], [2, "cand"]]
+    assert len(base.walls) == len(cand.walls) == 3 and base.stats.new_tokens == cand.stats.new_tokens == 9
+    assert base.wall >= sum(base.walls) > 0

@@ -22,7 +22,8 @@
    runs them; the tables only give a shorter γ's round as a share of the probe's), so
    what the tables leave out, the engine's own time per round, is in the prediction.
 4. The best ``top`` candidates and the profile's own configuration are decoded for real,
-   against target-only decoding on the same samples (each one's speedup, and its spread
+   against target-only decoding on the same samples, each sample by both back to back
+   (``_paired``: the same moment on a shared machine) (each one's speedup, and its spread
    over the samples: min, median, max; predicted ÷ measured − 1 is the model's error);
    the winner is the best modelled of those, target-only decoding (method none, modelled
    at 1.0x) among them, unless another was measured more than ``margin`` faster (timing
@@ -215,17 +216,44 @@ def _same_config(base, a: dict, b: dict) -> bool:
     return with_settings(base, {**a, **one}) == with_settings(base, {**b, **one})
 
 
+def _paired(baseline, engine, requests: list[Request]) -> tuple[Run, Run]:
+    """Each sample decoded by target-only (``baseline``) and by ``engine`` back to back,
+    which goes first alternating, so that both are timed at the same moment: timed minutes
+    apart, a busy stretch on a shared machine fell on one side alone, and a finalist's
+    measured speedup (what the winner is picked by) moved with it."""
+    from vlmspec_cli.runtime.stats import SpecStats
+
+    sides: tuple[list[Run], list[Run]] = ([], [])
+    for i, req in enumerate(requests):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for side in order:
+            sides[side].append(_decode((baseline, engine)[side], [req]))
+
+    def joined(runs: list[Run]) -> Run:
+        stats = SpecStats()
+        for r in runs:
+            stats.merge(r.stats)
+        return Run(sum(r.wall for r in runs), [w for r in runs for w in r.walls],
+                   [o for r in runs for o in r.outputs], stats)
+    return joined(sides[0]), joined(sides[1])
+
+
 def _measure(base, cand: Candidate, requests, base_run: Run, greedy: bool,
-             target=None) -> None:
-    """Decode the samples with the candidate's profile (after one warm-up request)."""
+             target=None, baseline=None) -> None:
+    """Decode the samples with the candidate's profile (after one warm-up request), each
+    beside target-only (``baseline``: its engine) decoding it again (``_paired``); without
+    a baseline engine, against ``base_run`` as timed at the start."""
     session = build_session(with_settings(base, cand.settings), target=target)
     _decode(session.engine, requests[:1])
-    run = _decode(session.engine, requests)
+    if baseline is not None:
+        reference, run = _paired(baseline, session.engine, requests)
+    else:
+        reference, run = base_run, _decode(session.engine, requests)
     cand.tau = round(run.stats.mean_accept_len, 4)
-    cand.speedup = round(base_run.wall / run.wall, 4) if run.wall > 0 else None
+    cand.speedup = round(reference.wall / run.wall, 4) if run.wall > 0 else None
     cand.tokens_per_s = round(run.stats.new_tokens / run.wall, 2) if run.wall > 0 else None
     cand.mismatches = _mismatches(run.outputs, base_run.outputs, greedy)
-    per_sample = [b / w for b, w in zip(base_run.walls, run.walls) if w > 0]
+    per_sample = [b / w for b, w in zip(reference.walls, run.walls) if w > 0]
     if per_sample:
         cand.speedup_min, cand.speedup_median, cand.speedup_max = (
             round(x, 4) for x in (min(per_sample), statistics.median(per_sample), max(per_sample)))
@@ -311,7 +339,7 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
             skipped.append(f"measuring {cand.label} (budget)")
             continue
         say(f"measuring {cand.label}")
-        _measure(base, cand, requests, base_run, greedy, session.target)
+        _measure(base, cand, requests, base_run, greedy, session.target, baseline)
     none = _target_only(base_run)
     winner, note = _pick(candidates, none, margin)
     candidates = sorted(candidates + [none], key=lambda c: (-c.predicted, c.label))
