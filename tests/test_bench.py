@@ -121,10 +121,10 @@ def test_usage_errors_come_before_any_model_loads(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "no sample of category 'charts'" in res.stderr
     png = tmp_path / "p.png"
     png.write_bytes(b"not mine")
-    res = run([SAMPLE, "--plot", str(png)])
-    assert res.exit_code == 2 and "exists (use --force" in res.stderr
-    res = run([SAMPLE, "--plot", str(png), "--force"])
-    assert res.exit_code == 2 and "not a PNG image" in res.stderr and png.read_bytes() == b"not mine"
+    for force in ([], ["--force"]):   # not "use --force": it would not help
+        res = run([SAMPLE, "--plot", str(png), *force])
+        assert res.exit_code == 2 and "not a PNG image vlmspec wrote" in res.stderr
+        assert "even with --force" in res.stderr and png.read_bytes() == b"not mine"
     res = run([SAMPLE, "--out", SAMPLE])
     assert res.exit_code == 2 and "is also an input" in res.stderr
 

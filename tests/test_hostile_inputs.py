@@ -247,21 +247,33 @@ def test_prompts_on_endless_stdin_are_bounded():
 
 
 # ------------------------------------------------------------------ 4: --skip-existing
-def test_skip_existing_keeps_only_whole_pngs(tmp_path):
+def test_skip_existing_keeps_only_whole_pngs_of_the_same_job(tmp_path):
     """A truncated PNG at an image's name was kept as done (the name was all that was
-    checked): now the job fails alone, the file untouched; a whole one is still kept."""
-    from vlmspec_cli.tasks.imagegen import files_to_write, plan_jobs
+    checked): now the job fails alone, the file untouched; a whole one is still kept when
+    vlmspec wrote it from the same prompt and settings (another seed at T > 0, another
+    cfg: not kept, --force replaces it); a person's PNG there is neither kept nor replaced."""
+    from vlmspec_cli.tasks.imagegen import files_to_write, plan_jobs, png_bytes
     from vlmspec_cli.tasks.output_files import OutputRefused
 
-    whole, cut = list(plan_jobs(["a red circle"], 2, 0, tmp_path))
-    Image.new("RGB", (32, 32), "red").save(whole.path)
-    data = Path(whole.path).read_bytes()
+    whole, cut, other, photo = list(plan_jobs(["a red circle"], 4, 0, tmp_path))
+    ident = {"prompt": "a red circle", "settings": {"target": "t", "cfg": 5.0, "seed": 0}}
+    data = png_bytes(Image.new("RGB", (32, 32), "red"), ident)
+    Path(whole.path).write_bytes(data)
     Path(cut.path).write_bytes(data[: len(data) // 2])
-    before = md5(cut.path)
-    assert files_to_write(whole, False, force=False, skip_existing=True) == []
+    Path(other.path).write_bytes(data)
+    Image.new("RGB", (32, 32), "red").save(photo.path)
+    before = {p: md5(p) for p in (cut.path, other.path, photo.path)}
+    assert files_to_write(whole, False, force=False, skip_existing=True, identity=ident) == []
     with pytest.raises(OutputRefused, match="exists but does not decode .*--force replaces it"):
-        files_to_write(cut, False, force=False, skip_existing=True)
-    assert md5(cut.path) == before
+        files_to_write(cut, False, force=False, skip_existing=True, identity=ident)
+    seed7 = {"prompt": "a red circle", "settings": {"target": "t", "cfg": 5.0, "seed": 7}}
+    with pytest.raises(OutputRefused, match=r"other settings \(seed 7 here, 0 there\).*--force replaces"):
+        files_to_write(other, False, force=False, skip_existing=True, identity=seed7)
+    assert files_to_write(other, False, force=True, skip_existing=False) == [Path(other.path)]
+    for force, skip in ((False, True), (True, False)):
+        with pytest.raises(OutputRefused, match="is not a PNG image vlmspec wrote.*even with --force"):
+            files_to_write(photo, False, force=force, skip_existing=skip, identity=ident)
+    assert {p: md5(p) for p in before} == before
 
 
 def test_cli_skip_existing_truncated_png_fails_alone(tmp_path):

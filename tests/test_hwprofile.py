@@ -167,9 +167,14 @@ def test_write_and_plot_never_destroy_a_file(tmp_path):
     fast = ["--set", f"target.model={make_broken_model_dir(tmp_path / 'broken')}"]
     yaml_file, notes, png = tmp_path / "ci.yaml", tmp_path / "notes.png", tmp_path / "p.png"
     kept = {yaml_file: write_foreign_yaml(yaml_file), notes: write_user_notes(notes)}
-    assert "exists (use --force" in _refused(["--write", str(yaml_file), *fast])
-    assert "is not a hardware profile" in _refused(["--write", str(yaml_file), "--force", *fast])
+    for force in ([], ["--force"]):   # said alike: --force would not help
+        assert "is not a hardware profile" in _refused(["--write", str(yaml_file), *force, *fast])
     assert "is not a PNG image" in _refused(["--plot", str(notes), "--force", *fast])
+    # a person's photo is a PNG, not one vlmspec wrote: --force does not replace it
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (4, 4), "blue").save(photo)
+    kept[photo] = photo.read_bytes()
+    assert "is not a PNG image vlmspec wrote" in _refused(["--plot", str(photo), "--force", *fast])
     # a user's full profile is a vlmspec profile but not a hardware one: kept too
     mine = tmp_path / "mine.yaml"
     mine.write_text("include: tinyworld-caption\nname: mine\n")

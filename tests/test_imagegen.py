@@ -209,12 +209,13 @@ HEATMAP_ARGS = [PROMPTS[0], "--heatmap", "--json", *FAST]
 
 def test_cli_existing_heatmap_refused_before_decoding(tmp_path):
     """NAME.heatmap.png follows the PNG's rules: refused without --force (the image is not
-    even decoded), kept by --skip-existing, replaced by --force only if it is a PNG."""
+    even decoded), kept by --skip-existing, replaced by --force only if vlmspec wrote it
+    (a person's PNG there is refused either way)."""
     out = tmp_path / "imgs"
-    out.mkdir()
     png = out / "000-a-red-circle-on-a-blue-background-0.png"
     hmap = out / "000-a-red-circle-on-a-blue-background-0.heatmap.png"
-    Image.new("RGB", (4, 4), "white").save(hmap)
+    assert run(["generate-image", *HEATMAP_ARGS, "-o", str(out)]).exit_code == 0
+    png.unlink()
     before = hmap.read_bytes()
     res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--dry-run"])
     assert res.exit_code == 0 and f"{png}  seed=0  + {hmap.name}" in res.stdout
@@ -231,11 +232,22 @@ def test_cli_existing_heatmap_refused_before_decoding(tmp_path):
     # both there: skipped without decoding
     res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--skip-existing"])
     assert res.exit_code == 0 and _records(res.stdout) == []
-    # --force replaces a PNG heatmap, atomically (no temp file left)
+    # --force replaces a heatmap vlmspec wrote, atomically (a new file, no temp file left),
+    # and says so
+    inode = hmap.stat().st_ino
     res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--force"])
-    assert res.exit_code == 0 and hmap.read_bytes() != before
+    assert res.exit_code == 0 and hmap.stat().st_ino != inode
     assert Image.open(hmap).size[0] >= 256
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    # a person's PNG at the heatmap's name: refused with or without --force, kept
+    Image.new("RGB", (4, 4), "white").save(hmap)
+    photo = hmap.read_bytes()
+    png.unlink()
+    for extra in ([], ["--force"], ["--skip-existing"]):
+        res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), *extra])
+        assert res.exit_code == 1 and "is not a PNG image vlmspec wrote" in res.stderr, res.stderr
+        assert "even with --force" in res.stderr and hmap.read_bytes() == photo
+        assert not png.exists()   # decided before decoding: nothing written
 
 
 def test_cli_force_never_overwrites_what_is_not_a_png(tmp_path):

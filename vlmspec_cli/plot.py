@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from PIL import Image, ImageDraw, ImageFont
 
 from vlmspec_cli.fileio import atomic_write_bytes
+from vlmspec_cli.tasks.output_files import mark_png
 
 PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40),
            (148, 103, 189), (140, 86, 75), (227, 119, 194), (23, 190, 207)]
@@ -219,7 +220,7 @@ def line_chart_png(panels: list[Panel], title: str | None = None, width_per_pane
         _draw_panel(img, (x0, band, x0 + width_per_panel, height), panel, fonts)
     buffer = io.BytesIO()
     img.save(buffer, format="PNG")
-    return buffer.getvalue()
+    return mark_png(buffer.getvalue())
 
 
 # viridis at five stops: low values dark purple, high values yellow
@@ -314,7 +315,7 @@ def bar_chart_png(groups: list[str], series: list[Bars], title: str = "", ylabel
         draw.text((left + g * group_w + (group_w - w) / 2, axes[3] + 8), name, fill=BLACK, font=small)
     buffer = io.BytesIO()
     img.save(buffer, format="PNG")
-    return buffer.getvalue()
+    return mark_png(buffer.getvalue())
 
 
 def _bar_axes(img, draw, axes, ticks, ylabel, small):

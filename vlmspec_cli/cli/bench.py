@@ -67,7 +67,7 @@ def _list(ctx, param, value):
               help="Write the records (one per sample and method) to stdout as JSONL.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=nonempty_path,
               metavar="FILE.png", help="Draw the speedup per category and method, MAT marked.")
-@click.option("--force", is_flag=True, help="Overwrite an existing --plot file (only a PNG).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --plot file (only a PNG vlmspec wrote).")
 @click.option("--dry-run", is_flag=True, help="Show the profile, methods and samples; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr (errors still shown).")
 def bench(dataset, methods, categories, limit, batch_size, profile, sets, max_new_tokens,
@@ -118,13 +118,13 @@ def _check_plot(plot_path, out, inputs, force) -> None:
     if not plot_path:
         return
     from vlmspec_cli.fileio import same_file
-    from vlmspec_cli.tasks.output_files import OutputRefused, check_output, is_png
+    from vlmspec_cli.tasks.output_files import OutputRefused, check_output, is_own_png
 
     if out and same_file(plot_path, out):
         fail(f"--plot {plot_path}: is the --out file too; give two files")
     try:
-        check_output(plot_path, f"--plot {plot_path}", force=force, ours=is_png, inputs=inputs,
-                     what="PNG image")
+        check_output(plot_path, f"--plot {plot_path}", force=force, ours=is_own_png, inputs=inputs,
+                     what="PNG image vlmspec wrote")
     except OutputRefused as exc:
         fail(str(exc))
 
@@ -166,7 +166,7 @@ def _finish(plan, records, run, plot_path, force, inputs, quiet) -> None:
     from vlmspec_cli import ui
     from vlmspec_cli.tasks.bench_report import build_report, report_png
     from vlmspec_cli.tasks.mmspec import groups
-    from vlmspec_cli.tasks.output_files import OutputRefused, is_png, write_checked
+    from vlmspec_cli.tasks.output_files import OutputRefused, is_own_png, write_checked
 
     base = plan.profiles[plan.methods[0]]
     report = build_report(records, plan.methods, base.sampling.temperature == 0, plan.methods[0],
@@ -176,8 +176,8 @@ def _finish(plan, records, run, plot_path, force, inputs, quiet) -> None:
     if plot_path and report.rows:
         try:
             write_checked(plot_path, report_png(report, f"vlmspec bench: {plan.file}"),
-                          f"--plot {plot_path}", force=force, ours=is_png, inputs=inputs,
-                          what="PNG image")
+                          f"--plot {plot_path}", force=force, ours=is_own_png, inputs=inputs,
+                          what="PNG image vlmspec wrote")
         except OutputRefused as exc:
             fail(str(exc))
         if not quiet:

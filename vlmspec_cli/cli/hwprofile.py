@@ -53,7 +53,7 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
                    "for the rounds and for the prefill are recorded as hardware.threads and "
                    "hardware.prefill_threads, which runtime.threads / prefill_threads: auto use.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --write / --plot file (only "
-                                            "a hardware profile / a PNG; never the --profile).")
+                                            "a hardware profile / a PNG vlmspec wrote; never the --profile).")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
 def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats, warmup, tau,

@@ -58,7 +58,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
                    "`vlmspec profile --compile` measured that it pays; default).")
 @click.option("--heatmap", is_flag=True,
               help="Also write NAME.heatmap.png: each token's acceptance length (tree methods).")
-@click.option("--force", is_flag=True, help="Overwrite existing files.")
+@click.option("--force", is_flag=True, help="Overwrite existing files (only PNGs vlmspec wrote).")
 @click.option("--skip-existing", is_flag=True, help="Keep existing files and skip their images (resume).")
 @click.option("--json", "as_json", is_flag=True,
               help=f"Write JSONL records to stdout instead of FILE<TAB>PROMPT lines ({TSV_HELP}).")
@@ -130,9 +130,12 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     printed = stdout_guard(print_record, f"writing its images to {out_dir} (their records "
                                          "are not printed)")
 
+    replaced: list[str] = []
     with ui.BatchUI(quiet=quiet, label="images") as events:
         summary = run_images(session, jobs, events, force=force, skip_existing=skip_existing,
-                             heatmap=heatmap, compare=compare, emit=emit)
+                             heatmap=heatmap, compare=compare, emit=emit, replaced=replaced)
+    for path in [] if quiet else replaced:   # --force replaces only PNGs vlmspec wrote
+        ui.info(f"replaced {path} (an image vlmspec wrote)")
     extra = {"mean tree depth d̄": f"{sum(depths) / len(depths):.2f}"} if depths else {}
     finish_batch(prof, summary, quiet, extra, outputs="image(s)")
 

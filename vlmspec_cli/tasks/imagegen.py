@@ -6,16 +6,18 @@ replayed). The target decodes the image grid token by token (speculatively), the
 decoder turns the codes into pixels, and the PNG (and with ``heatmap`` its
 ``NAME.heatmap.png``) is written atomically: into a temporary file in the output folder,
 then linked to its name, which fails rather than overwrite an existing file (unless
-``force``, and then only over a PNG). Whether each file may be written is decided before
-the job decodes (tasks/output_files.py): a file already there is an error for that job
-unless ``skip_existing`` (resume: it is kept and the job only writes what is missing);
-either way the batch goes on. :class:`ImageKind` is its kind for the job runner
-(tasks/jobs.py: failures, records, --compare).
+``force``, and then only over a PNG vlmspec wrote: output_files.is_own_png; each PNG
+carries what it was generated from, JOB_TEXT). Whether each file may be written is
+decided before the job decodes (tasks/output_files.py): a file already there is an error
+for that job unless ``skip_existing`` (resume: a whole PNG of the same job is kept and the
+job only writes what is missing); either way the batch goes on. :class:`ImageKind` is
+its kind for the job runner (tasks/jobs.py: failures, records, --compare).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from vlmspec_cli.fileio import write_new
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.tasks.inputs import InputError
 from vlmspec_cli.tasks.jobs import SKIP, BatchSummary, JobEvents, failure_reason, run_jobs
-from vlmspec_cli.tasks.output_files import OutputRefused, is_png, refusal
+from vlmspec_cli.tasks.output_files import OutputRefused, is_own_png, mark_png, png_text, refusal
 from vlmspec_cli.tasks.records import SCHEMA
 
 TASK = "image"
@@ -156,10 +158,31 @@ def check_out_dir(out_dir: str | os.PathLike) -> str | None:
     return None
 
 
-def png_bytes(image) -> bytes:
+JOB_TEXT = "vlmspec-job"    # the PNG text chunk holding what the image was generated from
+
+
+def png_bytes(image, identity: dict | None = None) -> bytes:
+    """``image`` as a PNG vlmspec owns (output_files.mark_png), with ``identity`` (what
+    decides its pixels: :func:`image_identity`) in its JOB_TEXT chunk."""
     buf = io.BytesIO()
     image.save(buf, format="PNG")
-    return buf.getvalue()
+    text = {} if identity is None else {JOB_TEXT: json.dumps(identity, sort_keys=True)}
+    return mark_png(buf.getvalue(), **text)
+
+
+def image_identity(session, job: ImageJob) -> dict:
+    """What decides a job's pixels, besides the decoding method (lossless methods give the
+    target's image): the prompt and the settings a record's resume key holds, with the
+    guidance scale, and the image's own seed when sampling (at T = 0 the seed changes
+    nothing). ``--skip-existing`` keeps a file only when it was generated from the same."""
+    from vlmspec_cli.tasks.caption import output_settings
+
+    p = session.profile
+    settings = {k: v for k, v in output_settings(p).items() if k not in ("max_new_tokens", "seed")}
+    settings["cfg"] = session.target.adapter.guidance_scale(session.target)
+    if p.sampling.temperature > 0:
+        settings["seed"] = job.seed
+    return {"prompt": job.prompt, "settings": settings}
 
 
 def heatmap_path(path: str | os.PathLike) -> Path:
@@ -168,26 +191,55 @@ def heatmap_path(path: str | os.PathLike) -> Path:
 
 
 _KEEP_HINT = "use --force to overwrite, --skip-existing to keep it"
+_FOREIGN = "is not a PNG image vlmspec wrote"
 
 
-def files_to_write(job: ImageJob, heatmap: bool, *, force: bool, skip_existing: bool) -> list[Path]:
+def files_to_write(job: ImageJob, heatmap: bool, *, force: bool, skip_existing: bool,
+                   identity: dict | None = None) -> list[Path]:
     """The files of ``job`` this run writes: its PNG and, with ``heatmap``, its heatmap; with
     ``skip_existing`` only those missing (none: skip the job). Decided before decoding:
-    raises OutputRefused when one may not be written (it exists and no --force, or with
-    --force it is not a PNG), so no image is decoded for nothing."""
+    raises OutputRefused when one may not be written (it exists and no --force, or it is
+    not a PNG vlmspec wrote, which --force does not replace either), so no image is decoded
+    for nothing. ``identity``: the job's (:func:`image_identity`); ``skip_existing`` keeps
+    a file generated from another (another seed, prompt, cfg, target) as done no more."""
     files = [Path(job.path)] + ([heatmap_path(job.path)] if heatmap else [])
-    if skip_existing:   # kept only when it is a whole PNG (a truncated one is not done)
-        for p in files:
-            problem = (p.exists() or p.is_symlink()) and not_a_whole_png(p)
-            if problem:
-                raise OutputRefused(("" if p == files[0] else f"heatmap {p} ") + f"exists but "
-                                    f"{problem}, so it is not kept as done; --force replaces it")
+    named = lambda p, why: why if p == files[0] else f"heatmap {p} {why}"   # noqa: E731
+    if skip_existing:   # kept only when it is a whole PNG of ours, of this job
+        for p in [p for p in files if p.exists() or p.is_symlink()]:
+            why = _not_kept(p, identity)
+            if why is not None:
+                raise OutputRefused(named(p, why))
         return [p for p in files if not (p.exists() or p.is_symlink())]
     for p in files:
-        reason = refusal(p, force=force, ours=is_png, what="PNG image", exists_hint=_KEEP_HINT)
+        reason = refusal(p, force=force, ours=is_own_png, what="PNG image vlmspec wrote",
+                         exists_hint=_KEEP_HINT)
         if reason is not None:
-            raise OutputRefused(reason if p == files[0] else f"heatmap {p} {reason}")
+            raise OutputRefused(named(p, reason))
     return files
+
+
+def _not_kept(path: Path, identity: dict | None) -> str | None:
+    """Why ``--skip-existing`` does not keep the file at ``path`` as done, or None."""
+    if not path.is_file() or not is_own_png(path):
+        return f"exists and {_FOREIGN}: not kept as done, and not overwritten, even with --force"
+    problem = not_a_whole_png(path)
+    if problem:
+        return f"exists but {problem}, so it is not kept as done; --force replaces it"
+    if identity is None:
+        return None
+    try:
+        theirs = json.loads((png_text(path) or {}).get(JOB_TEXT, "null"))
+    except ValueError:
+        theirs = None
+    if theirs == identity:
+        return None
+    if not isinstance(theirs, dict):
+        return "exists without the settings it was generated from: not kept as done; --force replaces it"
+    ours, old = {"prompt": identity["prompt"], **identity["settings"]}, {
+        "prompt": theirs.get("prompt"), **(theirs.get("settings") or {})}
+    diff = ", ".join(f"{k} {ours.get(k)!r} here, {old.get(k)!r} there" for k in sorted(set(ours) | set(old))
+                     if ours.get(k) != old.get(k))
+    return f"exists, generated with other settings ({diff}): not kept as done; --force replaces it"
 
 
 def not_a_whole_png(path: Path) -> str | None:
@@ -252,6 +304,7 @@ class ImageKind:
 
     def __init__(self, *, force: bool, skip_existing: bool, heatmap: bool) -> None:
         self.force, self.skip_existing, self.heatmap = force, skip_existing, heatmap
+        self.replaced: list[str] = []      # files --force replaced
 
     def pending(self, profile, jobs, done: set):
         return jobs, 0
@@ -260,7 +313,8 @@ class ImageKind:
         if job.error:
             raise InputError(job.path, job.error)
         writes = files_to_write(job, self.heatmap, force=self.force,
-                                skip_existing=self.skip_existing)
+                                skip_existing=self.skip_existing,
+                                identity=image_identity(session, job))
         return writes or SKIP
 
     def request(self, session, job: ImageJob) -> Request:
@@ -277,8 +331,9 @@ class ImageKind:
         from vlmspec_cli.plot import grid_heatmap
 
         image = render(session, result.tokens)
+        identity = image_identity(session, job)
         if Path(job.path) in writes:       # else kept (--skip-existing)
-            write_new(Path(job.path), png_bytes(image), self.force)
+            self._write(Path(job.path), png_bytes(image, identity))
         record["file"] = job.path
         stats = result.state.stats
         trees = stats.trees or {}
@@ -286,11 +341,17 @@ class ImageKind:
         if hpath in writes and "accept_lengths" in trees:
             rows, cols = session.target.adapter.image_grid(session.target)
             grid = [trees["accept_lengths"][r * cols:(r + 1) * cols] for r in range(rows)]
-            write_new(hpath, png_bytes(grid_heatmap(grid, image.size)), self.force)
+            self._write(hpath, png_bytes(grid_heatmap(grid, image.size), identity))
         if self.heatmap and hpath.exists():
             record["heatmap"] = str(hpath)
         record["tokens"] = result.tokens
         record["stats"] = stats.to_dict()
+
+    def _write(self, path: Path, data: bytes) -> None:
+        existed = os.path.lexists(path)
+        write_new(path, data, self.force)
+        if existed:                        # --force: its own PNG, named on stderr
+            self.replaced.append(str(path))
 
     def failure(self, exc: Exception) -> str:
         return _reason(exc)
@@ -298,15 +359,18 @@ class ImageKind:
 
 def run_images(session, jobs, events: JobEvents, *, force: bool = False,
                skip_existing: bool = False, heatmap: bool = False, compare: bool = False,
-               emit=None) -> BatchSummary:
+               emit=None, replaced: list[str] | None = None) -> BatchSummary:
     """Generate every job's image (``jobs``: an ImagePlan or a list, iterated once, so a
     plan is never held whole); failures become error records, the batch goes on. With
-    ``skip_existing`` a job whose files are all there as whole PNGs is skipped as it
-    comes up (the progress counts it)."""
+    ``skip_existing`` a job whose files are all there as whole PNGs it wrote from the same
+    settings is skipped as it comes up (the progress counts it). ``replaced``: gets the
+    files ``force`` replaced."""
     from vlmspec_cli.session import tree_methods
 
     heatmap = heatmap and session.profile.method in tree_methods()   # trees have accept lengths
     kind = ImageKind(force=force, skip_existing=skip_existing, heatmap=heatmap)
+    if replaced is not None:
+        kind.replaced = replaced
     return run_jobs(session, kind, jobs, events, compare=compare, emit=emit)
 
 

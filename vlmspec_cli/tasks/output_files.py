@@ -4,8 +4,9 @@ vlmspec never destroys a file. A whole-file output (a PNG, a heatmap, a profile,
 recipe state file) may be written
 
 - when nothing is there yet, or
-- with ``force``, over a file in that output's own format (``ours``: a PNG over a PNG, a
-  vlmspec profile over a vlmspec profile), never over anything else, and
+- with ``force``, over a file in that output's own format (``ours``: a PNG vlmspec wrote
+  over a PNG vlmspec wrote, a vlmspec profile over a vlmspec profile), never over anything
+  else (said first, with or without ``force``: --force would not help), and
 - never over an input of the same run (the samples, the profile it reads, the recipe).
 
 :func:`refusal` says why not (one phrase, no path: callers name the file or option).
@@ -17,6 +18,8 @@ replacing a file that appeared meanwhile). Knows nothing of click or rich.
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -44,10 +47,10 @@ def refusal(path: str | os.PathLike, *, force: bool, ours: Callable[[Path], bool
         return "is a directory"
     if not (p.exists() or p.is_symlink()):
         return _folder_problem(p.parent)
+    if not p.is_file() or not ours(p):   # said first: --force would not help
+        return f"exists and is not a {what}: {foreign_hint}"
     if not force:
         return f"exists ({exists_hint})"
-    if not p.is_file() or not ours(p):
-        return f"exists and is not a {what}: {foreign_hint}"
     return None
 
 
@@ -85,12 +88,61 @@ def write_checked(path: str | os.PathLike, data: bytes, label: str | None = None
         raise OutputRefused(f"{label or path}: cannot write: {exc.strerror or exc}") from None
 
 
-def is_png(path: Path) -> bool:
+# Every PNG vlmspec writes (images, heatmaps, plots) says so in a tEXt chunk, Software =
+# PNG_MARK, and only such a PNG is "ours" to replace with --force: a person's photo named
+# as a --plot or an image's file is a PNG too (a PNG signature alone let `profile --plot
+# photo.png --force` replace it, saying it was an earlier plot).
+PNG_MARK = "vlmspec"
+_PNG_TEXT_BYTES = 1 << 16    # a text chunk vlmspec writes is well under this
+_PNG_CHUNKS = 64             # chunks read looking for the text, before the image data
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return (struct.pack(">I", len(data)) + kind + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+
+def mark_png(data: bytes, **text: str) -> bytes:
+    """``data`` (a PNG as PIL writes it, IHDR first) with tEXt chunks after its header:
+    Software = PNG_MARK, then ``text`` (ASCII keys and values)."""
+    if not data.startswith(PNG_SIGNATURE) or data[12:16] != b"IHDR":
+        raise ValueError("not a PNG")
+    end = 8 + 8 + struct.unpack(">I", data[8:12])[0] + 4    # signature, IHDR, its CRC
+    chunks = b"".join(_png_chunk(b"tEXt", k.encode("ascii") + b"\0" + v.encode("ascii"))
+                      for k, v in {"Software": PNG_MARK, **text}.items())
+    return data[:end] + chunks + data[end:]
+
+
+def png_text(path: Path) -> dict[str, str] | None:
+    """The tEXt chunks before the image data of the PNG at ``path``; None when it is not a
+    readable PNG file. Reads chunk headers only (bounded), never the image."""
+    out: dict[str, str] = {}
     try:
         with open(path, "rb") as fh:
-            return fh.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
+            if fh.read(len(PNG_SIGNATURE)) != PNG_SIGNATURE:
+                return None
+            for _ in range(_PNG_CHUNKS):
+                head = fh.read(8)
+                if len(head) < 8:
+                    break
+                size, kind = struct.unpack(">I", head[:4])[0], head[4:]
+                if kind in (b"IDAT", b"IEND"):
+                    break
+                if kind != b"tEXt" or size > _PNG_TEXT_BYTES:
+                    fh.seek(size + 4, os.SEEK_CUR)
+                    continue
+                key, _, value = fh.read(size).partition(b"\0")
+                fh.seek(4, os.SEEK_CUR)
+                out[key.decode("latin-1")] = value.decode("latin-1")
     except OSError:
-        return False
+        return None
+    return out
+
+
+def is_own_png(path: Path) -> bool:
+    """A PNG vlmspec wrote (its Software text chunk says so)."""
+    text = png_text(path)
+    return text is not None and text.get("Software") == PNG_MARK
 
 
 def written_by(path: Path, command: str) -> bool:
