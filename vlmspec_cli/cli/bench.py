@@ -17,10 +17,12 @@ Examples:
   vlmspec bench examples/mmspec/mmspec.jsonl --methods none,chain,tree,hidden,tabed,twig \\
       --out bench.jsonl --plot bench.png --force      # every method; a rerun resumes
                                                       # (and redraws its own PNG)
-  vlmspec bench examples/mmspec/mmspec.jsonl --categories "general vqa,multi-turn" --limit 4
+  vlmspec bench examples/mmspec/mmspec.jsonl --categories "text vqa,multi-turn conversation" \\
+      --limit 4
   vlmspec bench examples/mmspec/mmspec.jsonl -m none,chain --batch-size 4 --json > recs.jsonl
-  vlmspec bench MMSpec/test/mmspec.jsonl -p qwen25-vl-7b --methods none,chain,hidden \\
-      --max-new-tokens 1024 --out qwen-mmspec.jsonl   # the real MMSpec split, on a GPU
+  vlmspec bench MMSpec/dataset/MMSpec/test/mmspec.jsonl -p qwen25-vl-7b \\
+      --methods none,chain,tree --max-new-tokens 1024 --out qwen-mmspec.jsonl
+                                   # the real MMSpec split (its repository), on a GPU
 
 \b
 DATASET is MMSpec's JSONL (id, image, turns, category, topic; images beside it or
