@@ -385,3 +385,36 @@ def test_sample_fps():
     assert VideoClip("x", [], [0.0, 0.0], None, 2).sample_fps == 1.0
     assert VideoClip("x", [], [1.0, 1.5, 2.0], 1.0, 3).sample_fps == pytest.approx(2.0)
     assert not math.isnan(VideoClip("x", [], [], None, 0).sample_fps)
+
+
+def test_frames_past_the_image_limits_are_refused_before_decoding(tmp_path, monkeypatch):
+    """A video's declared frame size meets the images' limits (pixels, proportion) before
+    any frame decodes (2 frames of 16,000 x 16,000 took 6 GB and 30 s; a 4,000 x 16 clip
+    failed inside the processor with "ValueError: absolute aspect ratio ..."); a folder's
+    frame too (PIL's own bomb bound is 179 M pixels, and its message leaked)."""
+    import struct
+    import zlib
+
+    wide = write_video(tmp_path / "wide.mp4", [np.zeros((16, 1024, 3), np.uint8)] * 2)
+    decoded = []
+    monkeypatch.setattr(video_io, "_to_image", lambda *a: decoded.append(a))
+    with pytest.raises(VideoError, match=r"frames out of proportion \(1,024 x 16 pixels"):
+        read_video(wide)
+    assert decoded == []
+    assert video_io._frame_problem(16_000, 16_000).startswith("frames too large (16,000 x 16,000")
+    assert video_io._frame_problem(0, 0) is None and video_io._frame_problem(640, 480) is None
+
+    def declared_png(path, width, height):   # a header that declares the size, no pixels
+        ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+        chunk = lambda kind, data: (struct.pack(">I", len(data)) + kind + data   # noqa: E731
+                                    + struct.pack(">I", zlib.crc32(kind + data)))
+        path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b""))
+
+    for size, reason in (((9000, 9000), "frame f1.png: image too large (9,000 x 9,000"),
+                         ((60000, 60000), "frame f1.png: image too large (more than 179 M")):
+        folder = tmp_path / f"frames{size[0]}"
+        write_frame_folder(folder, indexed_frames(2), names=["f0.png", "f2.png"])
+        declared_png(folder / "f1.png", *size)
+        with pytest.raises(VideoError) as info:
+            read_video(folder)
+        assert reason in info.value.reason and "bomb" not in info.value.reason

@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from vlmspec_cli.tasks.image_header import dimension_problem
 from vlmspec_cli.tasks.inputs import InputError, check_image_size
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".gif", ".avi", ".mov")
@@ -238,7 +239,21 @@ def _open(path: str):
             kind = "truncated or corrupt" if _looks_like_video(path) else "not a video file"
             raise VideoError(path, f"{kind} (no streams found)")
         raise VideoError(path, "no video stream")
+    stream = container.streams.video[0]
+    problem = _frame_problem(stream.codec_context.width, stream.codec_context.height)
+    if problem:   # before any frame decodes: 2 frames of 16,000 x 16,000 took 6 GB
+        container.close()
+        raise VideoError(path, problem)
     return container
+
+
+def _frame_problem(width: int, height: int) -> str | None:
+    """Why frames of ``width`` x ``height`` are not decoded (the image limits: pixels and
+    proportion, image_header.dimension_problem), or None; 0 (not declared) passes."""
+    if not width or not height:
+        return None
+    problem = dimension_problem(width, height)
+    return None if problem is None else "frames" + problem[len("image"):]
 
 
 def _packet_times(path: str) -> list[float]:
@@ -301,6 +316,9 @@ def _decode(path: str, keep, max_pixels: int | None):
                 if frame.duration:
                     last_duration = float(frame.duration * (frame.time_base or tb))
                 if i in keep:
+                    problem = _frame_problem(frame.width, frame.height)   # a size change mid-stream
+                    if problem:
+                        raise VideoError(path, f"frame {i}: {problem}")
                     kept[i] = _to_image(frame, max_pixels)
         except (av.error.FFmpegError, OSError):
             pass  # truncated / corrupt tail: keep what decoded
@@ -390,10 +408,17 @@ def _read_folder(path: str, frames, fps, max_pixels, folder_fps, max_frames=None
     for name in names:  # header check of every file: cheap, catches non-images and empty files
         try:
             check_image_size(name, os.path.getsize(os.path.join(path, name)))
-            with Image.open(os.path.join(path, name)):
-                pass
+            with Image.open(os.path.join(path, name)) as im:
+                problem = dimension_problem(*im.size)   # before PIL's own bomb check
+            if problem:
+                raise VideoError(path, f"frame {name}: {problem}")
         except InputError as exc:
             raise VideoError(path, f"unreadable frame {name} ({exc.reason})") from None
+        except VideoError:
+            raise
+        except Image.DecompressionBombError:   # declared past twice PIL's bound: not opened
+            raise VideoError(path, f"frame {name}: image too large (more than "
+                                   f"{2 * Image.MAX_IMAGE_PIXELS / 1e6:.0f} M pixels; not decoded)") from None
         except Exception as exc:
             raise bad(name, exc) from None
     images = []
