@@ -118,6 +118,15 @@ def test_profile_of_a_video_profile_times_every_length(tmp_path):
         assert im.format == "PNG"
     res = CliRunner().invoke(cli, ["profile", "--frames", "4", "-q"])
     assert res.exit_code == 2 and "--frames" in res.stderr
+    # lengths describe-video would not decode are refused before anything is timed
+    # (--frames 1,100000 grew past 12 GB building its sample; 1000 was timed at 8011
+    # positions on a 4096-position target)
+    for frames, sets, reason in (("1,100000", [], "--frames 100000: more than video.max_frames (256)"),
+                                 ("1000", ["--set", "video.max_frames=2000"],
+                                  "--frames 1000: a video of 1000 frames takes 8011 positions")):
+        res = CliRunner().invoke(cli, ["profile", "-p", "tinyworld-video", "--frames", frames,
+                                       *sets, "-q"])
+        assert res.exit_code == 2 and reason in res.stderr, res.stderr
 
 
 def test_profile_of_an_image_profile_times_guided_steps_and_tree_sizes(tmp_path):

@@ -66,8 +66,9 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session
-    from vlmspec_cli.tasks.hwprofile import (check_contexts, check_outputs, hardware_yaml,
-                                             run_profile, sample_request, save_outputs)
+    from vlmspec_cli.tasks.hwprofile import (check_contexts, check_frames, check_outputs,
+                                             hardware_yaml, run_profile, sample_request,
+                                             save_outputs)
     from vlmspec_cli.tasks.output_files import OutputRefused
 
     prof = decoding_profile(profile, sets, {"target.device": device, "draft.device": device})
@@ -83,6 +84,7 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
         if prof.task != "image":   # an image profile's sample is a prompt and its grid
             session.check_fits(sample_request(prof))
         extra, note = check_contexts(session.target, extra)
+        check_frames(session, frames)
         if compile_steps and session.target.fast is None:
             raise ValueError("--compile times the fast path's compiled steps; the target is not "
                              f"on the fast path ({session.target.fast_off_reason})")

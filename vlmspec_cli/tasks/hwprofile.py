@@ -257,6 +257,21 @@ def text_tables(session, contexts: list[int] | None, verify_tokens: list[int] | 
     return tables, prompt_len, contexts[0]
 
 
+def check_frames(session, frames: list[int] | None) -> None:
+    """ValueError for a --frames length describe-video would not decode: past
+    ``video.max_frames``, or more positions than the target has (--frames 100000 grew past
+    12 GB building its sample; 1000 was timed at 8011 positions on a 4096-position target)."""
+    cap, limit = session.profile.video.max_frames, position_limit(session.target)
+    for k in sorted(frames or []):
+        if cap and k > cap:
+            raise ValueError(f"--frames {k}: more than video.max_frames ({cap}), the most frames "
+                             "describe-video decodes (--set video.max_frames=N raises it)")
+        s = prompt_tokens(session.target, sample_request(session.profile, 0, k).messages)
+        if limit and s > limit - VERIFY_ROOM:
+            raise ValueError(f"--frames {k}: a video of {k} frames takes {s} positions, more than "
+                             f"the target's {limit} (with room to decode)")
+
+
 def measure_frames(session, frames: list[int], warmup: int, repeats: int,
                    progress: Callable[[str], None] | None = None) -> dict:
     """Per video length (frames): the prompt's positions, the target's prefill, one target
