@@ -88,6 +88,32 @@ def test_invalid_recipe_exits_2_and_runs_nothing(tmp_path, monkeypatch, body, ex
     assert "step 1 (caption)" not in res.stderr  # step 1 is valid but was not started
 
 
+@pytest.mark.parametrize("body, expected", [
+    (GOOD_STEP + "  - caption: {inputs: [imgs], set: [drafting.gama=3]}\n",
+     "r.yaml:5: step 2 (caption): --set drafting.gama=3: unknown key 'drafting.gama' (did you "
+     "mean 'drafting.gamma'?)"),
+    (GOOD_STEP + "  - caption: {inputs: [imgs], method: chian}\n",
+     "r.yaml:5: step 2 (caption): unknown method 'chian' (did you mean 'chain'?)"),
+    (GOOD_STEP + "  - caption: {inputs: [imgs], profile: nope}\n",
+     "r.yaml:5: step 2 (caption): unknown profile 'nope'"),
+    (GOOD_STEP + "  - bench: {dataset: mm.jsonl, methods: 'none,tre'}\n",
+     "r.yaml:5: step 2 (bench): unknown method 'tre' (did you mean 'tree'?)"),
+])
+def test_profiles_overrides_and_methods_are_checked_before_step_1(tmp_path, monkeypatch, folder,
+                                                                    body, expected):
+    """A step's profile, --set overrides and method(s), as its command would load them:
+    they passed --dry-run and stopped the recipe at that step, after the steps before it
+    had run (a profile step takes minutes)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mm.jsonl").write_text((ROOT / "examples/mmspec/mmspec.jsonl").read_text())
+    write(tmp_path / "r.yaml", "name: t\nvars: {folder: imgs}\nsteps:\n" + body)
+    for extra in (["--dry-run"], []):
+        res = run(["r.yaml", *extra])
+        assert res.exit_code == 2 and f"error: {expected}" in res.stderr, res.stderr
+        assert res.stderr.count("error:") == 1 and "of 2:" not in res.stderr
+    assert not (tmp_path / "caps.jsonl").exists() and not (tmp_path / "r.state.json").exists()
+
+
 def test_hostile_recipe_and_state_files_are_one_line_errors(tmp_path, monkeypatch):
     """A recipe nested 100k deep, an alias bomb, a Latin-1 recipe, a FIFO as the recipe
     (a subprocess: the old read blocked), a state file of 100k-deep JSON: one line, exit
@@ -139,7 +165,7 @@ def test_dry_run_prints_resolved_argv(tmp_path, monkeypatch):
     write(tmp_path / "r.yaml", """
 vars: {folder: imgs, out: caps.jsonl, seed: null}
 steps:
-  - caption: {inputs: ["${folder}", -odd.png], out: "${out}", drafting_inputs: "M,T", set: [a=1, b=2],
+  - caption: {inputs: ["${folder}", -odd.png], out: "${out}", drafting_inputs: "M,T", set: [drafting.gamma=3, sampling.top_p=0.9],
               json: false, compare: true, seed: "${seed}", temperature: 0.5}
   - profiles: {name: tinyworld-caption}
 """)
@@ -147,7 +173,7 @@ steps:
     res = run(["r.yaml", "--dry-run", "--var", "out=x y.jsonl", "--var", "folder=imgs"])
     assert res.exit_code == 0, res.output
     assert res.stdout.splitlines() == [
-        "vlmspec caption --out 'x y.jsonl' --inputs M,T --set a=1 --set b=2 --compare "
+        "vlmspec caption --out 'x y.jsonl' --inputs M,T --set drafting.gamma=3 --set sampling.top_p=0.9 --compare "
         "--temperature 0.5 -- imgs -odd.png",
         "vlmspec profiles tinyworld-caption",
     ]
@@ -316,9 +342,10 @@ def test_exit_1_continues_exit_2_stops(folder, tmp_path, monkeypatch):
 steps:
   - caption: {inputs: [imgs/s0.png, missing.png], out: caps.jsonl, max_new_tokens: 8, quiet: true}
   - profiles: {name: tinyworld-caption}
-  - caption: {inputs: [imgs], profile: no-such-profile}
+  - caption: {inputs: [imgs], out: notes.txt}
   - profiles: {}
 """)
+    (tmp_path / "notes.txt").write_text("my notes, not a vlmspec JSONL\n")   # step 3: exit 2
     res = run(["r.yaml"])
     assert res.exit_code == 2
     assert "r.yaml:2: step 1 (caption): some inputs failed (exit 1)" in res.stderr
@@ -328,10 +355,9 @@ steps:
     assert [r["input"] for r in lines(tmp_path / "caps.jsonl") if r["error"] is None] == ["imgs/s0.png"]
     assert list(json.loads((tmp_path / "r.state.json").read_text())["steps"]) == ["2"]
 
-    write(tmp_path / "r.yaml", (tmp_path / "r.yaml").read_text().replace("no-such-profile",
-                                                                         "tinyworld-caption"))
     write(tmp_path / "r.yaml", (tmp_path / "r.yaml").read_text().replace(
-        "{inputs: [imgs], profile", "{inputs: [imgs/s1.png, missing.png], max_new_tokens: 4, profile"))
+        "{inputs: [imgs], out: notes.txt}",
+        "{inputs: [imgs/s1.png, missing.png], max_new_tokens: 4, out: caps3.jsonl}"))
     res = run(["r.yaml"])  # step 1 fails again (exit 1), step 3 now fails an input too
     assert res.exit_code == 1, res.output
     assert "step 2 (profiles): done in an earlier run, skipped" in res.stderr

@@ -110,7 +110,7 @@ def path_params(command: click.Command) -> dict[str, tuple[click.Parameter, bool
     return out
 
 
-def _parsed(command: click.Command, argv: list[str]) -> tuple[click.Context, dict]:
+def parsed_step(command: click.Command, argv: list[str]) -> tuple[click.Context, dict]:
     """The step's raw values by parameter name, as its command's parser reads argv."""
     ctx = click.Context(command, info_name=command.name, resilient_parsing=True)
     try:
@@ -128,7 +128,7 @@ def _strings(value) -> list[str]:
 
 def step_paths(command: click.Command, argv: list[str]) -> Iterator[StepPath]:
     """Every path the step ``command argv`` reads or writes (see the module's rules)."""
-    ctx, values = _parsed(command, argv)
+    ctx, values = parsed_step(command, argv)
     for word in _strings(values.get("", [])):
         yield StepPath("ARGUMENT", word, word)
     for name, (param, folder) in path_params(command).items():
@@ -250,7 +250,7 @@ def missing_reads(recipe, commands: Mapping[str, click.Command]) -> list[str]:
     problems, earlier = [], []
     for step in recipe.steps:
         command = commands[step.command]
-        ctx, values = _parsed(command, step.argv)
+        ctx, values = parsed_step(command, step.argv)
         for name in CHECKED_READS:
             param = next((p for p in command.params if p.name == name), None)
             if param is None:
@@ -289,7 +289,7 @@ _MAX_ENTRIES = 200_000        # files a fingerprint looks at, at most (then: cha
 
 def missing_writes(command: click.Command, argv: list[str]) -> str | None:
     """The first file or folder the step writes that is not there (as "--out caps.jsonl")."""
-    ctx, values = _parsed(command, argv)
+    ctx, values = parsed_step(command, argv)
     for name, (param, _) in path_params(command).items():
         if name not in WRITE_PARAMS:
             continue
@@ -310,7 +310,7 @@ def reads_fingerprint(command: click.Command, argv: list[str], skip=()) -> str |
     at a rerun whether it changed; None for other commands."""
     if command.name not in RESUMING:
         return None
-    _, values = _parsed(command, argv)
+    _, values = parsed_step(command, argv)
     left_out = {os.path.abspath(p) for p in skip}
     seen: list[str] = []
     for name in CHECKED_READS:

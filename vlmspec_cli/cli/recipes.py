@@ -25,6 +25,7 @@ import click
 import yaml
 
 from vlmspec_cli.profile.yaml_file import YamlFileError, check_events, read_text
+from vlmspec_cli.cli.recipe_checks import profile_problems
 from vlmspec_cli.cli.recipe_paths import (missing_reads, reads_fingerprint, resolve_reads,
                                           state_collision, still_done)
 from vlmspec_cli.cli.recipe_state import (check_state_path, default_state_path, read_state,
@@ -431,7 +432,8 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
                  "(two recipes of one name share <name>.state.json here); give another "
                  "--state PATH, or --restart to start this recipe's state in it")
         return 2
-    missing = missing_reads(recipe, commands)   # before step 1, and under --dry-run
+    # before step 1, and under --dry-run: files a step reads, profiles and methods
+    missing = missing_reads(recipe, commands) + profile_problems(recipe, commands)
     if missing:
         for message in missing:
             ui.error(message)
