@@ -165,6 +165,19 @@ def test_profile_errors_exit_2(tmp_path, images):
     assert run(["caption"]).exit_code == 2
 
 
+def test_options_another_setting_would_use_are_refused_not_ignored(images, tmp_path):
+    """--trace with a method that has no per-block trace wrote an empty file without a
+    word; --workers / --ray-address without --executor ray were ignored: usage errors now,
+    before anything loads or is written."""
+    trace = tmp_path / "t.jsonl"
+    res = run(["caption", str(images[0]), "--trace", str(trace)])
+    assert res.exit_code == 2 and "method 'chain' has no per-block trace" in res.stderr
+    assert not trace.exists()
+    for option in (["--workers", "3"], ["--ray-address", "auto"]):
+        res = run(["caption", str(images[0]), *option])
+        assert res.exit_code == 2 and f"{option[0]} is for the Ray actor pool" in res.output
+
+
 def test_dry_run_and_profiles_show_resolved_profile(images):
     _, paths = images
     res = run(["caption", str(paths[0]), "--dry-run", "--set", "drafting.gamma=3", "--temperature", "0.5"])

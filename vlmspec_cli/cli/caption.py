@@ -83,6 +83,11 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     if executor == "ray" and (chat_file or compare or trace_file):
         raise click.UsageError("--executor ray captions image INPUTS only: drop --chat, "
                                "--compare and --trace, or use --executor local")
+    ctx = click.get_current_context()
+    for name, flag in (("workers", "--workers"), ("ray_address", "--ray-address")):
+        given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        if given and executor != "ray":   # silently ignored before
+            raise click.UsageError(f"{flag} is for the Ray actor pool: add --executor ray")
     cli_values = {
         "method": method, "drafting.inputs": parse_inputs(drafting_inputs),
         "generation.prompt": prompt, "generation.max_new_tokens": max_new_tokens,
@@ -93,9 +98,12 @@ def caption(inputs, prompt, profile, method, drafting_inputs, chat_file, trace_f
     }
     prof = decoding_profile(profile, sets, cli_values, task="caption")
     try:
-        validate_method(prof)
+        method_cls = validate_method(prof)
     except SessionError as exc:
         fail(str(exc))
+    if trace_file and not method_cls.traces:   # it wrote an empty file, without a word
+        fail(f"--trace {trace_file}: method '{prof.method}' has no per-block trace; --trace "
+             "records TABED's weights per drafting block (--method tabed)")
     if chat_file:
         try:
             items = chat_jobs(chat_file)

@@ -49,6 +49,7 @@ class DraftingMethod(Drafter):
     prunes = False
     relaxes = False
     trees = False         # drafts trees (per-token acceptance lengths: generate-image heatmaps)
+    traces = False        # writes --trace's lines (per drafting block); others refuse --trace
     drafts = True         # proposes tokens (False: the target decodes alone)
     uses_draft = True     # drafts with a separate draft model (profile section draft:)
     help = ""             # what --method's help says of it
