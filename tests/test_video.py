@@ -208,6 +208,9 @@ def test_cli_usage_and_dry_run(clips, tmp_path):
     assert run(["describe-video"]).exit_code == 2
     res = run(["describe-video", str(paths[0]), "--frames", "4", "--fps", "2"])
     assert res.exit_code == 2 and "--frames or --fps" in res.output
+    # --frames over a profile that samples by time: the command line wins (fps won, silently)
+    res = run(["describe-video", str(paths[0]), "--set", "video.fps=2", "--frames", "3", "--dry-run"])
+    assert res.exit_code == 0 and "frames: 3" in res.stdout and "fps: null" in res.stdout, res.stdout
     res = run(["describe-video", str(d), "--dry-run", "--set", "hidden.tree=true"])
     assert res.exit_code == 0 and "tree: true" in res.stdout
     assert all(str(p) in res.stdout for p in paths)

@@ -77,6 +77,10 @@ def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frame
     elif prof.task != "video":
         fail(f"profile '{prof.name}' is for task '{prof.task}', describe-video needs a caption "
              "or video profile (task: video)")
+    if frames and prof.video.fps:   # the command line picks the sampling: a profile's fps
+        from vlmspec_cli.profile import with_settings   # gives way (it won, silently)
+
+        prof = with_settings(prof, {"video.fps": None}, source="--frames")
     try:
         validate_method(prof)
     except SessionError as exc:
