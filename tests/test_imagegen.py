@@ -346,6 +346,12 @@ def test_cli_prompts_file_stdin_dry_run(tmp_path):
     planned = [line for line in res.stdout.splitlines() if line.startswith("# ") and ".png" in line]
     assert len(planned) == 4 and "001-a-blue-square-1.png  seed=1" in planned[-1]
     assert not out.exists()   # a dry run writes nothing
+    # the last seed --seed takes: image 1's wraps to the first, which --seed takes back
+    top, bottom = str(2 ** 63 - 1), str(-(2 ** 63))
+    res = run(["generate-image", "a red circle", "-n", "2", "--seed", top, "-o", str(out), "--dry-run"])
+    assert res.exit_code == 0 and f"seed={top}" in res.stdout and f"seed={bottom}" in res.stdout
+    res = run(["generate-image", "a red circle", "--seed", bottom, "-o", str(out), "--dry-run"])
+    assert res.exit_code == 0, res.output
 
 
 def test_cli_relaxed_records_say_lossy(tmp_path):

@@ -95,7 +95,14 @@ class ImagePlan:
             name = slug(text)
             for k in range(self.n):
                 yield ImageJob(str(self.out_dir / f"{i:03d}-{name}-{k}.png"), text, i, k,
-                               self.seed + k)
+                               image_seed(self.seed, k))
+
+
+def image_seed(seed: int, k: int) -> int:
+    """Image k's seed: the run's + k, wrapped into the signed 64-bit range --seed takes
+    (--seed 9223372036854775807 -n 2 recorded 9223372036854775808 for the second image,
+    a seed --seed then refused: the image could not be made again)."""
+    return (seed + k + 2 ** 63) % 2 ** 64 - 2 ** 63
 
 
 def plan_jobs(prompts: list, n: int, seed: int, out_dir: str | os.PathLike) -> ImagePlan:
