@@ -190,7 +190,9 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
     if summary.batched_s is not None:
         table.add_row("batch size", f"{summary.batch_size} (decoded together in {summary.batched_s:.2f}s)")
     if s.caption_s:
-        table.add_row("captioner time", f"{s.caption_s:.2f}s (overlaps the target prefill)")
+        # runtime/captioner.py: beside the target's prefill on a GPU, inline on a CPU
+        table.add_row("captioner time", f"{s.caption_s:.2f}s (on a GPU beside the target's "
+                      "prefill; on a CPU in line with it)")
     if summary.speedup is not None:
         note = f" ({summary.mismatches} mismatching!)" if summary.mismatches else ""
         table.add_row("speedup vs target-only", f"{summary.speedup:.2f}x{note}")
