@@ -184,3 +184,13 @@ def test_the_shipped_image_profile_is_the_deep_generator_and_equals_hf_generate(
                            do_sample=False, guidance_scale=ad.guidance_scale(lm))
     assert res.tokens == hf[0].tolist()
     assert res.state.stats.num_accepted_tokens > 0
+
+
+def test_every_tinyworld_profile_decodes_on_one_thread():
+    """README: the tinyworld profiles ship runtime.threads 1 (prefills on auto);
+    tinyworld-selfquant, which includes no other profile, had auto."""
+    names = sorted(p.stem for p in SHIPPED.glob("tinyworld-*.yaml"))
+    assert len(names) >= 10
+    for name in names:
+        runtime = load_profile(str(SHIPPED / f"{name}.yaml")).runtime
+        assert runtime.threads == 1 and runtime.prefill_threads == "auto", name
