@@ -250,6 +250,24 @@ def test_cli_existing_heatmap_refused_before_decoding(tmp_path):
         assert not png.exists()   # decided before decoding: nothing written
 
 
+def test_two_runs_never_write_one_folder_at_once(tmp_path):
+    """A run holds its --out-dir (flock on the folder): a second one into it is refused at
+    once (exit 2), where both used to decode every image and fail each other's files."""
+    import fcntl
+
+    out = tmp_path / "imgs"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)   # as a run under way holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = run(["generate-image", PROMPTS[0], "-o", str(out), *FAST])
+        assert res.exit_code == 2 and "another vlmspec generate-image is writing into it" in res.stderr
+        assert list(out.iterdir()) == []
+    finally:
+        os.close(fd)
+    assert run(["generate-image", PROMPTS[0], "-o", str(out), *FAST]).exit_code == 0
+
+
 def test_cli_force_never_overwrites_what_is_not_a_png(tmp_path):
     out = tmp_path / "imgs"
     out.mkdir()

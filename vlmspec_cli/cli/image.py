@@ -77,7 +77,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session, tree_methods, validate_method
-    from vlmspec_cli.tasks.imagegen import check_out_dir, plan_jobs, run_images
+    from vlmspec_cli.tasks.imagegen import check_out_dir, lock_out_dir, plan_jobs, run_images
 
     if force and skip_existing:
         raise click.UsageError("--force and --skip-existing contradict each other; pick one")
@@ -98,8 +98,9 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         _print_plan(prof, jobs, heatmap and prof.method in tree_methods())
         return
     problem = check_out_dir(out_dir)
-    if problem:
-        fail(problem)
+    _held, busy = lock_out_dir(out_dir) if problem is None else (None, None)
+    if problem or busy:
+        fail(problem or busy)
     if prof.sampling.temperature == 0 and prof.image.images_per_prompt > 1 and not quiet:
         ui.warning("temperature 0: the images of a prompt are identical; use -t 1 for variety")
     if not quiet:

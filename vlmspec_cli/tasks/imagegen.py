@@ -151,6 +151,30 @@ def read_prompts(path: str, stdin=None) -> list:
     return prompts
 
 
+def lock_out_dir(out_dir: str | os.PathLike) -> tuple[int | None, str | None]:
+    """Hold ``out_dir`` for this run: an advisory flock on the folder itself (no file added
+    to it), released when the returned descriptor closes or the process ends. Two runs into
+    one folder each decoded every image and failed the other's, whose files they saw as
+    existing, --skip-existing or not. (fd or None, why the folder is busy or None)."""
+    try:
+        import fcntl
+    except ImportError:    # no flock here: nothing held
+        return None, None
+    try:
+        fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None, None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None, (f"--out-dir {out_dir}: another vlmspec generate-image is writing into "
+                      "it; wait for it to finish or choose another folder")
+    except OSError:        # a filesystem without locks
+        pass
+    return fd, None
+
+
 def check_out_dir(out_dir: str | os.PathLike) -> str | None:
     """Why nothing could be written to ``out_dir`` (created if missing), or None."""
     path = Path(out_dir)
