@@ -179,3 +179,16 @@ def test_an_unknown_method_is_named_where_it_was_set(tmp_path):
         line = one_error_line(res.stderr)
         assert res.exit_code == 2 and line.startswith("error: " + where), line
         assert hint in line or "unknown method 'tre'" in line, line
+
+
+def test_option_errors_name_the_option_typed():
+    """A bad option value is named by its option (they said "command line option
+    'drafting.inputs'" for --inputs, "'target.device'" for --device, and a count past the
+    64-bit range named the profile key with a negative lower bound)."""
+    image = str(ROOT / "examples" / "images" / "scene1.png")
+    for args, start in ((["--inputs", "X"], "error: --inputs X: key 'drafting.inputs' must be one of"),
+                        (["--device", "gpu"], "error: --device gpu: key 'target.device' must be one of")):
+        res = run(["caption", image, "--dry-run", *args])
+        assert res.exit_code == 2 and one_error_line(res.stderr).startswith(start), res.stderr
+    res = run(["caption", image, "--dry-run", "--max-new-tokens", str(10 ** 20)])
+    assert res.exit_code == 2 and "'--max-new-tokens': 100000000000000000000 is too large" in res.output

@@ -44,12 +44,26 @@ def nonempty_path(ctx, param, value):
     return value
 
 
+# the option that sets each profile key a command line can set: its errors name the option
+# the user typed (they said "command line option 'drafting.inputs'" for --inputs)
+OPTION_OF_KEY = {"method": "--method", "drafting.inputs": "--inputs", "generation.prompt": "--prompt",
+                 "generation.max_new_tokens": "--max-new-tokens", "generation.batch_size": "--batch-size",
+                 "sampling.temperature": "--temperature", "sampling.seed": "--seed",
+                 "target.device": "--device", "draft.device": "--device",
+                 "runtime.fast_path": "--fast-path", "runtime.compile": "--compile",
+                 "video.frames": "--frames", "video.fps": "--fps", "video.max_pixels": "--max-pixels",
+                 "image.cfg": "--cfg", "image.images_per_prompt": "-n"}
+
+
 def load_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task: str | None = None):
     """The resolved profile (exit 2 on a profile error); with ``task``, it must be for it."""
     from vlmspec_cli.profile import ProfileError, load_profile
 
+    shown = lambda v: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v   # noqa: E731
+    labels = {k: f"{OPTION_OF_KEY[k]} {shown(cli[k])}" for k in cli
+              if k in OPTION_OF_KEY and cli[k] is not None}
     try:
-        prof = load_profile(profile, overrides=list(sets), cli=cli)
+        prof = load_profile(profile, overrides=list(sets), cli=cli, labels=labels)
     except ProfileError as exc:
         fail(str(exc))
     if task is not None and prof.task != task:

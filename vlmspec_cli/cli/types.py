@@ -30,9 +30,17 @@ class FiniteFloat(click.FloatRange):
 
 class Count(click.IntRange):
     """An integer with a lower bound (a token limit, a batch size): click's IntRange, whose
-    error for a word reads "'abc' is not a valid integer range."; this one says integer."""
+    error for a word reads "'abc' is not a valid integer range."; this one says integer,
+    and refuses one past the 64-bit range a profile key holds (the error named the profile
+    key, not the option)."""
 
     name = "integer"
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if rv > SEED_MAX:
+            self.fail(f"{rv} is too large (at most {SEED_MAX}).", param, ctx)
+        return rv
 
 
 class Seed(click.IntRange):

@@ -358,8 +358,11 @@ def include_chain(name_or_path: str | os.PathLike) -> list[Path]:
 
 def load_profile(name_or_path: str | os.PathLike | None = None,
                  overrides: Iterable[str] = (),
-                 cli: Mapping[str, Any] | None = None) -> Profile:
-    """Load, merge and validate a profile. See the module docstring for precedence."""
+                 cli: Mapping[str, Any] | None = None,
+                 labels: Mapping[str, str] | None = None) -> Profile:
+    """Load, merge and validate a profile. See the module docstring for precedence.
+    ``labels``: how errors name where a ``cli`` key came from (the option the user typed,
+    ``--inputs``; default "command line option 'KEY'")."""
     path = resolve_profile_path(DEFAULT_PROFILE if name_or_path is None else name_or_path)
     data = _file_layer(path)
     for item in overrides:
@@ -383,7 +386,8 @@ def load_profile(name_or_path: str | os.PathLike | None = None,
         data = _merge(data, _dotted_layer(key, value, source))
     for key, value in (cli or {}).items():
         if value is not None:
-            data = _merge(data, _dotted_layer(key, value, f"command line option '{key}'"))
+            label = (labels or {}).get(key) or f"command line option '{key}'"
+            data = _merge(data, _dotted_layer(key, value, label))
     profile = _build(Profile(), data)
     profile.source = str(path.resolve())
     return profile
