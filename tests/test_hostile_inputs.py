@@ -132,6 +132,20 @@ def test_endless_stdin_is_read_bounded(images, unit, reason):
     assert stream.read_bytes <= 65 * MiB
 
 
+def test_a_videos_bytes_on_stdin_are_named_so_by_describe_video():
+    """cat clip.mp4 | vlmspec describe-video -: it said "stdin holds an image's bytes", and
+    random bytes "... (or one image's bytes)", which describe-video does not take."""
+    from vlmspec_cli.tasks.video import expand_video_inputs
+
+    clip = (Path(__file__).resolve().parent.parent / "examples/videos/red-circle-left-to-right.mp4")
+    for data, reason in ((clip.read_bytes(), "stdin holds a file's bytes (an image or a video), not "
+                          "a list of paths"), (b"\0\1\2" * 2000, "stdin holds binary data, not a "
+                                               "list of paths: - reads newline-separated paths here")):
+        (item,) = expand_video_inputs(["-"], stdin=io.BytesIO(data))
+        assert item.path == "-" and item.error.startswith(reason), item.error
+        assert "one image" not in item.error
+
+
 def test_stdin_line_too_long_fails_alone(images):
     from vlmspec_cli.tasks.inputs import expand_inputs
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import random
+from pathlib import Path
 
 import av
 import numpy as np
@@ -327,6 +328,12 @@ def _bad(tmp_path, kind):
         return write_truncated(p / "cut.mp4", keep=0.1)
     if kind == "truncated_mkv_header":
         return write_truncated(p / "cut.mkv", keep=300)
+    if kind == "device":
+        return Path("/dev/null")
+    if kind == "link_loop":
+        os.symlink(p / "b.mp4", p / "a.mp4")
+        os.symlink(p / "a.mp4", p / "b.mp4")
+        return p / "a.mp4"
     raise AssertionError(kind)
 
 
@@ -341,6 +348,8 @@ BAD = {
     "truncated_mp4": "truncated or corrupt",
     "truncated_mp4_early": "truncated or corrupt",
     "truncated_mkv_header": "truncated or corrupt",
+    "device": "not a regular file",          # it said "empty file"
+    "link_loop": "too many levels of symbolic links",
 }
 
 

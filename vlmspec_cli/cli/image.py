@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -98,9 +99,11 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         _print_plan(prof, jobs, heatmap and prof.method in tree_methods())
         return
     problem = check_out_dir(out_dir)
-    _held, busy = lock_out_dir(out_dir) if problem is None else (None, None)
+    held, busy = lock_out_dir(out_dir) if problem is None else (None, None)
     if problem or busy:
         fail(problem or busy)
+    if held is not None:   # released when the command ends, however it ends
+        click.get_current_context().call_on_close(lambda: os.close(held))
     if prof.sampling.temperature == 0 and prof.image.images_per_prompt > 1 and not quiet:
         ui.warning("temperature 0: the images of a prompt are identical; use -t 1 for variety")
     if not quiet:

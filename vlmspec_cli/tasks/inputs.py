@@ -316,15 +316,17 @@ def _expand_one(arg: str, exts: tuple[str, ...]) -> list[InputItem]:
         top = arg.rstrip("/\\" if os.sep == "\\" else "/") or arg
         # a directory named on the command line that yields nothing is worth a line
         return _walk_dir(top, exts) or [InputItem(top, REASON_EMPTY_DIR)]
-    if os.path.lexists(arg):
-        if not os.path.exists(arg):  # dangling symlink named explicitly
+    try:
+        os.stat(arg)
+    except FileNotFoundError:
+        if os.path.lexists(arg):   # dangling symlink named explicitly
             return [InputItem(arg, REASON_BROKEN_LINK)]
-        # Explicitly named file: kept whatever its extension; load_image
-        # reports precisely what is wrong with it (empty, text, fifo, ...).
-        return [InputItem(arg)]
-    if _is_glob(arg):
-        return _expand_glob(arg, exts)
-    return [InputItem(arg, REASON_MISSING)]
+        return _expand_glob(arg, exts) if _is_glob(arg) else [InputItem(arg, REASON_MISSING)]
+    except OSError as e:   # a symlink loop, a folder that cannot be searched: said so,
+        return [InputItem(arg, _os_reason(e))]   # not "no such file or directory"
+    # Explicitly named file: kept whatever its extension; load_image
+    # reports precisely what is wrong with it (empty, text, fifo, ...).
+    return [InputItem(arg)]
 
 
 def expand_inputs(
@@ -393,10 +395,10 @@ def _os_reason(e: OSError) -> str:
         return REASON_PERMISSION
     if e.errno == errno.ENOTDIR:
         return f"{REASON_MISSING} (a parent path is not a directory)"
-    return f"cannot read file ({e.strerror or e})"
+    return f"cannot read file ({(e.strerror or str(e)).lower()})"
 
 
-def _stat_regular(path: str) -> os.stat_result:
+def stat_regular(path: str) -> os.stat_result:
     """``os.stat`` of a regular, non-empty file; InputError naming why not otherwise."""
     if name_problem(path):
         raise InputError(shown_name(path), name_problem(path))
@@ -434,7 +436,7 @@ def read_regular_file(path: str, check_head: Callable[[bytes], str | None] | Non
     """The bytes of a regular, non-empty file; InputError naming why not otherwise.
     ``check_head``: the reason to reject the file from its first bytes, or None; the
     rest is read only when it returns None."""
-    _stat_regular(path)
+    stat_regular(path)
     try:
         with open(path, "rb") as fh:
             data = fh.read(_SNIFF_BYTES)
@@ -464,7 +466,7 @@ def load_image(path: str, max_bytes: int = MAX_IMAGE_BYTES, data: bytes | None =
     is applied (best effort). Animated images yield their first frame.
     """
     path = os.fspath(path)
-    check_image_size(path, _stat_regular(path).st_size if data is None else len(data), max_bytes)
+    check_image_size(path, stat_regular(path).st_size if data is None else len(data), max_bytes)
 
     # Our contract: truncated images fail.  Something else in the process may
     # have flipped this global; the loader relies on it being False.

@@ -108,15 +108,18 @@ def sniff_stdin(stream, max_image: int | None) -> tuple[str, object]:
     :func:`bounded_lines`."""
     fh = binary_stream(stream)
     head = fh.read(SNIFF_BYTES) or b""
-    if looks_like_image_magic(head) and max_image is None:
-        return "error", ("stdin holds an image's bytes, not a list of paths: - reads "
-                         "newline-separated paths here (name the file instead)")
+    if looks_like_image_magic(head) and max_image is None:   # (an mp4's box looks alike)
+        return "error", ("stdin holds a file's bytes (an image or a video), not a list of "
+                         "paths: - reads newline-separated paths here (name the file instead)")
     if looks_like_image_magic(head):
         data = head + (fh.read(max_image + 1 - len(head)) or b"")
         if len(data) > max_image:
             return "error", (f"the image on stdin is more than {_size(max_image)}, the cap "
                              "for an image; not read further")
         return "image", data
+    if _binary(head) and max_image is None:
+        return "error", ("stdin holds binary data, not a list of paths: - reads "
+                         "newline-separated paths here")
     if _binary(head):
         return "error", ("stdin holds binary data, not an image vlmspec recognises nor a "
                           "list of paths: - reads newline-separated paths (or one image's bytes)")

@@ -50,7 +50,7 @@ import numpy as np
 from PIL import Image
 
 from vlmspec_cli.tasks.image_header import dimension_problem
-from vlmspec_cli.tasks.inputs import InputError, check_image_size
+from vlmspec_cli.tasks.inputs import InputError, check_image_size, stat_regular
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".gif", ".avi", ".mov")
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -223,6 +223,8 @@ def _open(path: str):
 
     try:
         container = av.open(path, metadata_errors="ignore")
+    except (av.error.PermissionError, av.error.FileNotFoundError) as exc:   # not "not a video"
+        raise VideoError(path, (exc.strerror or str(exc)).lower()) from None
     except av.error.FFmpegError as exc:
         kind = "truncated or corrupt" if _looks_like_video(path) else "not a video file"
         raise VideoError(path, f"{kind} ({_ffmpeg_detail(exc)})") from None
@@ -346,12 +348,10 @@ def _to_image(frame, max_pixels: int | None) -> Image.Image:
 
 
 def _read_file(path: str, frames, fps, max_pixels, max_frames=None) -> VideoClip:
-    try:
-        size = os.path.getsize(path)
-    except OSError as exc:
-        raise VideoError(path, (exc.strerror or str(exc)).lower()) from None
-    if size == 0:
-        raise VideoError(path, "empty file")
+    try:   # a regular, non-empty file, as an image must be (/dev/null said "empty file")
+        stat_regular(path)
+    except InputError as exc:
+        raise VideoError(path, exc.reason) from None
     _silence_ffmpeg()
 
     guess = _packet_times(path)
@@ -461,6 +461,4 @@ def read_video(
     src = str(path)
     if os.path.isdir(src):
         return _read_folder(src, frames, fps, max_pixels, folder_fps, max_frames)
-    if not os.path.exists(src):
-        raise VideoError(src, "no such file or directory")
-    return _read_file(src, frames, fps, max_pixels, max_frames)
+    return _read_file(src, frames, fps, max_pixels, max_frames)   # stat_regular says why not
