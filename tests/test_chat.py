@@ -272,3 +272,21 @@ def test_non_utf8_chat_file(tmp_path: Path) -> None:
     with pytest.raises(InputError) as ei:
         read_chat_file(str(f))
     assert ei.value.reason.startswith("not UTF-8 text")
+
+
+def test_a_conversation_without_an_id_is_named_file_colon_line_and_resumes(tmp_path: Path) -> None:
+    """Its input read "c.jsonl#c.jsonl:2" (the default key after the file's name); now
+    "c.jsonl:2", as the README says, and a rerun still resumes it (its source is unchanged)."""
+    from click.testing import CliRunner
+
+    from vlmspec_cli.cli import cli
+
+    chat = _write(tmp_path / "c.jsonl", [{"id": "named", "messages": [_user("what is two plus two?")]},
+                                         {"messages": [_user("what is one plus one?")]}])
+    out = tmp_path / "r.jsonl"
+    args = ["caption", "--chat", str(chat), "--json", "--out", str(out), "--max-new-tokens", "4", "-q"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert [json.loads(l)["input"] for l in res.stdout.splitlines()] == [f"{chat}#named", f"{chat}:2"]
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 0 and again.stdout == "" and len(out.read_text().splitlines()) == 2

@@ -129,7 +129,11 @@ def chat_jobs(chat_path: str) -> list[Job]:
             return [Message(t.role, t.text, tuple(ims)) for t, ims in zip(conv.turns, images)]
 
         images = tuple(p for turn in conv.turns for p in turn.image_paths)
-        jobs.append(Job(f"{chat_path}#{conv.key}", conv.turns[-1].text, load,
+        # without an id its key is "NAME:LINE": shown as FILE:LINE, not FILE#NAME:LINE (the
+        # source, what a rerun resumes by, keeps the key)
+        unnamed = conv.key == f"{os.path.basename(chat_path)}:{conv.line}"
+        shown = f"{chat_path}:{conv.line}" if unnamed else f"{chat_path}#{conv.key}"
+        jobs.append(Job(shown, conv.turns[-1].text, load,
                         source=f"{source}#{conv.key}", files=(chat_path, *images)))
     return jobs
 
