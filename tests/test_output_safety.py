@@ -87,7 +87,8 @@ def test_bad_outputs_refused_in_one_line_before_any_model_loads(tmp_path, image,
     for case, (path, why) in cases.items():
         if case == "link-to-torn.jsonl":
             continue
-        res = run(["caption", str(image), option, str(path), *FAST])
+        method = ["--method", "tabed"] if option == "--trace" else []   # the one that traces
+        res = run(["caption", str(image), option, str(path), *method, *FAST])
         assert res.exit_code == 2, (case, res.output)
         lines = error_lines(res.stderr)
         if case != "folder.jsonl":  # click's own "is a directory" usage error
@@ -142,7 +143,7 @@ def test_an_output_is_never_an_input(tmp_path, image, no_models, monkeypatch):
                  ["caption", "h.png", "--out", str(image)],       # spelled another way
                  ["caption", str(image), "--out", "link.png"],    # a link to it
                  ["caption", str(tmp_path), "--out", "h.png"],    # found in a folder
-                 ["caption", "h.png", "--trace", "./h.png"],
+                 ["caption", "h.png", "--trace", "./h.png", "--method", "tabed"],
                  ["caption", "--chat", "conv.jsonl", "--out", "conv.jsonl"],
                  ["caption", "--chat", "conv.jsonl", "--out", "h.png"],  # an image it reads
                  ["describe-video", str(VIDEO), "--out", str(VIDEO)]):
@@ -150,7 +151,7 @@ def test_an_output_is_never_an_input(tmp_path, image, no_models, monkeypatch):
         assert res.exit_code == 2, (args, res.output)
         (line,) = error_lines(res.stderr)
         assert "is also an input" in line and "never writes to its inputs" in line, line
-    res = run(["caption", "h.png", "--out", "o.jsonl", "--trace", "./o.jsonl", *FAST])
+    res = run(["caption", "h.png", "--out", "o.jsonl", "--trace", "./o.jsonl", "-m", "tabed", *FAST])
     assert res.exit_code == 2 and "--trace and --out name the same file" in res.stderr
     assert snapshot(tmp_path) == before
 
