@@ -228,3 +228,31 @@ def test_the_calibrate_table_reads_at_80_columns(monkeypatch, width):
     else:
         assert "│ hidden llava-deep-hidden tree d=4 k=4 n=12 │" in text
         assert "2.24x (1.77/2.28/2.56)" in text and "speedup per sample" not in text
+
+
+def test_long_status_lines_wrap_between_words_in_a_terminal_only(monkeypatch):
+    """The "fast path ..." line at 80 columns was cut by the terminal mid-word ("not
+    measu|red", "include|: hw.yaml"): in a terminal rich wraps it between words; into a
+    file or a pipe it stays one line (grep and the tests read it whole)."""
+    import io
+
+    from rich.console import Console
+
+    from vlmspec_cli import ui
+
+    message = ("fast path (static cache): target, draft; CPU threads: 1 decoding, 2 prefilling; "
+               "compiled steps off (auto: not measured on this hardware; `vlmspec profile "
+               "--compile --write hw.yaml`, then `include: hw.yaml`, measures it)")
+    for terminal in (True, False):
+        buf = io.StringIO()
+        monkeypatch.setattr(ui, "stderr", Console(file=buf, force_terminal=terminal, width=80,
+                                                  color_system=None, soft_wrap=True))
+        ui.info(message)
+        ui.warning(message)
+        lines = buf.getvalue().splitlines()
+        if terminal:
+            assert len(lines) > 2 and max(map(len, lines)) <= 80
+            words = " ".join(line.strip() for line in lines).split()
+            assert words == message.split() + ["warning:"] + message.split()
+        else:
+            assert lines == [message, "warning: " + message]

@@ -23,16 +23,22 @@ _shared: Progress | None = None    # the live progress display, while stdout sha
 
 def error(message: str) -> None:
     """One line on stderr (rich markup in the message is not interpreted; a newline or CR
-    in it, e.g. from a file name, is shown as \\n / \\r)."""
-    stderr.print(f"[bold red]error:[/] {escape(one_line(message))}")
+    in it, e.g. from a file name, is shown as \\n / \\r). In a terminal a long line is
+    wrapped between words (the terminal's own wrap cut "not measu|red"); into a file or a
+    pipe it stays one line, whatever its length."""
+    _line(f"[bold red]error:[/] {escape(one_line(message))}")
 
 
 def warning(message: str) -> None:
-    stderr.print(f"[yellow]warning:[/] {escape(one_line(message))}")
+    _line(f"[yellow]warning:[/] {escape(one_line(message))}")
 
 
 def info(message: str) -> None:
-    stderr.print(escape(one_line(message)), style="dim")
+    _line(escape(one_line(message)), style="dim")
+
+
+def _line(text: str, style: str | None = None) -> None:
+    stderr.print(text, style=style, soft_wrap=not stderr.is_terminal)
 
 
 _LINE_BREAKS = str.maketrans({"\n": "\\n", "\r": "\\r"})
@@ -422,11 +428,11 @@ def bench_table(report, title: str = "vlmspec bench") -> None:
             out.print(line)
     for name, label in labels.items():
         if label != name:
-            out.print(f"{escape(name)}: {escape(label)}", style="dim")
+            out.print(f"{escape(name)}: {escape(label)}", style="dim", soft_wrap=not out.is_terminal)
     out.print("MAT: tokens per verification round, 1 + accepted/rounds (vLLM's "
               "mean_acceptance_length); speedup: Σ target-only wall / Σ method wall over the "
               "same samples; p50/p90: per-request latency (ms); = target: samples identical to "
-              "target-only", style="dim")
+              "target-only", style="dim", soft_wrap=not out.is_terminal)   # words kept whole
 
 
 def _ms(seconds) -> str:
