@@ -178,6 +178,26 @@ def test_options_another_setting_would_use_are_refused_not_ignored(images, tmp_p
         assert res.exit_code == 2 and f"{option[0]} is for the Ray actor pool" in res.output
 
 
+def test_dry_run_json_is_one_json_object_per_command(images):
+    """--dry-run --json printed YAML and comment lines, which no JSON reader takes: one
+    object now (the profile, the planned items, how many past the shown)."""
+    _, paths = images
+    for args, first in (
+            (["caption", str(paths[0]), str(paths[1])], {"input": str(paths[0]), "error": None}),
+            (["generate-image", "a red circle", "-n", "2"],
+             {"file": "images/000-a-red-circle-0.png", "prompt": "a red circle", "seed": 0,
+              "error": None, "heatmap": None}),
+            (["bench", str(ROOT / "examples/mmspec/mmspec.jsonl"), "-m", "none", "--limit", "1"],
+             None)):
+        res = run([*args, "--dry-run", "--json"])
+        assert res.exit_code == 0, res.output
+        plan = json.loads(res.stdout)
+        assert plan["planned"] == 2 - (args[0] == "bench") and plan["more"] == 0
+        assert plan["profile"]["target"]["model"].startswith("zoo:tinyworld/")
+        if first is not None:
+            assert plan["items"][0] == first
+
+
 def test_dry_run_and_profiles_show_resolved_profile(images):
     _, paths = images
     res = run(["caption", str(paths[0]), "--dry-run", "--set", "drafting.gamma=3", "--temperature", "0.5"])

@@ -98,9 +98,12 @@ def bench(dataset, methods, categories, limit, batch_size, profile, sets, max_ne
     inputs = [dataset, *[p for s in plan.samples for p in s.image_paths]]
     _check_plot(plot_path, out, inputs, force)
     if dry_run:
-        click.echo("# methods: " + ", ".join(plan.label(m) for m in plan.methods))
         print_plan(prof, "sample(s)", [(f"{dataset}:{it.line} {it.key} [{it.group or '?'}]",
-                                        getattr(it, "reason", None)) for it in plan.items])
+                                        getattr(it, "reason", None)) for it in plan.items],
+                   as_json=as_json, extra={"methods": [plan.label(m) for m in plan.methods]},
+                   json_rows=[{"input": f"{dataset}:{it.line}", "sample": it.key,
+                               "category": it.group, "error": getattr(it, "reason", None)}
+                              for it in plan.items])
         return
     if not quiet:
         ui.info(f"profile {prof.name}: target {prof.target.model}; methods "

@@ -381,16 +381,31 @@ def finish_batch(prof, summary, quiet: bool, extra: dict | None = None,
     sys.exit(1 if summary.failures or summary.mismatches else 0)
 
 
-def print_plan(prof, noun: str, rows, total: int | None = None, limit: int | None = None) -> None:
+def print_plan(prof, noun: str, rows, total: int | None = None, limit: int | None = None,
+               as_json: bool = False, json_rows=None, extra: dict | None = None) -> None:
     """--dry-run: the resolved profile, then one comment line per planned item (``rows``:
     (name, error) pairs, ``total`` of them; with ``limit``, the first ``limit`` and a line
-    saying how many more: generate-image's plan can be millions of files)."""
-    from vlmspec_cli.profile import profile_to_yaml
+    saying how many more: generate-image's plan can be millions of files). With ``as_json``
+    (--json) one JSON object instead: the profile, ``extra``, and the items (``json_rows``:
+    dicts, else {"input", "error"} of ``rows``), and "more" past ``limit``."""
+    from itertools import islice
+
+    from vlmspec_cli.profile import profile_to_dict, profile_to_yaml
 
     total = len(rows) if total is None else total
     try:
+        if as_json:   # --dry-run --json printed YAML, which no JSON reader takes
+            items = json_rows if json_rows is not None else (
+                {"input": name, "error": error} for name, error in rows)
+            shown = list(items if limit is None else islice(items, limit))
+            click.echo(json.dumps({"profile_source": prof.source, "profile": profile_to_dict(prof),
+                                   **(extra or {}), "planned": total, "items": shown,
+                                   "more": total - len(shown)}, ensure_ascii=False, default=str))
+            return
         click.echo(f"# profile from {prof.source}")
         click.echo(profile_to_yaml(prof), nl=False)
+        for key, value in (extra or {}).items():
+            click.echo(f"# {key}: {', '.join(map(str, value)) if isinstance(value, list) else value}")
         click.echo(f"# {total} {noun}")
         for shown, (name, error) in enumerate(rows):
             if limit is not None and shown >= limit:

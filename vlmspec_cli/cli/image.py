@@ -96,7 +96,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         fail(str(exc))
     jobs = plan_jobs(texts, _images_per_prompt(prof), prof.sampling.seed, out_dir)
     if dry_run:
-        _print_plan(prof, jobs, heatmap and prof.method in tree_methods())
+        _print_plan(prof, jobs, heatmap and prof.method in tree_methods(), as_json)
         return
     problem = check_out_dir(out_dir)
     held, busy = lock_out_dir(out_dir) if problem is None else (None, None)
@@ -168,11 +168,15 @@ def _images_per_prompt(prof) -> int:
 DRY_RUN_LINES = 1000   # planned files shown by --dry-run; the rest are counted
 
 
-def _print_plan(prof, jobs, with_map: bool) -> None:
+def _print_plan(prof, jobs, with_map: bool, as_json: bool = False) -> None:
     from vlmspec_cli.tasks.imagegen import heatmap_path
 
     rows = ((f"{j.path}  seed={j.seed}" + (
         f"  + {heatmap_path(j.path).name}" if with_map and not j.error else ""), j.error)
         for j in jobs)
-    print_plan(prof, "image(s)", rows, total=len(jobs), limit=DRY_RUN_LINES)
+    json_rows = ({"file": j.path, "prompt": j.prompt, "seed": j.seed, "error": j.error,
+                  "heatmap": str(heatmap_path(j.path)) if with_map and not j.error else None}
+                 for j in jobs)
+    print_plan(prof, "image(s)", rows, total=len(jobs), limit=DRY_RUN_LINES, as_json=as_json,
+               json_rows=json_rows)
 

@@ -30,7 +30,7 @@ def run_job_command(prof, items, *, noun: str, out: str | None, as_json: bool, c
     from vlmspec_cli.tasks.caption import input_files, run_batch
 
     if dry_run:
-        print_plan(prof, noun, [(item.path, item.error) for item in items])
+        print_plan(prof, noun, [(item.path, item.error) for item in items], as_json=as_json)
         return
     if not quiet:
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
