@@ -365,8 +365,13 @@ def _prepare_target(profile, target: LoadedModel) -> None:
     """What the task needs of the target: videos read, or images generated (with the
     profile's guidance)."""
     if profile.task == "video" and not getattr(target.adapter, "takes_videos", False):
+        from vlmspec_cli.runtime.adapters import adapters
+
+        video = sorted({t for a in adapters() if getattr(a, "takes_videos", False)
+                        for t in a.model_types})   # the families whose adapter reads videos
         raise ValueError(f"target '{target.name}' does not take videos (describe-video needs a "
-                         "Qwen2.5-VL-family model, e.g. zoo:tinyworld/qwen-video-target)")
+                         f"model of a family that reads videos: model_type {', '.join(video)}; "
+                         "e.g. zoo:tinyworld/qwen-video-target)")
     if profile.task == "image":
         check_image_model(target, "target")
         target.adapter = target.adapter.with_guidance(profile.image.cfg)

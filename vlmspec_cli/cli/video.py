@@ -49,8 +49,9 @@ loads), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 @decode_options("video", "VIDEO")
 def describe_video(inputs, prompt, profile, method, drafting_inputs, sets, frames, fps, max_pixels,
                    max_new_tokens, temperature, seed, device, fast_path, compile_steps, out, as_json, compare, dry_run, quiet):
-    """Describe videos (or answer a question about each), drafted speculatively with a
-    draft that never reads visual tokens: lossless, output identical to the target's.
+    """Describe videos (or answer a question about each), drafted speculatively (by
+    default by a head that never reads visual tokens): lossless, output identical to the
+    target's.
 
     VIDEOS are video files, folders (searched recursively; a folder of image frames
     is one video), glob patterns, or - to read paths from stdin. Results go to stdout
