@@ -214,6 +214,10 @@ def test_real_model_profile_fails_clearly_offline(images):
     res = CliRunner(env=env).invoke(cli, ["caption", str(paths[0]), "--profile", "llava15-7b", "-q"])
     assert res.exit_code == 2
     assert "llava-hf/llava-1.5-7b-hf" in res.stderr and "unreachable" in res.stderr
+    # every model it would load, in one line: the draft too (it named the target alone,
+    # and a user who downloaded it met the missing draft at the next run)
+    assert "draft 'JackFram/llama-68m'" in res.stderr and res.stderr.count("\n") == 1
+    assert "`hf download JackFram/llama-68m`" in res.stderr
 
 
 def test_compare_reports_identical_outputs(images):

@@ -412,3 +412,6 @@ def test_the_head_reads_an_image_prompt_at_the_targets_3d_positions(targets):
                                             ("qwen3-vl-8b-eagle3", "Qwen/Qwen3-VL-8B-Instruct")])
 def test_real_head_profiles_fail_in_one_line_offline(tmp_path, profile, hub_id):
     check_offline_profile(profile, hub_id, tmp_path)
+    from vlmspec_cli.profile import load_profile   # the head is named in the same line
+
+    check_offline_profile(profile, load_profile(profile).eagle3.model, tmp_path)

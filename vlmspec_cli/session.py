@@ -16,8 +16,8 @@ from vlmspec_cli.runtime import limits
 from vlmspec_cli.runtime.draft_cost import cannot_pay
 from vlmspec_cli.runtime.draft_length import AutoGamma
 from vlmspec_cli.runtime.engine import SpeculativeEngine
-from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, peek_adapter,
-                                       require_safetensors, use_fast_path)
+from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, missing_offline,
+                                        peek_adapter, require_safetensors, use_fast_path)
 from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
 
@@ -299,8 +299,12 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     (calibrate builds one session per configuration around one target); its fast path and
     guidance are set again for this profile."""
     method = validate_method(profile)
-    for role, name in [("target", profile.target.model), *method.models(profile)]:
+    named = [("target", profile.target.model), *method.models(profile)]
+    for role, name in named:
         require_safetensors(name, role)  # pickle-only weights: refused before any model loads
+    offline = missing_offline(named[1:] if target is not None else named)
+    if offline:                          # every one of them, not the target alone
+        raise ModelLoadError(offline)
     try:   # what the models' families cannot do: refused from their configs, before loading
         method.check_models(profile, lambda role: peek_adapter(getattr(profile, role), role))
     except ValueError as exc:

@@ -171,6 +171,30 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def missing_offline(named) -> str | None:
+    """One message naming every hub model of ``named`` ((role, name) pairs) that is not in
+    the local Hugging Face cache while the hub is unreachable, or None: the first load named
+    only the target, and a user who downloaded it met the missing draft or head next run."""
+    from transformers import AutoConfig
+
+    missing = []
+    for role, name in named:
+        source = resolve_model_source(name) if name else None
+        if not source or Path(source).exists() or looks_local(source):
+            continue
+        try:
+            AutoConfig.from_pretrained(source, local_files_only=True)
+        except (OSError, ValueError):
+            missing.append((role, source))
+    if not missing or _hub_reachable():
+        return None
+    named_list = ", ".join(f"{role} '{source}'" for role, source in missing)
+    return (f"not in the local Hugging Face cache, and the hub is unreachable (offline?): "
+            f"{named_list}. Download them where there is network ("
+            + ", ".join(f"`hf download {s}`" for s in dict.fromkeys(s for _, s in missing))
+            + ") and copy the cache, or set each role's model to a local directory.")
+
+
 def _quantization_config(quantize: str, adapter, int8_threshold: float = 0.0):
     """bitsandbytes settings for ``quantize`` (int8 | nf4 | fp4): the decoder's linear
     layers are quantized; the adapter's ``quant_skip_modules`` (vision tower, projector,
