@@ -256,3 +256,14 @@ def test_long_status_lines_wrap_between_words_in_a_terminal_only(monkeypatch):
             assert words == message.split() + ["warning:"] + message.split()
         else:
             assert lines == [message, "warning: " + message]
+
+
+def test_bench_notes_do_not_say_a_methods_shape_twice():
+    from vlmspec_cli.ui import _beyond_label, _signed_pct
+
+    assert _beyond_label("draft D ['multimodal'] γ auto ≤ 7", "chain (γ auto ≤ 7)") == "draft D ['multimodal']"
+    assert _beyond_label("draft D ['multimodal'] tree depth auto ≤ 5 top_k=4 total_tokens=20",
+                         "tree dynamic (depth auto ≤ 5, top_k=4, total_tokens=20)") == "draft D ['multimodal']"
+    assert _beyond_label("twig T on layers[:K] δ auto ≤ 7 θ=0.6", "twig (γ auto ≤ 7)") == \
+        "twig T on layers[:K] δ auto ≤ 7 θ=0.6"
+    assert [_signed_pct(x) for x in (-0.004, 0.081, -0.03)] == ["0%", "+8%", "-3%"]   # not "-0%"

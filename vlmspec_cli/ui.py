@@ -185,16 +185,18 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
         table.add_row("acceptance per position", rates)
     if s.draft_length and drafts:   # drafting.length auto
         d = s.draft_length
-        mean = f"mean γ {d['mean_gamma']:.2f}" if d["rounds_drafted"] else "no γ"
+        mean = (f"mean γ {d['mean_gamma']:.2f} (≤ {d['max']})" if d["rounds_drafted"]
+                else f"no round drafted (γ ≤ {d['max']})")
         table.add_row("draft length (auto)",
-                      f"{mean} (≤ {d['max']}); rounds: "
-                      f"{d['rounds_drafted']} drafted, {d['rounds_plain']} plain")
+                      f"{mean}; rounds: {d['rounds_drafted']} drafted, {d['rounds_plain']} plain")
         if d.get("off_reason"):
             table.add_row("drafting off", d["off_reason"])
     table.add_row("new tokens", str(s.new_tokens))
-    table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
+    if summary.done:   # nothing decoded (all skipped or failed): no rate to give
+        table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
     if summary.batched_s is not None:
-        table.add_row("batch size", f"{summary.batch_size} (decoded together in {summary.batched_s:.2f}s)")
+        size = min(summary.batch_size, max(summary.done, 1))   # not 8 for 3 inputs
+        table.add_row("batch size", f"{size} (decoded together in {summary.batched_s:.2f}s)")
     if s.caption_s:
         # runtime/captioner.py: beside the target's prefill on a GPU, inline on a CPU
         table.add_row("captioner time", f"{s.caption_s:.2f}s (on a GPU beside the target's "
@@ -313,7 +315,7 @@ def latency_table(hardware: dict) -> None:
             table.add_row(name.replace("_", " "), f"|ΔT/T| ≤ {r['max_rel_dev']:.3f} ({verdict})",
                           style=None if r["holds"] else "yellow")
     for tau, e in m["expected_speedup"].items():
-        table.add_row(f"Eq. 1 speedup at τ={tau}", f"{e['eq1']:.2f}x (with measured T_p(γ): "
+        table.add_row(f"Eq. 1 speedup at τ={tau}", f"{e['eq1']:.2f}x (with measured T_p(γ+1): "
                       f"{e['eq1_measured_verify']:.2f}x)")
     stderr.print(table)
 
@@ -351,7 +353,7 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
             speedup += "" if below else f" ({spread})"
         table.add_row(escape(c.label), f"{c.tau_model:.2f}", f"{c.predicted:.2f}x{timed}",
                       "-" if c.tau is None else f"{c.tau:.2f}", speedup,
-                      "-" if c.prediction_error is None else f"{c.prediction_error:+.0%}",
+                      "-" if c.prediction_error is None else _signed_pct(c.prediction_error),
                       "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.0f}",
                       style="bold green" if c is winner else None)
     out.print(table)
@@ -368,11 +370,16 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
         out.print(f"target-only: {target_only['tokens_per_s']} tok/s, per sample "
                      f"{w['min']:.3f}–{w['median']:.3f}–{w['max']:.3f} s (min–median–max)")
     if errors and errors.get("measured"):
-        out.print(f"prediction error over {errors['measured']} measured: mean {errors['mean']:+.0%}, "
+        out.print(f"prediction error over {errors['measured']} measured: mean {_signed_pct(errors['mean'])}, "
                      f"mean |error| {errors['mean_abs']:.0%}, max |error| {errors['max_abs']:.0%}")
     if note:
         out.print(escape(note))
     out.print(f"winner: [bold]{escape(winner.label)}[/]")
+
+
+def _signed_pct(x: float) -> str:
+    """+8%, -3%, and 0% (not "-0%") for what rounds to nothing."""
+    return "0%" if round(x * 100) == 0 else f"{x:+.0%}"
 
 
 def _not_tried(skipped) -> list[str]:
@@ -409,7 +416,9 @@ def bench_table(report, title: str = "vlmspec bench") -> None:
     for row in report.rows:
         if last is not None and row.category != last:
             table.add_section()
-        labels[row.method] = row.label + (f", {row.describe}" if row.describe else "")
+        # the label names the length already (chain (γ auto ≤ 7)): not said twice
+        describe = _beyond_label(row.describe, row.label)
+        labels[row.method] = row.label + (f", {describe}" if describe else "")
         per_position = (" ".join(f"{r:.2f}" for r in row.accept_per_pos[:6])
                         + (" …" if len(row.accept_per_pos) > 6 else ""))
         cells = [escape(row.category) if row.category != last else "", escape(row.method),
@@ -433,6 +442,17 @@ def bench_table(report, title: str = "vlmspec bench") -> None:
               "mean_acceptance_length); speedup: Σ target-only wall / Σ method wall over the "
               "same samples; p50/p90: per-request latency (ms); = target: samples identical to "
               "target-only", style="dim", soft_wrap=not out.is_terminal)   # words kept whole
+
+
+def _beyond_label(describe: str, label: str) -> str:
+    """``describe`` less its trailing words that ``label`` says already: "chain (γ auto ≤ 7)"
+    and "draft D ['multimodal'] γ auto ≤ 7" read "chain (γ auto ≤ 7), draft D
+    ['multimodal']", not γ twice (a tree's shape was said twice too)."""
+    said = set(label.replace("(", " ").replace(")", " ").replace(",", " ").split())
+    words = describe.split()
+    while words and words[-1].strip(",") in said:
+        words.pop()
+    return " ".join(words).rstrip(",")
 
 
 def _ms(seconds) -> str:

@@ -40,7 +40,8 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
               help="Extra context lengths S to time, positive integers [256,512].")
 @click.option("--repeats", type=Count(min=3), default=15, show_default=True,
               help="Timed calls per number (the median is kept).")
-@click.option("--warmup", type=Count(min=0), default=3, show_default=True)
+@click.option("--warmup", type=Count(min=0), default=3, show_default=True,
+              help="Untimed calls before each number's timed ones.")
 @click.option("--tau", type=FiniteFloat(min=1), help="Also give Eq. 1's speedup for this τ.")
 @click.option("--compile", "compile_steps", is_flag=True,
               help="Also time the fast path's steps compiled with torch.compile and the "
