@@ -268,6 +268,27 @@ def test_two_runs_never_write_one_folder_at_once(tmp_path):
     assert run(["generate-image", PROMPTS[0], "-o", str(out), *FAST]).exit_code == 0
 
 
+def test_what_a_run_cannot_do_is_said_not_silent(tmp_path):
+    """An empty --prompts-file is named (it said "no PROMPT given"); --heatmap with a
+    method that drafts no trees warns (no heatmap was written, without a word); a folder a
+    run made and left empty, its models failing to load, is not left behind."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("# nothing yet\n\n")
+    res = run(["generate-image", "--prompts-file", str(prompts)])
+    assert res.exit_code == 2 and "holds no prompts" in res.stderr
+    res = run(["generate-image", "a red circle", "-m", "none", "--heatmap", "--dry-run"])
+    assert res.exit_code == 0 and "warning: --heatmap: method 'none' drafts no trees" in res.stderr
+    out = tmp_path / "never"
+    res = CliRunner(env={"HF_HUB_OFFLINE": "1"}).invoke(
+        cli, ["generate-image", "a red circle", "-p", "emu3-gen", "-o", str(out), "-q"])
+    assert res.exit_code == 2 and "unreachable" in res.stderr and not out.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()   # a folder that was there stays, empty or not
+    res = CliRunner(env={"HF_HUB_OFFLINE": "1"}).invoke(
+        cli, ["generate-image", "a red circle", "-p", "emu3-gen", "-o", str(kept), "-q"])
+    assert res.exit_code == 2 and kept.is_dir()
+
+
 def test_cli_force_never_overwrites_what_is_not_a_png(tmp_path):
     out = tmp_path / "imgs"
     out.mkdir()

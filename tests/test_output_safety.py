@@ -128,7 +128,8 @@ def test_an_empty_output_name_is_refused_not_taken_as_none(tmp_path, image, no_m
     res = run([a.format(image=image, recipe=recipe) for a in args])
     lines = error_lines(res.stderr)
     assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    assert lines[0] == f"error: {option} '': an empty file name; name a file or leave {option} out"
+    what = "folder" if option == "--out-dir" else "file"
+    assert lines[0] == f"error: {option} '': an empty {what} name; name a {what} or leave {option} out"
     assert snapshot(tmp_path) == before
 
 

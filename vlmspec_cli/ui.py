@@ -135,7 +135,7 @@ class BatchUI:
     def item_started(self, item) -> None:
         """A job starts (in a batch: joins while older rows decode, whose count stays)."""
         if self.progress is not None:
-            self.progress.update(self.items_task, note=escape(one_line(item.path)))
+            self.progress.update(self.items_task, note=escape(_tail(one_line(item.path))))
             if self.decoding is None:
                 self.progress.reset(self.tokens_task, total=None, note="",
                                     visible=self.progress.tasks[self.tokens_task].visible)
@@ -442,6 +442,12 @@ def bench_table(report, title: str = "vlmspec bench") -> None:
               "mean_acceptance_length); speedup: Σ target-only wall / Σ method wall over the "
               "same samples; p50/p90: per-request latency (ms); = target: samples identical to "
               "target-only", style="dim", soft_wrap=not out.is_terminal)   # words kept whole
+
+
+def _tail(path: str, room: int = 32) -> str:
+    """The end of a long path, where its file name is (at 80 columns the bar cut
+    "examples/images/scene1.png" to "examples/images/sc", and the elapsed time to "0:00:…")."""
+    return path if len(path) <= room else "…" + path[-(room - 1):]
 
 
 def _beyond_label(describe: str, label: str) -> str:

@@ -40,7 +40,8 @@ def nonempty_path(ctx, param, value):
     out (no output) or as the current folder."""
     if value is not None and value == "":
         opt = param.opts[0]
-        fail(f"{opt} '': an empty file name; name a file or leave {opt} out")
+        what = "folder" if getattr(param.type, "file_okay", True) is False else "file"
+        fail(f"{opt} '': an empty {what} name; name a {what} or leave {opt} out")
     return value
 
 

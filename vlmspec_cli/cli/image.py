@@ -83,6 +83,8 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     if force and skip_existing:
         raise click.UsageError("--force and --skip-existing contradict each other; pick one")
     texts = list(prompts) + _read_prompts(prompts_file)
+    if not texts and prompts_file:
+        fail(f"--prompts-file {prompts_file}: holds no prompts (only blank and # lines)")
     if not texts:
         raise click.UsageError("no PROMPT given (arguments or --prompts-file)")
     cli_values = {"method": method, "image.cfg": cfg, "image.images_per_prompt": n,
@@ -94,16 +96,23 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         method_cls = validate_method(prof)
     except SessionError as exc:
         fail(str(exc))
+    if heatmap and prof.method not in tree_methods() and not quiet:   # it was silent
+        ui.warning(f"--heatmap: method '{prof.method}' drafts no trees, so there is no "
+                   f"acceptance per token to map (methods {', '.join(tree_methods())} have one)")
     jobs = plan_jobs(texts, _images_per_prompt(prof), prof.sampling.seed, out_dir)
     if dry_run:
         _print_plan(prof, jobs, heatmap and prof.method in tree_methods(), as_json)
         return
+    made = not os.path.lexists(out_dir)
     problem = check_out_dir(out_dir)
     held, busy = lock_out_dir(out_dir) if problem is None else (None, None)
     if problem or busy:
         fail(problem or busy)
+    ctx = click.get_current_context()
+    if made:   # a folder this run made and left empty (the models failed to load) goes
+        ctx.call_on_close(lambda: _remove_if_empty(out_dir))
     if held is not None:   # released when the command ends, however it ends
-        click.get_current_context().call_on_close(lambda: os.close(held))
+        ctx.call_on_close(lambda: os.close(held))
     if prof.sampling.temperature == 0 and prof.image.images_per_prompt > 1 and not quiet:
         ui.warning("temperature 0: the images of a prompt are identical; use -t 1 for variety")
     if not quiet:
@@ -142,6 +151,13 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         ui.info(f"replaced {path} (an image vlmspec wrote)")
     extra = {"mean tree depth d̄": f"{sum(depths) / len(depths):.2f}"} if depths else {}
     finish_batch(prof, summary, quiet, extra, outputs="image(s)")
+
+
+def _remove_if_empty(folder) -> None:
+    try:
+        os.rmdir(folder)   # only an empty folder: never a file or anything in it
+    except OSError:
+        pass
 
 
 def _read_prompts(path: str | None) -> list:
