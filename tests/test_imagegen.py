@@ -441,3 +441,13 @@ def test_adt_auto_depth_equals_target_greedy(greedy_reference, costs):
         assert all(d <= k for d, k in zip(depths, [k for k in ks if k > 0]))   # capped
         if costs == "off-on":
             assert set(ks) == {0, 1} and ks.count(0) > ks.count(1)
+
+
+def test_an_out_dir_that_cannot_be_a_folder_is_said_as_it_is(tmp_path):
+    """A link loop or a broken link as --out-dir said "cannot create ...: File exists"."""
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    os.symlink(tmp_path / "gone", tmp_path / "broken")
+    for name, reason in (("a", "too many levels of symbolic links"), ("broken", "a broken symbolic link")):
+        res = run(["generate-image", "a red circle", "-o", str(tmp_path / name), *FAST])
+        assert res.exit_code == 2 and f"--out-dir {tmp_path / name}: {reason}" in res.stderr, res.stderr

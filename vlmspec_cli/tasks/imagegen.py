@@ -178,6 +178,14 @@ def lock_out_dir(out_dir: str | os.PathLike) -> tuple[int | None, str | None]:
 def check_out_dir(out_dir: str | os.PathLike) -> str | None:
     """Why nothing could be written to ``out_dir`` (created if missing), or None."""
     path = Path(out_dir)
+    if os.path.lexists(path) and not path.is_dir():   # a file, a broken link, a link loop:
+        try:                                           # said as it is, not "File exists"
+            os.stat(path)
+        except FileNotFoundError:
+            return f"--out-dir {path}: a broken symbolic link"
+        except OSError as exc:
+            return f"--out-dir {path}: {(exc.strerror or str(exc)).lower()}"
+        return f"--out-dir {path} is not a directory"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
