@@ -217,8 +217,9 @@ def test_cli_existing_heatmap_refused_before_decoding(tmp_path):
     assert run(["generate-image", *HEATMAP_ARGS, "-o", str(out)]).exit_code == 0
     png.unlink()
     before = hmap.read_bytes()
-    res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--dry-run"])
-    assert res.exit_code == 0 and f"{png}  seed=0  + {hmap.name}" in res.stdout
+    res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out), "--dry-run"])   # --json: one object
+    assert res.exit_code == 0 and json.loads(res.stdout)["items"] == [
+        {"file": str(png), "prompt": PROMPTS[0], "seed": 0, "error": None, "heatmap": str(hmap)}]
     res = run(["generate-image", *HEATMAP_ARGS, "-o", str(out)])
     assert res.exit_code == 1 and f"heatmap {hmap} exists" in res.stderr
     (rec,) = _records(res.stdout)

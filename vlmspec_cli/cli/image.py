@@ -78,7 +78,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session, tree_methods, validate_method
-    from vlmspec_cli.tasks.imagegen import check_out_dir, lock_out_dir, plan_jobs, run_images
+    from vlmspec_cli.tasks.imagegen import plan_jobs, run_images
 
     if force and skip_existing:
         raise click.UsageError("--force and --skip-existing contradict each other; pick one")
@@ -103,16 +103,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     if dry_run:
         _print_plan(prof, jobs, heatmap and prof.method in tree_methods(), as_json)
         return
-    made = not os.path.lexists(out_dir)
-    problem = check_out_dir(out_dir)
-    held, busy = lock_out_dir(out_dir) if problem is None else (None, None)
-    if problem or busy:
-        fail(problem or busy)
-    ctx = click.get_current_context()
-    if made:   # a folder this run made and left empty (the models failed to load) goes
-        ctx.call_on_close(lambda: _remove_if_empty(out_dir))
-    if held is not None:   # released when the command ends, however it ends
-        ctx.call_on_close(lambda: os.close(held))
+    _hold_out_dir(out_dir)
     if prof.sampling.temperature == 0 and prof.image.images_per_prompt > 1 and not quiet:
         ui.warning("temperature 0: the images of a prompt are identical; use -t 1 for variety")
     if not quiet:
@@ -151,6 +142,24 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
         ui.info(f"replaced {path} (an image vlmspec wrote)")
     extra = {"mean tree depth d̄": f"{sum(depths) / len(depths):.2f}"} if depths else {}
     finish_batch(prof, summary, quiet, extra, outputs="image(s)")
+
+
+def _hold_out_dir(out_dir) -> None:
+    """--out-dir made if missing, checked writable and held for this command (one line,
+    exit 2, when it cannot be or another run holds it); released when the command ends,
+    however it ends, and removed then if this run made it and left it empty."""
+    from vlmspec_cli.tasks.imagegen import check_out_dir, lock_out_dir
+
+    made = not os.path.lexists(out_dir)
+    problem = check_out_dir(out_dir)
+    held, busy = lock_out_dir(out_dir) if problem is None else (None, None)
+    if problem or busy:
+        fail(problem or busy)
+    ctx = click.get_current_context()
+    if made:   # a folder this run made and left empty (the models failed to load) goes
+        ctx.call_on_close(lambda: _remove_if_empty(out_dir))
+    if held is not None:
+        ctx.call_on_close(lambda: os.close(held))
 
 
 def _remove_if_empty(folder) -> None:
