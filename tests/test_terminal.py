@@ -267,3 +267,32 @@ def test_bench_notes_do_not_say_a_methods_shape_twice():
     assert _beyond_label("twig T on layers[:K] δ auto ≤ 7 θ=0.6", "twig (γ auto ≤ 7)") == \
         "twig T on layers[:K] δ auto ≤ 7 θ=0.6"
     assert [_signed_pct(x) for x in (-0.004, 0.081, -0.03)] == ["0%", "+8%", "-3%"]   # not "-0%"
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_the_profiles_table_reads_at_80_columns(monkeypatch, width):
+    """At 80 columns the path column took the room and the descriptions' model names were
+    cut ("Qwen2-VL-7B-Instru…"): there the file's name stands in its row and its folder is
+    said once below; nothing is cut short at either width."""
+    import io
+
+    from rich.console import Console
+
+    from vlmspec_cli import ui
+
+    buf = io.StringIO()
+    monkeypatch.setattr(ui, "stderr", Console(file=buf, force_terminal=True, width=width,
+                                              color_system=None))
+    rows = [("qwen2-vl-7b", "caption", "/some/where/profiles/qwen2-vl-7b.yaml",
+             "Qwen2-VL-7B-Instruct target, Qwen2-VL-2B-Instruct draft (GPU, hub download)"),
+            ("tinyworld-video-eagle3", "video", "/some/where/profiles/tinyworld-video-eagle3.yaml",
+             "EAGLE-3 head on the tinyworld video target")]
+    ui.profiles_table(rows)
+    text = buf.getvalue()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+    words = " ".join(text.replace("│", " ").split())
+    assert "Qwen2-VL-7B-Instruct" in words.replace(" ", "") and "tinyworld-video-eagle3" in text
+    if width == 80:
+        assert text.rstrip().endswith("files in /some/where/profiles")
+    else:
+        assert "/some/where/profiles/qwen2-vl-7b.yaml" in text

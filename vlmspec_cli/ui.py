@@ -230,11 +230,18 @@ def profiles_table(rows) -> None:
 
     headers = ("name", "task", "description", "path")
     cells = [(name, task, description, str(path)) for name, task, path, description in rows]
-    table = Table(title="profiles", title_justify="left")
+    # in a terminal under 120 columns the path is the file's name, its folders said once
+    # below (at 80 the model names in the descriptions were cut to "Qwen2-VL-7B-Instru…")
+    narrow = stderr.is_terminal and stderr.width < 120
+    folders = sorted({os.path.dirname(c[3]) for c in cells}) if narrow else []
+    if narrow:
+        cells = [(*c[:3], os.path.basename(c[3])) for c in cells]
+    table = Table(title="profiles", title_justify="left", expand=narrow)   # ratios need expand
     table.add_column(headers[0], style="bold", no_wrap=True)
     table.add_column(headers[1], no_wrap=True)
-    table.add_column(headers[2])
-    table.add_column(headers[3], style="dim", overflow="fold")
+    table.add_column(headers[2], overflow="fold", ratio=3 if narrow else None)
+    table.add_column("file" if narrow else headers[3], style="dim", overflow="fold",
+                     ratio=2 if narrow else None)
     for row in cells:
         table.add_row(*(escape(cell) for cell in row))
     console = stderr
@@ -242,6 +249,8 @@ def profiles_table(rows) -> None:
         widths = [max(cell_len(c) for c in column) for column in zip(headers, *cells)]
         console = Console(stderr=True, highlight=False, width=sum(widths) + 3 * len(widths) + 1)
     console.print(table)
+    for folder in folders:
+        console.print(f"files in {escape(folder)}", style="dim", soft_wrap=False)
 
 
 class Status:
