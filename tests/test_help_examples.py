@@ -71,3 +71,13 @@ def test_the_examples_are_found():
     """The parser above finds the examples (a test that found none would pass)."""
     assert len(examples("bench")) == 5 and len(examples("caption")) >= 10
     assert all(len(examples(c)) >= 3 for c in DRY_RUN)
+
+
+@pytest.mark.parametrize("command", ["caption", "describe-video", "generate-image", "bench",
+                                     "calibrate", "profile", "run", "profiles"])
+def test_help_fits_80_columns(command):
+    """Examples and tables in --help are kept as written (click's \\b): 48 of their lines
+    ran past 80 columns and the terminal cut them mid-word."""
+    text = CliRunner().invoke(cli, [command, "--help"], terminal_width=80).output
+    long = [line for line in text.splitlines() if len(line) > 80]
+    assert not long, long

@@ -13,23 +13,27 @@ from vlmspec_cli.cli.types import Count, FiniteFloat, Seed
 
 EPILOG_BENCH = """\b
 Examples:
-  vlmspec bench examples/mmspec/mmspec.jsonl          # profile's method vs target-only
-  vlmspec bench examples/mmspec/mmspec.jsonl --methods none,chain,tree,hidden,tabed,twig \\
-      --out bench.jsonl --plot bench.png --force      # every method; a rerun resumes
-                                                      # (and redraws its own PNG)
-  vlmspec bench examples/mmspec/mmspec.jsonl --categories "text vqa,multi-turn conversation" \\
-      --limit 4
-  vlmspec bench examples/mmspec/mmspec.jsonl -m none,chain --batch-size 4 --json > recs.jsonl
+  # the profile's method vs target-only
+  vlmspec bench examples/mmspec/mmspec.jsonl
+  # every method; a rerun resumes (and redraws its own PNG)
+  vlmspec bench examples/mmspec/mmspec.jsonl \\
+      --methods none,chain,tree,hidden,tabed,twig \\
+      --out bench.jsonl --plot bench.png --force
+  vlmspec bench examples/mmspec/mmspec.jsonl \\
+      --categories "text vqa,multi-turn conversation" --limit 4
+  vlmspec bench examples/mmspec/mmspec.jsonl -m none,chain --batch-size 4 \\
+      --json > recs.jsonl
+  # the real MMSpec split (its repository), on a GPU
   vlmspec bench MMSpec/dataset/MMSpec/test/mmspec.jsonl -p qwen25-vl-7b \\
       --methods none,chain,tree --max-new-tokens 1024 --out qwen-mmspec.jsonl
-                                   # the real MMSpec split (its repository), on a GPU
 
 \b
-DATASET is MMSpec's JSONL (id, image, turns, category, topic; images beside it or
-in images/) or --chat conversations; tables group by MMSpec's topic (else category).
-Exit codes: 0 every sample done, 1 a sample failed or a lossless method's output
-differs from target-only at T=0, 2 usage, profile, model-loading or output error,
-130 interrupted, 143 terminated (SIGTERM) (a rerun with the same --out resumes).
+DATASET is MMSpec's JSONL (id, image, turns, category, topic; images beside
+it or in images/) or --chat conversations; tables group by MMSpec's topic
+(else category). Exit codes: 0 every sample done, 1 a sample failed or a
+lossless method's output differs from target-only at T=0, 2 usage, profile,
+model-loading or output error, 130 interrupted, 143 terminated (SIGTERM) (a
+rerun with the same --out resumes).
 """
 
 

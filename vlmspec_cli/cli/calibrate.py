@@ -14,20 +14,26 @@ from vlmspec_cli.cli.types import Count, FiniteFloat, IntList, Seed
 
 EPILOG_CALIBRATE = """\b
 Examples:
-  vlmspec calibrate examples/images/ --write tuned          # -> profiles/tuned.yaml
+  # -> profiles/tuned.yaml
+  vlmspec calibrate examples/images/ --write tuned
   vlmspec calibrate -p mine.yaml shots/*.png --gammas 2,3,4,6 --budget 300
-  vlmspec caption shots/ --profile tuned                    # use the winner
-  vlmspec calibrate -p tinyworld-image "a red circle" "a blue square" --write img-tuned
+  # use the winner
+  vlmspec caption shots/ --profile tuned
+  vlmspec calibrate -p tinyworld-image "a red circle" "a blue square" \\
+      --write img-tuned
   vlmspec calibrate -p tinyworld-video examples/videos/ --write video-tuned
-  vlmspec calibrate shots/ --hidden ./my-head --twig ./my-twig   # your own heads and twigs
+  # your own heads and twigs
+  vlmspec calibrate shots/ --hidden ./my-head --twig ./my-twig
 
 \b
 What is searched, by the profile's task:
-  caption  chain x input (M T C P) x gamma, TABED MT* and MTCP*, draft trees (depth x
-           top_k x total_tokens, dynamic and static), hidden-state heads (chain x gamma,
-           trees), twigs x theta x gamma, then --batch-size 2 and 4 for several samples
+  caption  chain x input (M T C P) x gamma, TABED MT* and MTCP*, draft trees
+           (depth x top_k x total_tokens, dynamic and static), hidden-state
+           heads (chain x gamma, trees), twigs x theta x gamma, then
+           --batch-size 2 and 4 for several samples
   image    ADT-Tree bounds x beta, fixed draft trees (SAMPLES are prompts)
-  video    the draft's chain x gamma, hidden-state heads (chain x gamma, trees)
+  video    the draft's chain x gamma, hidden-state heads (chain x gamma,
+           trees)
 
 Include a `vlmspec profile` hardware YAML in the base profile to make the choice
 deterministic (the latency model then comes from it instead of a fresh measurement).

@@ -14,19 +14,29 @@ from vlmspec_cli.cli.types import Count, Utf8Text
 
 EPILOG_CAPTION = """\b
 Examples:
-  vlmspec caption examples/images/                     # embedded tinyworld models
+  # embedded tinyworld models
+  vlmspec caption examples/images/
   vlmspec caption a.png b.png --prompt "what colour is the circle?"
-  vlmspec caption 'shots/**/*.png' --out captions.jsonl   # rerun resumes
-  find . -name '*.png' | vlmspec caption - --json | jq .stats.mean_acceptance_length
+  # rerun resumes
+  vlmspec caption 'shots/**/*.png' --out captions.jsonl
+  find . -name '*.png' | vlmspec caption - --json | jq \\
+      .stats.mean_acceptance_length
   vlmspec caption img.png --method chain --inputs text --compare
   vlmspec caption imgs/ --method tabed --inputs M,T,C,P --trace weights.jsonl
-  vlmspec caption imgs/ --batch-size 8 --out caps.jsonl  # 8 inputs decoded together
-  vlmspec caption imgs/ -m tree --set tree.top_k=2 --set tree.total_tokens=16  # draft trees
-  vlmspec caption --chat conversations.jsonl --json     # next assistant turn of each
-  vlmspec caption imgs/ --profile tinyworld-twig        # self-speculation, no draft model
-  vlmspec caption imgs/ -p tinyworld-twig --set prune.keep=3 --set prune.final_wipe=6  # lossy
+  # 8 inputs decoded together
+  vlmspec caption imgs/ --batch-size 8 --out caps.jsonl
+  # draft trees
+  vlmspec caption imgs/ -m tree --set tree.top_k=2 --set tree.total_tokens=16
+  # next assistant turn of each
+  vlmspec caption --chat conversations.jsonl --json
+  # self-speculation, no draft model
+  vlmspec caption imgs/ --profile tinyworld-twig
+  # lossy
+  vlmspec caption imgs/ -p tinyworld-twig --set prune.keep=3 --set \\
+      prune.final_wipe=6
   vlmspec caption img.png --profile llava15-7b --dry-run
-  vlmspec caption shots/ --executor ray --workers 4 --out caps.jsonl  # Ray actor pool
+  # Ray actor pool
+  vlmspec caption shots/ --executor ray --workers 4 --out caps.jsonl
 
 Exit codes: 0 all inputs done, 1 some input failed (the rest were still
 done and written), 2 usage, profile, model-loading or output error (--out or

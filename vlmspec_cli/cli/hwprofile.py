@@ -13,14 +13,20 @@ from vlmspec_cli.cli.types import Count, FiniteFloat, IntList
 
 EPILOG_PROFILE = """\b
 Examples:
-  vlmspec profile                                  # default profile, YAML to stdout
+  # default profile, YAML to stdout
+  vlmspec profile
   vlmspec profile -p tinyworld-tabed --write hw-cpu.yaml --plot hw-cpu.png
   vlmspec profile --contexts 128,1024 --repeats 30 --tau 3.2 --json
-  vlmspec profile --compile --write hw.yaml        # also time compiled steps (runtime.compile)
-  vlmspec profile -p tinyworld-hidden              # the hidden-state head's own rounds
-  vlmspec profile --threads 1,2 --write hw.yaml    # CPU thread counts for rounds and prefill
-  vlmspec profile -p tinyworld-video --frames 4,16,64   # prefill, steps, drafting vs frames
-  vlmspec profile -p tinyworld-image --plot img.png     # guided steps, tree sizes, ADT rounds
+  # also time compiled steps (runtime.compile)
+  vlmspec profile --compile --write hw.yaml
+  # the hidden-state head's own rounds
+  vlmspec profile -p tinyworld-hidden
+  # CPU thread counts for rounds and prefill
+  vlmspec profile --threads 1,2 --write hw.yaml
+  # prefill, steps, drafting vs frames
+  vlmspec profile -p tinyworld-video --frames 4,16,64
+  # guided steps, tree sizes, ADT rounds
+  vlmspec profile -p tinyworld-image --plot img.png
 
 Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 """

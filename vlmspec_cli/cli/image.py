@@ -17,13 +17,19 @@ DEFAULT_IMAGE_PROFILE = "tinyworld-image"
 
 EPILOG_IMAGE = """\b
 Examples:
-  vlmspec generate-image "a red circle on a blue background"      # tinyworld, ADT-Tree
-  vlmspec generate-image "a red circle above a blue square" -n 4 -t 1 --out-dir imgs/
+  # tinyworld, ADT-Tree
+  vlmspec generate-image "a red circle on a blue background"
+  vlmspec generate-image "a red circle above a blue square" -n 4 -t 1 \\
+      --out-dir imgs/
   vlmspec generate-image --prompts-file prompts.txt --json > records.jsonl
-  cat prompts.txt | vlmspec generate-image --prompts-file - --skip-existing   # resume
-  vlmspec generate-image "a green square" -m tree --set tree.policy=static --compare
-  vlmspec generate-image "a white diamond" --heatmap      # acceptance length per token
-  vlmspec generate-image "a red circle" --set acceptance=relaxed   # LANTERN, lossy
+  # resume
+  cat prompts.txt | vlmspec generate-image --prompts-file - --skip-existing
+  vlmspec generate-image "a green square" -m tree --set tree.policy=static \\
+      --compare
+  # acceptance length per token
+  vlmspec generate-image "a white diamond" --heatmap
+  # LANTERN, lossy
+  vlmspec generate-image "a red circle" --set acceptance=relaxed
 
 Files are named NNN-prompt-words-K.png (NNN: the prompt's index, K: the image's
 index); image K of a prompt uses seed --seed + K. Existing files are never

@@ -19,9 +19,12 @@ def profiles(name, sets, keys):
 
     \b
     Examples:
-      vlmspec profiles                        # name, task, description, file
-      vlmspec profiles tinyworld-hidden       # one profile, resolved, as YAML
-      vlmspec profiles --keys                 # every --set key: type and value
+      # name, task, description, file
+      vlmspec profiles
+      # one profile, resolved, as YAML
+      vlmspec profiles tinyworld-hidden
+      # every --set key: type and value
+      vlmspec profiles --keys
       vlmspec profiles --keys tinyworld-video | grep ^video
     """
     from vlmspec_cli import ui

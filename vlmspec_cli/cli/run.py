@@ -11,10 +11,14 @@ from vlmspec_cli.cli.common import nonempty_path
 
 EPILOG_RUN = """\b
 Examples:
-  vlmspec run recipes/caption-folder.yaml                   # rerun resumes
-  vlmspec run recipes/caption-folder.yaml --var folder=shots/ --var out=shots.jsonl
-  vlmspec run recipes/calibrate-then-caption.yaml --dry-run # print each step's command
-  vlmspec run recipe.yaml --restart                         # ignore the state file
+  # rerun resumes
+  vlmspec run recipes/caption-folder.yaml
+  vlmspec run recipes/caption-folder.yaml \\
+      --var folder=shots/ --var out=shots.jsonl
+  # print each step's command
+  vlmspec run recipes/calibrate-then-caption.yaml --dry-run
+  # ignore the state file
+  vlmspec run recipe.yaml --restart
 
 Exit codes: 0 every step done, 1 some step had failed inputs (the other
 steps still ran), 2 invalid recipe, or a step's usage, profile or model error

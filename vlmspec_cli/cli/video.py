@@ -16,13 +16,20 @@ DEFAULT_VIDEO_PROFILE = "tinyworld-video"
 
 EPILOG_VIDEO = """\b
 Examples:
-  vlmspec describe-video examples/videos/                  # tinyworld, hidden-state draft
-  vlmspec describe-video clip.mp4 --frames 16 --compare    # speedup vs the target alone
-  vlmspec describe-video clips/ --fps 2 --out desc.jsonl   # rerun resumes
-  find . -name '*.mp4' | vlmspec describe-video - --json | jq .stats.prefill_share
-  vlmspec describe-video frames_dir/ --set video.folder_fps=4   # a folder of frames
-  vlmspec describe-video clip.webm -m chain --inputs multimodal  # a draft that reads the video
-  vlmspec describe-video clip.mkv --set hidden.tree=true   # hidden-state draft trees
+  # tinyworld, hidden-state draft
+  vlmspec describe-video examples/videos/
+  # speedup vs the target alone
+  vlmspec describe-video clip.mp4 --frames 16 --compare
+  # rerun resumes
+  vlmspec describe-video clips/ --fps 2 --out desc.jsonl
+  find . -name '*.mp4' | vlmspec describe-video - --json | jq \\
+      .stats.prefill_share
+  # a folder of frames
+  vlmspec describe-video frames_dir/ --set video.folder_fps=4
+  # a draft that reads the video
+  vlmspec describe-video clip.webm -m chain --inputs multimodal
+  # hidden-state draft trees
+  vlmspec describe-video clip.mkv --set hidden.tree=true
 
 Videos: mp4, webm, mkv, gif, avi, mov (PyAV), or a folder of image frames.
 Frames are sampled uniformly (--frames) or by time (--fps). Exit codes: 0 all
