@@ -82,6 +82,7 @@ def test_ray_core_worker_lines_are_not_shown(tmp_path):
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["error"] is None
     assert "core_worker" not in res.stderr and "] core_" not in res.stderr, res.stderr
+    assert "Token authentication" not in res.stderr   # a local Ray's notice, not the user's
     assert "vlmspec summary" in res.stderr
 
 

@@ -252,7 +252,10 @@ def _init_ray(ray, address: str | None, workers: int) -> bool:
                       logging_level=logging.WARNING)
         if address:
             ray.init(address=address, **kwargs)
-        else:
+        else:   # a local Ray of this run's own: its token notice ("Token authentication is
+            # enabled ... Set RAY_AUTH_MODE=disabled to opt out") is no concern of the user's
+            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+                logging.ERROR)
             ray.init(num_cpus=workers, **kwargs)
         started = True
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # no "progress bars disabled"
