@@ -89,7 +89,8 @@ def _coerce(value, tp, key: str, source: str):
         return value
     if typing.get_origin(tp) is list:
         if not isinstance(value, (list, tuple)):
-            raise bad()
+            hint = f" (a list: [{value}])" if isinstance(value, (str, int, float)) else ""
+            raise ProfileError(str(bad()) + hint)
         (item,) = typing.get_args(tp) or (Any,)
         return [_coerce(v, item, f"{key}[{i}]", source) for i, v in enumerate(value)]
     if tp is float:
