@@ -93,7 +93,7 @@ def write_checked(path: str | os.PathLike, data: bytes, label: str | None = None
 # as a --plot or an image's file is a PNG too (a PNG signature alone let `profile --plot
 # photo.png --force` replace it, saying it was an earlier plot).
 PNG_MARK = "vlmspec"
-_PNG_TEXT_BYTES = 1 << 16    # a text chunk vlmspec writes is well under this
+_PNG_TEXT_BYTES = 8 << 20    # a text chunk vlmspec writes (a prompt of 1 MiB, escaped) is under this
 _PNG_CHUNKS = 64             # chunks read looking for the text, before the image data
 
 
