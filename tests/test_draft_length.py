@@ -23,7 +23,8 @@ from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter, method_class
 from vlmspec_cli.profile import ProfileError, load_profile
-from vlmspec_cli.runtime.draft_length import PROBE_SHARE, Acceptance, AutoGamma, expected_tokens
+from vlmspec_cli.runtime.draft_length import (PROBE_SHARE, RESUME, Acceptance, AutoGamma,
+                                              expected_tokens)
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import Message, Request
@@ -746,3 +747,17 @@ def test_a_new_request_resumes_at_once_when_the_process_says_drafting_pays():
     second = _state()
     bad.start(second)
     assert bad.choose(second, 8) == 0 and bad.wait == wait - 1
+
+
+def test_a_round_is_never_priced_below_a_plain_step():
+    """Verifying k + 1 fed tokens costs no less than a plain step: with a verification line
+    whose slope came out negative (8 ms at two tokens against a 10 ms plain step, timed at
+    different moments of a busy machine) a draft keeping one proposal in ten was judged
+    worth 1.29 plain steps a round, past RESUME; now 1.05, below it."""
+    class Falling(Costs):   # a plain step 1.0, verifying n ≥ 2 tokens 0.8, drafting 0.05 a level
+        def verify_s(self, fed: int) -> float:
+            return 1.0 if fed == 1 else 0.8
+
+    policy = AutoGamma(4, costs=Falling(0.05))
+    k, gain = policy.best([0.1, 0.1, 0.1, 0.1], 4, cautious=True)
+    assert k == 1 and gain == pytest.approx(1.1 / 1.05) and gain < 1 + RESUME
