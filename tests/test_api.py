@@ -97,3 +97,13 @@ def test_the_readme_snippet_runs(monkeypatch):
         exec(compile(snippet, "README.md", "exec"), {})
     lines = out.getvalue().splitlines()
     assert len(lines) >= 3 and all(line.strip() for line in lines), out.getvalue()
+
+
+def test_a_bad_keyword_setting_is_named_as_the_keyword():
+    """api.load(gama=3) said "command line option 'gama'": the caller passed a keyword."""
+    from vlmspec_cli.profile import ProfileError
+
+    with pytest.raises(ProfileError, match=r"^keyword argument gama=3: unknown key 'gama'"):
+        api.load(gama=3)
+    with pytest.raises(ProfileError, match=r"^keyword argument device='gpu': key 'target.device'"):
+        api.load(device="gpu")

@@ -59,13 +59,24 @@ def _keys(settings: dict) -> dict:
     return out
 
 
+def _labels(settings: dict) -> dict:
+    """How a profile error names each keyword setting: as the keyword the caller passed
+    (``gama=3``), not as a command line option."""
+    out = {}
+    for name, value in settings.items():
+        keys = (["target.device", "draft.device"] if name == "device"
+                else [ALIASES.get(name, name.replace("__", "."))])
+        out.update({k: f"keyword argument {name}={value!r}" for k in keys})
+    return out
+
+
 def load(profile: str | Path | None = None, *, overrides=(), **settings) -> "Pipeline":
     """The pipeline of a profile: its models loaded, ready to decode (``overrides``:
     ``KEY=VALUE`` strings as ``--set`` takes them; ``settings``: see the module)."""
     from vlmspec_cli.profile import load_profile
 
     prof = load_profile(None if profile is None else str(profile), overrides=list(overrides),
-                        cli=_keys(settings))
+                        cli=_keys(settings), labels=_labels(settings))
     return Pipeline.build(prof)
 
 
@@ -80,7 +91,7 @@ def from_model(model, processor=None, *, tokenizer=None, name: str | None = None
     target = wrap_model(model, processor, tokenizer=tokenizer, name=name)
     keys = _keys(settings) | {"target.model": target.name}
     prof = load_profile(None if profile is None else str(profile), overrides=list(overrides),
-                        cli=keys)
+                        cli=keys, labels=_labels(settings))
     return Pipeline.build(prof, target=target)
 
 
