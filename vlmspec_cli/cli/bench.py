@@ -127,13 +127,12 @@ def _check_plot(plot_path, out, inputs, force) -> None:
     if not plot_path:
         return
     from vlmspec_cli.fileio import same_file
-    from vlmspec_cli.tasks.output_files import OutputRefused, check_output, is_own_png
+    from vlmspec_cli.tasks.output_files import OWN_PNG, OutputRefused, check_output
 
     if out and same_file(plot_path, out):
         fail(f"--plot {plot_path}: is the --out file too; give two files")
     try:
-        check_output(plot_path, f"--plot {plot_path}", force=force, ours=is_own_png, inputs=inputs,
-                     what="PNG image vlmspec wrote")
+        check_output(plot_path, f"--plot {plot_path}", force=force, inputs=inputs, **OWN_PNG)
     except OutputRefused as exc:
         fail(str(exc))
 
@@ -175,7 +174,7 @@ def _finish(plan, records, run, plot_path, force, inputs, quiet) -> None:
     from vlmspec_cli import ui
     from vlmspec_cli.tasks.bench_report import build_report, report_png
     from vlmspec_cli.tasks.mmspec import groups
-    from vlmspec_cli.tasks.output_files import OutputRefused, is_own_png, write_checked
+    from vlmspec_cli.tasks.output_files import OWN_PNG, OutputRefused, write_checked
 
     base = plan.profiles[plan.methods[0]]
     report = build_report(records, plan.methods, base.sampling.temperature == 0, plan.methods[0],
@@ -185,8 +184,7 @@ def _finish(plan, records, run, plot_path, force, inputs, quiet) -> None:
     if plot_path and report.rows:
         try:
             write_checked(plot_path, report_png(report, f"vlmspec bench: {plan.file}"),
-                          f"--plot {plot_path}", force=force, ours=is_own_png, inputs=inputs,
-                          what="PNG image vlmspec wrote")
+                          f"--plot {plot_path}", force=force, inputs=inputs, **OWN_PNG)
         except OutputRefused as exc:
             fail(str(exc))
         if not quiet:

@@ -56,15 +56,19 @@ OPTION_OF_KEY = {"method": "--method", "drafting.inputs": "--inputs", "generatio
                  "image.cfg": "--cfg", "image.images_per_prompt": "-n"}
 
 
+def option_labels(cli: dict) -> dict[str, str]:
+    """Each set key of ``cli`` as the option and value the user typed ("--inputs M,T")."""
+    shown = lambda v: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v   # noqa: E731
+    return {k: f"{OPTION_OF_KEY[k]} {shown(v)}" for k, v in cli.items()
+            if k in OPTION_OF_KEY and v is not None}
+
+
 def load_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task: str | None = None):
     """The resolved profile (exit 2 on a profile error); with ``task``, it must be for it."""
     from vlmspec_cli.profile import ProfileError, load_profile
 
-    shown = lambda v: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v   # noqa: E731
-    labels = {k: f"{OPTION_OF_KEY[k]} {shown(cli[k])}" for k in cli
-              if k in OPTION_OF_KEY and cli[k] is not None}
     try:
-        prof = load_profile(profile, overrides=list(sets), cli=cli, labels=labels)
+        prof = load_profile(profile, overrides=list(sets), cli=cli, labels=option_labels(cli))
     except ProfileError as exc:
         fail(str(exc))
     if task is not None and prof.task != task:
@@ -98,8 +102,8 @@ def decoding_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task
 def _method_origin(profile: str | None, sets: tuple[str, ...], cli: dict) -> str:
     """Where the profile's ``method`` came from, as its errors name it: the option, the
     last ``--set method=…``, or the profile file."""
-    if cli.get("method") is not None:
-        return f"--method {cli['method']}"
+    if "method" in option_labels(cli):
+        return option_labels(cli)["method"]
     for item in reversed(sets):
         if str(item).partition("=")[0].strip() == "method":
             return f"--set {item}"

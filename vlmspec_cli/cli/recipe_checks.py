@@ -9,6 +9,7 @@ the defaults, whose keys and types are every profile's. Knows click, not rich.
 
 from __future__ import annotations
 
+import os
 from typing import Mapping
 
 import click
@@ -18,7 +19,7 @@ from vlmspec_cli.cli.recipe_paths import parsed_step, step_paths
 
 def profile_problems(recipe, commands: Mapping[str, click.Command]) -> list[str]:
     """One line per step whose profile, overrides or method its command would refuse."""
-    from vlmspec_cli.profile import ProfileError, load_profile, resolve_profile_path
+    from vlmspec_cli.profile import ProfileError, load_profile
 
     problems, written = [], []
     for step in recipe.steps:
@@ -28,7 +29,7 @@ def profile_problems(recipe, commands: Mapping[str, click.Command]) -> list[str]
         if "sets" in names:
             _, values = parsed_step(command, step.argv)
             profile = values.get("profile") if "profile" in names else None
-            if profile is not None and _later(profile, written, resolve_profile_path):
+            if profile is not None and _later(profile, written):
                 profile = None   # an earlier step writes it: its keys are checked alone
             try:
                 loaded = load_profile(profile, list(values.get("sets") or ()))
@@ -44,15 +45,13 @@ def profile_problems(recipe, commands: Mapping[str, click.Command]) -> list[str]
     return problems
 
 
-def _later(profile: str, written: list[str], resolve) -> bool:
+def _later(profile: str, written: list[str]) -> bool:
     """The profile is not there, and an earlier step names its file (it writes it)."""
-    import os
-
-    from vlmspec_cli.profile import ProfileError
+    from vlmspec_cli.profile import ProfileError, resolve_profile_path
     from vlmspec_cli.tasks.calibrate_io import profile_write_path
 
     try:
-        resolve(profile)
+        resolve_profile_path(profile)
         return False
     except (ProfileError, OSError):
         pass

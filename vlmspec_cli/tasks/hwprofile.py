@@ -23,7 +23,7 @@ from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.round_timing import time_rounds
 from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.fileio import same_file
-from vlmspec_cli.tasks.output_files import (OutputRefused, check_output, is_own_png, is_profile,
+from vlmspec_cli.tasks.output_files import (OWN_PNG, OutputRefused, check_output, is_profile,
                                             write_checked, written_by)
 from vlmspec_cli.tasks.probe_media import VIDEO_SECONDS, probe_frames, probe_image
 
@@ -378,7 +378,7 @@ def output_rules(write_path: str | None, plot_path: str | None, source: str, for
                          what="hardware profile (written by `vlmspec profile`)")))
     if plot_path:
         out.append((plot_path, f"--plot {plot_path}",
-                    dict(force=force, ours=is_own_png, inputs=[source], what="PNG image vlmspec wrote")))
+                    dict(force=force, inputs=[source], **OWN_PNG)))
     return out
 
 

@@ -29,7 +29,8 @@ from vlmspec_cli.fileio import write_new
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.tasks.inputs import InputError
 from vlmspec_cli.tasks.jobs import SKIP, BatchSummary, JobEvents, failure_reason, run_jobs
-from vlmspec_cli.tasks.output_files import OutputRefused, is_own_png, mark_png, png_text, refusal
+from vlmspec_cli.tasks.output_files import (OWN_PNG, OutputRefused, is_own_png, mark_png,
+                                            png_text, refusal)
 from vlmspec_cli.tasks.records import SCHEMA
 
 TASK = "image"
@@ -230,7 +231,6 @@ def heatmap_path(path: str | os.PathLike) -> Path:
 
 
 _KEEP_HINT = "use --force to overwrite, --skip-existing to keep it"
-_FOREIGN = "is not a PNG image vlmspec wrote"
 
 
 def files_to_write(job: ImageJob, heatmap: bool, *, force: bool, skip_existing: bool,
@@ -250,8 +250,7 @@ def files_to_write(job: ImageJob, heatmap: bool, *, force: bool, skip_existing: 
                 raise OutputRefused(named(p, why))
         return [p for p in files if not (p.exists() or p.is_symlink())]
     for p in files:
-        reason = refusal(p, force=force, ours=is_own_png, what="PNG image vlmspec wrote",
-                         exists_hint=_KEEP_HINT)
+        reason = refusal(p, force=force, exists_hint=_KEEP_HINT, **OWN_PNG)
         if reason is not None:
             raise OutputRefused(named(p, reason))
     return files
@@ -260,7 +259,8 @@ def files_to_write(job: ImageJob, heatmap: bool, *, force: bool, skip_existing: 
 def _not_kept(path: Path, identity: dict | None) -> str | None:
     """Why ``--skip-existing`` does not keep the file at ``path`` as done, or None."""
     if not path.is_file() or not is_own_png(path):
-        return f"exists and {_FOREIGN}: not kept as done, and not overwritten, even with --force"
+        return (f"exists and is not a {OWN_PNG['what']}: not kept as done, and not "
+                "overwritten, even with --force")
     problem = not_a_whole_png(path)
     if problem:
         return f"exists but {problem}, so it is not kept as done; --force replaces it"
@@ -351,10 +351,10 @@ class ImageKind:
     def prepare(self, session, job: ImageJob):
         if job.error:
             raise InputError(job.path, job.error)
+        identity = image_identity(session, job)
         writes = files_to_write(job, self.heatmap, force=self.force,
-                                skip_existing=self.skip_existing,
-                                identity=image_identity(session, job))
-        return writes or SKIP
+                                skip_existing=self.skip_existing, identity=identity)
+        return (writes, identity) if writes else SKIP
 
     def request(self, session, job: ImageJob) -> Request:
         if job.error:
@@ -364,13 +364,14 @@ class ImageKind:
     def record(self, session, job: ImageJob) -> dict:
         return base_record(session, job)
 
-    def finish(self, session, job: ImageJob, writes: list[Path], request: Request, result,
-               record: dict) -> None:
-        """Write the job's files (those in ``writes``) and fill ``record``."""
+    def finish(self, session, job: ImageJob, prepared: tuple[list[Path], dict], request: Request,
+               result, record: dict) -> None:
+        """Write the job's files (those ``prepare`` decided, with its identity) and fill
+        ``record``."""
         from vlmspec_cli.plot import grid_heatmap
 
+        writes, identity = prepared
         image = render(session, result.tokens)
-        identity = image_identity(session, job)
         if Path(job.path) in writes:       # else kept (--skip-existing)
             self._write(Path(job.path), png_bytes(image, identity))
         record["file"] = job.path

@@ -145,6 +145,10 @@ def is_own_png(path: Path) -> bool:
     return text is not None and text.get("Software") == PNG_MARK
 
 
+# the rule of every PNG output (images, heatmaps, plots): refusal(path, force=..., **OWN_PNG)
+OWN_PNG = {"ours": is_own_png, "what": "PNG image vlmspec wrote"}
+
+
 def written_by(path: Path, command: str) -> bool:
     """Whether the file starts with the line vlmspec COMMAND writes first ("# written by
     `vlmspec calibrate`..."): a profile of vlmspec's own, not one a person wrote."""
