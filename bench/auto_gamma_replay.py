@@ -19,8 +19,10 @@ whether the auto policy itself chooses well:
 3. **Replay** each set: fixed γ 1..10, ``AutoGamma`` with each ceiling (the shipped class,
    its costs told the lines' times, its choices made on the acceptance it saw), the best
    fixed γ per request (an oracle that knows each request's outputs), and the best k per
-   round (an oracle that knows a(t): no policy can beat it). Speedup = the plain steps'
-   time over the rounds' (decoding only: the prefills are the same for every policy).
+   round (an oracle that knows a(t): no policy can beat it), and the fixed γ Eq. 1' picks
+   at the set's own pooled rates (known only in hindsight: how close choosing by the cost
+   model comes to the best fixed γ, with no request's rates to learn). Speedup = the plain
+   steps' time over the rounds' (decoding only: the prefills are the same for every policy).
 
 Sets: ``mixed`` (bench/auto_gamma.py's: the demo's scenes, crops of real photos, the
 first chats of examples/mmspec) and ``other`` (other crops, the other chats, the scenes
@@ -28,11 +30,13 @@ asked another question, another order).
 
     python bench/auto_gamma_replay.py [--photos-from DIR] [--ceilings 7,8,10] [--json OUT]
                                       [--profile NAME] [--set KEY=VALUE ...] [--competitors N]
+    python bench/auto_gamma_replay.py --from RECORDED.json [--ceilings 7,8,10] [--json OUT]
 
 (``--profile`` / ``--set`` choose the pair and the method replayed: a chain's rounds keep
 the run of predicted positions; a tree's do not follow that rule, so replay chains.
 ``--competitors N``: step 2 runs beside N CPU-bound processes, so the replay prices rounds
-as a busy machine does; what the draft predicts does not depend on the load.)
+as a busy machine does; what the draft predicts does not depend on the load. ``--from``:
+step 3 alone, on the rounds and costs an earlier run's ``--json`` recorded.)
 """
 
 from __future__ import annotations
@@ -172,6 +176,25 @@ class Replay:
             return (lambda t, b: policy.choose(state, min(b, ceiling)) if b > 0 else 0), observe
         return self.speedup(for_request)
 
+    def model_gamma(self, ceiling: int) -> int:
+        """The fixed γ that Eq. 1' picks, E(k) / C(k) at its largest over 1..ceiling, at
+        this set's own acceptance (the rounds of γ = ceiling, every request pooled: known
+        only in hindsight) and these costs: what a policy that knew the set's rates, and
+        no request's, would fix."""
+        from vlmspec_cli.runtime.draft_length import Acceptance, expected_tokens
+
+        seen = Acceptance(1.0)
+        for m in self.marks.values():
+            t = 0
+            while t < len(m):
+                k = min(ceiling, len(m) - t - 1)
+                n = self.kept(m, t, k)
+                if k:
+                    seen.observe(k, n)
+                t += n + 1
+        rates = [kept / max(risk, 1e-9) for kept, risk in zip(seen.kept, seen.risk)]
+        return max(range(1, ceiling + 1), key=lambda k: expected_tokens(rates, k) / self.cost(k))
+
     def best_per_request(self) -> float:
         plain = spent = 0.0
         for rid in self.order:
@@ -243,7 +266,13 @@ def main() -> None:
                     help="time the costs (step 2) beside this many CPU-bound processes "
                          "(bench/load.py's), each stopping by itself after 600 s")
     ap.add_argument("--json", help="write the recorded rounds, the costs and the results here")
+    ap.add_argument("--from", dest="from_json", metavar="JSON",
+                    help="replay the rounds and costs this script recorded in an earlier "
+                         "run's --json (decodes nothing)")
     args = ap.parse_args()
+    if args.from_json:
+        replay_recorded(args)
+        return
     from auto_gamma import mixed_set
     from load import competitors
 
@@ -268,22 +297,33 @@ def main() -> None:
             proc.kill()
             proc.wait()
     ceilings = [int(c) for c in args.ceilings.split(",")]
+    orders = {name: [f"{conv}#{json.loads(x)['id']}" for x in conv.read_text().splitlines()]
+              for name, conv in sets.items()}
+    results = replay_all(runs, orders, costs, ceilings)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"costs": costs, "results": results,
+                                               "runs": runs}, indent=1))
+
+
+def replay_all(runs: dict, orders: dict, costs: dict, ceilings: list[int]) -> dict:
+    """Replay every set (``runs[name][10]`` and ``[9]``: the recorded fixed-γ runs) at
+    ``costs``; print each set's table and return the results."""
     results = {}
     print(f"# costs (ms): D(1..10) {[round(x * 1e3, 2) for x in costs['draft_s']]}")
     print(f"#   V(1..11) {[round(x * 1e3, 2) for x in costs['verify_s']]}, "
           f"plain step {costs['plain_s'] * 1e3:.2f}")
-    for name, conv in sets.items():
-        order = [f"{conv}#{json.loads(x)['id']}" for x in conv.read_text().splitlines()]
+    for name, order in orders.items():
         replay = Replay(predicted(runs[name][10], runs[name][9]), order, costs)
         rows = {f"γ={g}": replay.fixed(g) for g in range(1, 11)}
         rows |= {f"auto ≤{c}": replay.auto(c) for c in ceilings}
         best = max((r for r in rows if r.startswith("γ")), key=lambda r: rows[r][0])
+        model = replay.model_gamma(10)
         oracles = {"best fixed γ per request": replay.best_per_request(),
                    **{f"best k per round ≤{c}": replay.best_per_round(c) for c in ceilings}}
         positions = sum(len(m) for m in replay.marks.values())
         results[name] = {"rows": rows, "best_fixed": best, "oracles": oracles,
-                         "positions": positions, "requests": len(order)}
-        print(f"\n## {name}: {len(order)} requests, {results[name]['positions']} tokens; "
+                         "model_gamma": model, "positions": positions, "requests": len(order)}
+        print(f"\n## {name}: {len(order)} requests, {positions} tokens; "
               f"decoding speedup over plain steps, replayed (best fixed: {best})")
         kinds = sorted(rows[best][1])
         print("| config | all | " + " | ".join(kinds) + " | vs best fixed |")
@@ -294,9 +334,24 @@ def main() -> None:
         for label, value in oracles.items():
             print(f"| {label} (oracle) | {value:.3f}x |" + " |" * len(kinds)
                   + f" {100 * (value / rows[best][0] - 1):+.1f}% |")
+        fixed_at = rows[f"γ={model}"][0]
+        print(f"| Eq. 1' at the set's own rates, in hindsight: γ {model} | {fixed_at:.3f}x |"
+              + " |" * len(kinds) + f" {100 * (fixed_at / rows[best][0] - 1):+.1f}% |")
+    return results
+
+
+def replay_recorded(args) -> None:
+    """``--from``: the sets, rounds and costs of an earlier run's JSON, replayed again (by
+    this file's policies: a changed AutoGamma, or a row added since)."""
+    recorded = json.loads(Path(args.from_json).read_text())
+    runs = {name: {int(g): run for g, run in by_gamma.items()}
+            for name, by_gamma in recorded["runs"].items()}
+    orders = {name: [r["id"] for r in by_gamma[10]["requests"]] for name, by_gamma in runs.items()}
+    ceilings = [int(c) for c in args.ceilings.split(",")]
+    results = replay_all(runs, orders, recorded["costs"], ceilings)
     if args.json:
-        Path(args.json).write_text(json.dumps({"costs": costs, "results": results,
-                                               "runs": runs}, indent=1))
+        Path(args.json).write_text(json.dumps({"from": args.from_json, "costs": recorded["costs"],
+                                               "results": results}, indent=1))
 
 
 if __name__ == "__main__":

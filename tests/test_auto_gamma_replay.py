@@ -50,3 +50,27 @@ def test_speedup_per_kind_sums_to_the_whole():
     total, kinds = r.fixed(3)
     assert set(kinds) == {"demo", "chat"}
     assert min(kinds.values()) <= total <= max(kinds.values())
+
+
+def test_model_gamma_is_eq1_at_the_sets_own_round_rates():
+    # every position predicted but every 4th: rounds of γ 10 from t = 0 keep 3 and stop
+    # (the 4th is not predicted), so at the set's rates h_1..h_3 = 1 and h_4 = 0: three
+    # proposals emit 4 tokens for D(3) + V(4) = 17 ms (0.235 a ms), more drafts emit
+    # nothing more and cost more, fewer emit less (γ 2: 3 tokens for 15 ms, 0.2 a ms)
+    marks = {"s#demo-a": [1, 1, 1, 0] * 6}
+    r = replay.Replay(marks, ["s#demo-a"], COSTS)
+    assert r.model_gamma(10) == 3
+    assert r.fixed(3)[0] == max(r.fixed(g)[0] for g in range(1, 11))
+
+
+def test_replay_from_a_recorded_json(tmp_path, capsys):
+    run = {"requests": [{"id": "s#demo-a", "rounds": [(10, 3), (10, 3), (10, 3)]}]}
+    recorded = {"costs": COSTS, "runs": {"mixed": {"10": run, "9": run}}}
+    src, out = tmp_path / "rec.json", tmp_path / "again.json"
+    src.write_text(replay.json.dumps(recorded))
+    args = replay.argparse.Namespace(from_json=str(src), ceilings="7", json=str(out))
+    replay.replay_recorded(args)
+    again = replay.json.loads(out.read_text())["results"]["mixed"]
+    assert again["model_gamma"] == 3 and again["positions"] == 12
+    assert again["rows"]["γ=3"][0] == pytest.approx(120 / (3 * 17), abs=1e-4)
+    assert "hindsight: γ 3" in capsys.readouterr().out
