@@ -200,6 +200,7 @@ def test_calibrate_video_searches_chain_and_hidden(tmp_path):
     assert all(c["mismatches"] == 0 for c in cands)
     assert load_profile(str(tuned)).method == next(c["method"] for c in cands if c["label"] == out["winner"])
     # the task it was calibrated for is written (the include alone named it before)
+    assert out["schema"] == 1
     assert out["task"] == "video" and "\ntask: video\n" in tuned.read_text()
 
 

@@ -10,6 +10,7 @@ import click
 
 from vlmspec_cli.cli.common import decoding_profile, fail, nonempty_path, profile_option, set_option
 from vlmspec_cli.cli.types import Count, FiniteFloat, IntList, Seed
+from vlmspec_cli.tasks.records import SCHEMA
 
 
 EPILOG_CALIBRATE = """\b
@@ -143,7 +144,8 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
         if not quiet:   # --force replaces only a profile calibrate wrote: say so
             ui.info(f"{'replaced' if replaced else 'wrote'} {path}: {winner.label}")
     if as_json:
-        click.echo(json.dumps({"winner": winner.label, "method": winner.method, "task": base.task,
+        click.echo(json.dumps({"schema": SCHEMA, "winner": winner.label, "method": winner.method,
+                               "task": base.task,
                                "note": result.note, "latency": result.latency,
                                "skipped": result.skipped, "target_only": result.target_only,
                                "prediction_error": prediction,
@@ -151,7 +153,6 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     else:
         click.echo(winner.label)
     sys.exit(1 if errors else 0)
-
 
 
 def _absolute_folders(models) -> tuple:
