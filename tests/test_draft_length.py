@@ -542,6 +542,33 @@ def test_a_slope_from_noisy_rounds_is_shrunk_towards_flat():
     assert plain > 0.4 and noisy.slope < 0.25 * plain
 
 
+# verification rounds of the video target beside two competitors (tokens fed, ms), as timed
+# in one describe-video run (session 51): 10 ms, or 23-32 ms when descheduled, whatever
+# the size; its first rounds, before the competitors took their share, told 0.2 ms a token
+VIDEO_ROUNDS_LOADED = [(5, 11.48), (6, 10.04), (2, 9.25), (5, 25.56), (6, 30.45), (6, 24.78),
+                       (4, 22.95), (4, 22.85), (4, 10.69), (4, 10.69), (4, 10.22), (4, 9.79),
+                       (3, 24.6), (4, 29.75), (5, 32.33)]
+
+
+def test_a_slope_under_two_standard_errors_is_taken_as_none(monkeypatch):
+    """Descheduled rounds that fall on the larger sizes by chance make a slope of 1-3 ms a
+    token at t = 1-1.5; shrunk only by b − se²/b it priced a token verified at 10 times its
+    cost, and rounds drafted 1-3 proposals where 5 pay (the video row 1.37x)."""
+    from vlmspec_cli.runtime import round_costs
+
+    def slopes():
+        line = LinearCost("flat")
+        seen = []
+        for fed, ms in VIDEO_ROUNDS_LOADED:
+            line.observe(fed, ms * 1e-3)
+            seen.append((line.slope or 0.0) * 1e3)
+        return seen
+
+    assert max(slopes()) < 0.25
+    monkeypatch.setattr(round_costs, "SLOPE_T", 1.0)     # the shrinkage before: b − se²/b
+    assert max(slopes()) > 2.0
+
+
 def test_drafting_goes_off_only_after_a_few_timed_rounds():
     """A process's first timed rounds decide nothing alone: on a busy machine one of them
     can take several times its cost. A draft step timed as dear as 3 target steps still

@@ -21,6 +21,7 @@ MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slo
 OUTLIER = 3.0             # a round timed over this many times its prediction counts as that
 EXPLORE_AFTER = 32        # drafted rounds before one is drafted short to measure V's slope
 RECENT = 9                # drafted rounds whose median time (over the line's) bounds D
+SLOPE_T = 2.0             # a slope under this many of its standard errors is taken as none
 
 
 class LinearCost:
@@ -32,10 +33,11 @@ class LinearCost:
     costs when every round settles on one length), or before any, ``fallback``: "flat"
     (T(x) = the mean: Remark 1, verification costs about the same for any k) or
     "proportional" (T(x) ∝ x: a draft step per position). A slope is shrunk towards 0 by
-    its own uncertainty (b − se²/b, se² the residual variance over the sizes' spread and
-    the rounds' effective count): on a busy machine two rounds a few sizes apart differ
-    by more than their sizes explain, and an unshrunk slope from them can make
-    verification look dear enough to draft short chains where long ones pay."""
+    its own uncertainty (b − SLOPE_T²·se²/b, se² the residual variance over the sizes'
+    spread and the rounds' effective count; 0 while b is under SLOPE_T standard errors): on
+    a busy machine two rounds a few sizes apart differ by more than their sizes explain,
+    and an unshrunk slope from them can make verification look dear enough to draft short
+    chains where long ones pay."""
 
     def __init__(self, fallback: str = "flat", decay: float = COST_DECAY) -> None:
         self.fallback = fallback
@@ -60,8 +62,14 @@ class LinearCost:
             self.slope = self._fit()
 
     def _fit(self) -> float:
-        """The weighted least-squares slope, shrunk by its uncertainty, never below 0 (a
-        round is never cheaper for being longer)."""
+        """The weighted least-squares slope b, shrunk by its uncertainty, never below 0 (a
+        round is never cheaper for being longer): b·(1 − (SLOPE_T / t)²), t = b / se, so 0
+        for t ≤ SLOPE_T and b itself as t grows. Beside two competitors a round of the
+        video target takes 10 ms or, descheduled, 25-30 ms, whatever its size: its first
+        rounds' slope was 0.2-0.3 ms a token (se 0.01-0.1), and a dozen rounds later
+        1.5-3.5 ms at t = 1-1.5, which shrunk by b − se²/b (t = 1) still priced a token
+        verified at 2-3 times what it costs, and rounds drafted 1-3 proposals where 5 pay
+        (the describe-video row 1.37x, one pass 0.94x, against 1.69x beside one)."""
         mean_x, mean_y = self.x / self.w, self.y / self.w
         var_x = self.xx / self.w - mean_x * mean_x
         cov = self.xy / self.w - mean_x * mean_y
@@ -71,7 +79,7 @@ class LinearCost:
         residual = max(self.yy / self.w - mean_y * mean_y - slope * cov, 0.0)
         count = self.w * self.w / self.ww              # the rounds' effective number
         se2 = residual / (var_x * max(count - 2.0, 1.0))
-        return max(slope - se2 / slope, 0.0)
+        return max(slope - SLOPE_T * SLOPE_T * se2 / slope, 0.0)
 
     @property
     def known(self) -> bool:
