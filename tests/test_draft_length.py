@@ -569,6 +569,24 @@ def test_a_slope_under_two_standard_errors_is_taken_as_none(monkeypatch):
     assert max(slopes()) > 2.0
 
 
+def test_no_slope_from_a_line_through_two_rounds(monkeypatch):
+    """Two rounds fit a line exactly (no residual: no error to shrink the slope by). The
+    video's draft, beside two competitors: 1 position in 0.9 ms, then 5 descheduled in
+    7.9 ms (2-3 ms undisturbed): 1.75 ms a position, and rounds drafted 3 where 5 pay."""
+    from vlmspec_cli.runtime import round_costs
+
+    def line():
+        draft = LinearCost("proportional")
+        draft.observe(1, 0.87e-3)
+        draft.observe(5, 7.89e-3)
+        return draft
+
+    assert line().slope is None                   # proportional until a slope can be told
+    assert line().at(1) == pytest.approx(line().at(5) / 5)
+    monkeypatch.setattr(round_costs, "MIN_FIT", 0)
+    assert line().slope * 1e3 == pytest.approx(1.755, abs=0.01)
+
+
 def test_drafting_goes_off_only_after_a_few_timed_rounds():
     """A process's first timed rounds decide nothing alone: on a busy machine one of them
     can take several times its cost. A draft step timed as dear as 3 target steps still

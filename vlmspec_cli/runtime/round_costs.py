@@ -22,6 +22,7 @@ OUTLIER = 3.0             # a round timed over this many times its prediction co
 EXPLORE_AFTER = 32        # drafted rounds before one is drafted short to measure V's slope
 RECENT = 9                # drafted rounds whose median time (over the line's) bounds D
 SLOPE_T = 2.0             # a slope under this many of its standard errors is taken as none
+MIN_FIT = 4               # rounds before a slope is fitted (two left to tell its error)
 
 
 class LinearCost:
@@ -58,7 +59,11 @@ class LinearCost:
         self.y = d * self.y + seconds
         self.yy = d * self.yy + seconds * seconds
         self.xy = d * self.xy + x * seconds
-        if self.spread() >= MIN_SPREAD:
+        # a line through two or three rounds fits them (nearly) exactly, so its slope's error
+        # cannot be told: beside two competitors, a draft line through one round of 1
+        # position (0.9 ms) and one of 5 descheduled (7.9 ms, against 2-3) priced a position
+        # at 1.8 ms, and the video's rounds drafted 3 where 5 pay
+        if self.n >= MIN_FIT and self.spread() >= MIN_SPREAD:
             self.slope = self._fit()
 
     def _fit(self) -> float:
