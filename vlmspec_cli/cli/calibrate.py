@@ -145,8 +145,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
             ui.info(f"{'replaced' if replaced else 'wrote'} {path}: {winner.label}")
     if as_json:
         click.echo(json.dumps({"schema": SCHEMA, "winner": winner.label, "method": winner.method,
-                               "task": base.task,
-                               "note": result.note, "latency": result.latency,
+                               "task": base.task, "note": result.note, "latency": result.latency,
                                "skipped": result.skipped, "target_only": result.target_only,
                                "prediction_error": prediction,
                                "candidates": as_dicts(result.candidates)}))
