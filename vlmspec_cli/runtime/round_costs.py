@@ -73,8 +73,8 @@ class LinearCost:
         video target takes 10 ms or, descheduled, 25-30 ms, whatever its size: its first
         rounds' slope was 0.2-0.3 ms a token (se 0.01-0.1), and a dozen rounds later
         1.5-3.5 ms at t = 1-1.5, which shrunk by b − se²/b (t = 1) still priced a token
-        verified at 2-3 times what it costs, and rounds drafted 1-3 proposals where 5 pay
-        (the describe-video row 1.37x, one pass 0.94x, against 1.69x beside one)."""
+        verified at up to 2.6 ms, ten times its cost, and rounds drafted 1-3 proposals where
+        5 pay (the describe-video row 1.37x, one pass 0.94x, against 1.69x beside one)."""
         mean_x, mean_y = self.x / self.w, self.y / self.w
         var_x = self.xx / self.w - mean_x * mean_x
         cov = self.xy / self.w - mean_x * mean_y
