@@ -291,3 +291,13 @@ def test_model_paths_in_a_file_resolve_against_that_file(tmp_path, monkeypatch):
     assert load_profile(str(child), ["target.model=./here"]).target.model == "./here"
     with pytest.raises(ModelLoadError, match=r"^target model '.*/base/target': no such directory$"):
         require_safetensors(p.target.model, "target")
+
+
+def test_a_drafting_input_letter_in_a_profile_is_explained():
+    """--inputs M,T takes letters; a profile or --set takes the names, and says which name
+    a letter stands for (it said only "must be one of ... (got 'M')")."""
+    with pytest.raises(ProfileError, match=r"got 'T'\): 'T' is the command line's letter for "
+                                           r"'text'; write text here"):
+        load_profile("tinyworld-caption", overrides=["drafting.inputs=[multimodal,T]"])
+    with pytest.raises(ProfileError, match=r"\(got 'X'\)$"):
+        load_profile("tinyworld-caption", overrides=["drafting.inputs=[X]"])

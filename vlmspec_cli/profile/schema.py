@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
+from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS, LETTERS
 
 
 # Upper bounds of sizes (a profile error names the key and the range): a round past them
@@ -26,10 +26,12 @@ MAX_THREADS = 1024         # runtime.threads / prefill_threads, hardware's measu
 
 
 def _rule(*, choices=None, pattern=None, allowed=None, ge=None, gt=None, le=None,
-          nonempty=False) -> dict:
-    """Field metadata describing value constraints (applied to each list item)."""
+          nonempty=False, shorthand=None) -> dict:
+    """Field metadata describing value constraints (applied to each list item).
+    ``shorthand``: a command line option's short forms of the choices (letter → choice),
+    which a refused value's error then explains."""
     return {"choices": choices, "pattern": pattern, "allowed": allowed,
-            "ge": ge, "gt": gt, "le": le, "nonempty": nonempty}
+            "ge": ge, "gt": gt, "le": le, "nonempty": nonempty, "shorthand": shorthand}
 
 
 @dataclass
@@ -61,7 +63,7 @@ class DraftingSpec:
     # adt's ≤ adaptive_tree.max_depth); hidden-state heads' trees keep theirs, batches gamma
     length: str = field(default="fixed", metadata=_rule(choices=("fixed", "auto")))
     inputs: list[str] = field(default_factory=lambda: ["multimodal"], metadata=_rule(
-        choices=DRAFTING_INPUTS, nonempty=True))
+        choices=DRAFTING_INPUTS, nonempty=True, shorthand={v: k for k, v in LETTERS.items()}))
 
 
 @dataclass

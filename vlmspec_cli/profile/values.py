@@ -157,6 +157,10 @@ def _check(value, meta: Mapping, key: str, source: str) -> None:
         if (choices and item not in choices) or (pattern and not re.fullmatch(pattern, str(item))):
             allowed = meta.get("allowed") or ", ".join(map(str, choices))
             msg = f"{source}: key '{key}' must be one of: {allowed} (got {_short(item)})"
+            short = (meta.get("shorthand") or {}).get(item if isinstance(item, str) else None)
+            if short:   # --inputs M,T takes letters; a profile and --set take the names
+                raise ProfileError(f"{msg}: '{item}' is the command line's letter for "
+                                   f"'{short}'; write {short} here")
             raise ProfileError(msg + did_you_mean(item, choices or ()))
         number = _number(item)
         if number is None:
