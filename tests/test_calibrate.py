@@ -528,3 +528,28 @@ def test_finalists_are_timed_beside_target_only_sample_by_sample():
     assert cand.outputs == [[0, "cand"], [1, "cand"], [2, "cand"]]
     assert len(base.walls) == len(cand.walls) == 3 and base.stats.new_tokens == cand.stats.new_tokens == 9
     assert base.wall >= sum(base.walls) > 0
+
+
+def test_the_written_profile_finds_its_base_from_any_folder(tmp_path, monkeypatch):
+    """A base found by name in ./profiles was included by that name, which the written
+    profile then found only from that folder ("include 'mybase' not found" elsewhere); a
+    shipped base is included by name, any other by its path."""
+    from vlmspec_cli.profile import resolve_profile_path
+    from vlmspec_cli.profile.loader import _packaged_dir
+    from vlmspec_cli.tasks.calibrate_io import include_for
+
+    project = tmp_path / "proj"
+    (project / "profiles").mkdir(parents=True)
+    (project / "profiles" / "mybase.yaml").write_text("name: mybase\ninclude: tinyworld-small\n"
+                                                      "generation: {max_new_tokens: 8}\n")
+    monkeypatch.chdir(project)
+    base = str(resolve_profile_path("mybase"))
+    written = [project / "profiles" / "t1.yaml", tmp_path / "other" / "t2.yaml"]
+    for path in written:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"name: {path.stem}\ninclude: {include_for(base, path)}\n")
+    shipped = _packaged_dir() / "tinyworld-caption.yaml"   # (tests/profiles has its own)
+    assert include_for(str(shipped), written[0]) == "tinyworld-caption"
+    monkeypatch.chdir(tmp_path)              # another folder: no ./profiles here
+    for path in written:
+        assert load_profile(str(path)).generation.max_new_tokens == 8

@@ -134,7 +134,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
         ui.calibration_table(result.candidates, winner, result.skipped, result.latency,
                              errors=prediction, target_only=result.target_only, note=result.note)
     if path is not None:
-        text = winner_yaml(winner, prof.source, path.stem, include_for(profile, prof.source, path),
+        text = winner_yaml(winner, prof.source, path.stem, include_for(prof.source, path),
                            result.candidates, task=base.task, pinned=pinned_settings(prof, sets))
         replaced = path.exists()
         try:

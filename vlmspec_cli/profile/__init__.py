@@ -9,6 +9,7 @@ the YAML. Precedence, highest first: ``cli`` dict > ``--set`` overrides > profil
 from vlmspec_cli.profile.loader import (
     DEFAULT_PROFILE,
     include_chain,
+    is_shipped_profile,
     key_rows,
     ENV_VAR,
     ProfileError,

@@ -184,6 +184,11 @@ def _packaged_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "profiles"  # a source checkout
 
 
+def is_shipped_profile(path: str | os.PathLike) -> bool:
+    """``path`` is one of the profiles vlmspec ships: its name finds it from any folder."""
+    return Path(path).resolve().parent == _packaged_dir().resolve()
+
+
 def profile_search_path() -> list[Path]:
     """Directories where profile names resolve, highest priority first."""
     dirs = [Path(d) for d in os.environ.get(ENV_VAR, "").split(os.pathsep) if d]

@@ -97,12 +97,15 @@ def profile_write_path(name: str) -> Path:
     return Path("profiles") / f"{name}.yaml"
 
 
-def include_for(profile_arg: str | None, base_source: str, path: Path) -> str:
-    """How the written profile names its base: by name if the base was given by name, else
-    by its path relative to the new file (absolute when that climbs out of its folder)."""
-    by_name = profile_arg is None or not (profile_arg.endswith((".yaml", ".yml"))
-                                          or os.sep in profile_arg)
-    if by_name:
+def include_for(base_source: str, path: Path) -> str:
+    """How the written profile names its base: a shipped profile by name (found from any
+    folder), any other by its path relative to the new file (absolute when that climbs out
+    of its folder). A base given by name from ./profiles or $VLMSPEC_PROFILES was written
+    as its name, which the new file then found only where that folder was searched: run
+    from another directory, it said "include 'mybase' not found"."""
+    from vlmspec_cli.profile import is_shipped_profile
+
+    if is_shipped_profile(base_source):
         return Path(base_source).stem
     rel = os.path.relpath(base_source, path.parent.resolve())
     return base_source if rel.startswith("..") else rel
