@@ -7,6 +7,7 @@ profile that decodes exactly what the target alone decodes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -553,3 +554,14 @@ def test_the_written_profile_finds_its_base_from_any_folder(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)              # another folder: no ./profiles here
     for path in written:
         assert load_profile(str(path)).generation.max_new_tokens == 8
+
+
+def test_a_missing_head_or_twig_folder_is_a_usage_error(tmp_path):
+    """A typo in --hidden ./head was listed among the candidates "not tried" (exit 0)."""
+    scene = str(Path(__file__).resolve().parent.parent / "examples" / "images" / "scene1.png")
+    (tmp_path / "afile").write_text("x")
+    for option, value, why in (("--hidden", str(tmp_path / "nope"), "no such folder"),
+                               ("--twig", str(tmp_path / "afile"), "is not a folder")):
+        res = CliRunner().invoke(cli, ["calibrate", str(scene), option, value, "--budget", "1"])
+        assert res.exit_code == 2, res.output
+        assert f"'{option}': {value}: {why}" in res.output

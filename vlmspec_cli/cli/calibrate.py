@@ -100,7 +100,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     prof = decoding_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
                                          "sampling.seed": seed, "target.device": device,
                                          "draft.device": device}, task=None)
-    heads, twigs = _absolute_folders(heads), _absolute_folders(twigs)
+    heads, twigs = _absolute_folders(heads, "--hidden"), _absolute_folders(twigs, "--twig")
     items = _sample_items(prof.task, samples)
     inputs = [] if prof.task == "image" else [item.path for item in items]
     path = profile_write_path(write_name) if write_name else None
@@ -154,10 +154,21 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     sys.exit(1 if errors else 0)
 
 
-def _absolute_folders(models) -> tuple:
+def _absolute_folders(models, option: str) -> tuple:
     """--hidden / --twig folders made absolute: the written profile's model paths are read
-    from its own folder (profiles/), not from this directory. Hub ids stay as given."""
-    return tuple(os.path.abspath(m) if os.path.isdir(m) else m for m in models)
+    from its own folder (profiles/), not from this directory. Hub ids stay as given; a name
+    written as a path (./m, /m, ~/m) must be a folder: a missing one was listed among the
+    candidates "not tried" and calibrate went on (exit 0)."""
+    from vlmspec_cli.runtime.models import looks_local
+
+    for m in models:
+        folder = os.path.expanduser(m)
+        if looks_local(m) and not os.path.isdir(folder):
+            why = "is not a folder" if os.path.lexists(folder) else "no such folder"
+            raise click.BadParameter(f"{m}: {why} (a model folder, or a hub id)",
+                                     param_hint=f"'{option}'")
+    return tuple(os.path.abspath(os.path.expanduser(m)) if os.path.isdir(os.path.expanduser(m))
+                 else m for m in models)
 
 
 def _sample_items(task: str, samples) -> list:
