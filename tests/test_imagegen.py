@@ -328,6 +328,25 @@ def test_write_new_never_replaces_and_leaves_no_temp(tmp_path):
     assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["a.png"]
 
 
+def test_write_new_with_force_keeps_the_mode_and_follows_a_link(tmp_path):
+    """--force replaced a 0640 file with a 0644 one, and a link with a file (its target
+    left stale)."""
+    real = tmp_path / "real" / "hw.yaml"
+    real.parent.mkdir()
+    real.write_bytes(b"old")
+    real.chmod(0o640)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(real)
+    write_new(link, b"new", force=True)
+    assert link.is_symlink() and real.read_bytes() == b"new"
+    assert real.stat().st_mode & 0o777 == 0o640
+    assert os.listdir(real.parent) == ["hw.yaml"] and sorted(os.listdir(tmp_path)) == [
+        "link.yaml", "real"]
+    with pytest.raises(FileExistsError):      # without force a link is an existing name
+        write_new(link, b"newer", force=False)
+    assert real.read_bytes() == b"new"
+
+
 def test_cli_bad_inputs(tmp_path):
     out = tmp_path / "imgs"
     # an empty prompt fails alone; the other image is written
