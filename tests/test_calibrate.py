@@ -565,3 +565,15 @@ def test_a_missing_head_or_twig_folder_is_a_usage_error(tmp_path):
         res = CliRunner().invoke(cli, ["calibrate", str(scene), option, value, "--budget", "1"])
         assert res.exit_code == 2, res.output
         assert f"'{option}': {value}: {why}" in res.output
+
+
+def test_image_calibration_refuses_empty_prompts_and_paths():
+    """An image profile's SAMPLES are prompts: an empty one (refused by generate-image) and
+    a path (an image given with an image profile) were calibrated on as text, exit 0."""
+    scene = str(Path(__file__).resolve().parent.parent / "examples" / "images" / "scene1.png")
+    res = CliRunner().invoke(cli, ["calibrate", "-p", "tinyworld-image", "", " ", scene,
+                                   "--budget", "1", "--top", "1", "-q"])
+    assert res.exit_code == 2, res.output
+    assert "prompt 1: empty prompt" in res.output and "prompt 2: empty prompt" in res.output
+    assert f"prompt 3: '{scene}' names a file or folder" in res.output
+    assert "no usable samples" in res.output

@@ -21,9 +21,7 @@ def sample_requests(profile, items, target=None) -> tuple[list[Request], list[st
     are images (caption: expanded input items), videos or frame folders (video: items of
     tasks/video.expand_video_inputs) or prompts (image: strings; ``target`` sets the grid)."""
     if profile.task == "image":
-        n = target.adapter.num_image_tokens(target)
-        return [Request([Message("user", prompt)], max_new_tokens=n, seed=profile.sampling.seed,
-                        request_id=prompt) for prompt in items], []
+        return _prompt_requests(profile, items, target.adapter.num_image_tokens(target))
     from vlmspec_cli.tasks.inputs import InputError, load_image
 
     requests, errors = [], []
@@ -38,6 +36,23 @@ def sample_requests(profile, items, target=None) -> tuple[list[Request], list[st
             continue
         requests.append(Request(messages, max_new_tokens=profile.generation.max_new_tokens,
                                 seed=profile.sampling.seed, request_id=item.path))
+    return requests, errors
+
+
+def _prompt_requests(profile, prompts, n: int) -> tuple[list[Request], list[str]]:
+    """An image profile's samples: prompts, refused as generate-image refuses them (an
+    empty one), and one that names a file or folder (SAMPLES are images for a caption
+    profile: an image folder given with an image profile was calibrated on as text)."""
+    requests, errors = [], []
+    for i, prompt in enumerate(prompts, 1):
+        if not prompt.strip():
+            errors.append(f"prompt {i}: empty prompt")
+        elif os.path.lexists(prompt):
+            errors.append(f"prompt {i}: '{prompt}' names a file or folder; an image "
+                          "profile calibrates on prompts (text)")
+        else:
+            requests.append(Request([Message("user", prompt.strip())], max_new_tokens=n,
+                                    seed=profile.sampling.seed, request_id=prompt.strip()))
     return requests, errors
 
 
