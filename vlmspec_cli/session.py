@@ -256,8 +256,9 @@ def validate_method(profile) -> type[DraftingMethod]:
     if task not in method.tasks:
         raise SessionError(method.task_error(task, _supporting(lambda m: task in m.tasks)))
     if task == "video" and profile.generation.batch_size > 1:
-        raise SessionError("describe-video decodes one video at a time (3-D positions differ "
-                           "per video); use --batch-size 1")
+        raise SessionError(f"describe-video decodes one video at a time (3-D positions differ "
+                           f"per video): the profile's generation.batch_size is "
+                           f"{profile.generation.batch_size}; --set generation.batch_size=1")
     if profile.acceptance == "relaxed" and not (task == "image" and method.relaxes):
         relaxing = _supporting(lambda m: m.relaxes and "image" in m.tasks)
         raise SessionError("acceptance: relaxed (LANTERN) compares VQ image codes: it needs "
