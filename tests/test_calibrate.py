@@ -577,3 +577,24 @@ def test_image_calibration_refuses_empty_prompts_and_paths():
     assert "prompt 1: empty prompt" in res.output and "prompt 2: empty prompt" in res.output
     assert f"prompt 3: '{scene}' names a file or folder" in res.output
     assert "no usable samples" in res.output
+
+
+def test_a_hardware_profile_of_other_models_is_not_used(setup, tmp_path):
+    """`vlmspec profile` records the models it timed; calibrate does not price another
+    pair by those tables (the 32-layer target's priced tinyworld-small: 60% off) and says
+    why. A hardware profile of the same models is used."""
+    from vlmspec_cli.tasks.calibrate_model import hardware_mismatch
+
+    root, _, _ = setup
+    hw = load_profile(str(root / "base.yaml"))
+    measured = hw.hardware.measurements
+    assert measured["target"] == hw.target.model and measured["draft"] == hw.draft.model
+    assert hardware_mismatch(hw) is None and LatencyModel.from_hardware(hw.hardware, hw)
+    small = tmp_path / "small-hw.yaml"     # (the tests' tinyworld-caption has the small pair)
+    small.write_text(f"name: small-hw\ninclude: [tinyworld-small, {root / 'hw.yaml'}]\n"
+                     "target: {model: zoo:tinyworld/llava-target-deep}\n")
+    other = load_profile(str(small))
+    why = hardware_mismatch(other)
+    assert why and f"target '{hw.target.model}'" in why and other.target.model in why
+    assert LatencyModel.from_hardware(other.hardware, other) is None
+    assert LatencyModel.from_hardware(other.hardware) is not None      # (asked without it)

@@ -154,9 +154,12 @@ def test_what_calibrate_did_not_try_reads_a_line_per_reason():
     from vlmspec_cli.ui import _not_tried
 
     lines = _not_tried(["tree M d=6 k=4 n=30 (budget)", "batch sizes (method hidden decodes one "
-                        "request at a time)", "measuring chain M γ=4 (budget)", "no reason"])
-    assert lines == ["not tried: tree M d=6 k=4 n=30, measuring chain M γ=4 (budget)",
+                        "request at a time)", "chain M γ=4 (budget: modelled, not measured)",
+                        "no reason"] + [f"chain T γ={g} (budget)" for g in range(1, 9)])
+    assert lines == ["not tried: tree M d=6 k=4 n=30, chain T γ=1, chain T γ=2, chain T γ=3, "
+                     "chain T γ=4, chain T γ=5 and 3 more (--json lists them) (budget)",
                      "not tried: batch sizes (method hidden decodes one request at a time)",
+                     "not tried: chain M γ=4 (budget: modelled, not measured)",
                      "not tried: no reason"]
 
 

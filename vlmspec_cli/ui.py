@@ -339,11 +339,13 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
     line per measured candidate, and long candidate names fold (at 80 columns they were cut
     to "hidden llava-deep-…" over four lines and the spread to "(1.77/2.28/2…")."""
     title = "vlmspec calibrate" + (f" (latency: {latency})" if latency else "")
-    if any(c.cost == "rounds" for c in candidates):
-        title += ", each candidate priced by its probe's timed rounds"
+    priced = "each candidate priced by its probe's timed rounds"
     out = stderr if stderr.is_terminal else Console(stderr=True, highlight=False, soft_wrap=True,
                                                     width=max(stderr.width, 140))
     below = out.width < 120
+    wrap = not out.is_terminal          # in a terminal, lines wrap between words
+    if any(c.cost == "rounds" for c in candidates) and not below:
+        title += f", {priced}"          # (88 columns: narrow, a line below the table)
     table = Table(title=title, title_justify="left")
     for wide, narrow in (("candidate", "candidate"), ("τ model", "τ mod"), ("predicted", "pred."),
                          ("τ meas.", "τ meas"),
@@ -366,6 +368,8 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
                       "-" if c.tokens_per_s is None else f"{c.tokens_per_s:.0f}",
                       style="bold green" if c is winner else None)
     out.print(table)
+    if any(c.cost == "rounds" for c in candidates) and below:
+        out.print(f"({priced})", soft_wrap=wrap)
     if below and spreads:
         out.print("speedup per sample, min/median/max", style="bold")
         for line in spreads:
@@ -373,7 +377,7 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
     if len(candidates) > len(shown):
         out.print(f"{len(candidates) - len(shown)} more candidates modelled (--json lists all)")
     for line in _not_tried(skipped):
-        out.print(escape(line))
+        out.print(escape(line), soft_wrap=wrap)
     if target_only and target_only.get("sample_wall_s"):
         w = target_only["sample_wall_s"]
         out.print(f"target-only: {target_only['tokens_per_s']} tok/s, per sample "
@@ -391,17 +395,27 @@ def _signed_pct(x: float) -> str:
     return "0%" if round(x * 100) == 0 else f"{x:+.0%}"
 
 
+NOT_TRIED_SHOWN = 6      # names listed per reason; the rest counted (--json lists every one)
+
+
 def _not_tried(skipped) -> list[str]:
-    """calibrate's "WHAT (WHY)" entries, a line per WHY (first seen first): a short --budget
-    skips tens of probes, which on one line ran on for several screen rows."""
+    """calibrate's "WHAT (WHY)" entries, a line per WHY (first seen first), each naming its
+    first NOT_TRIED_SHOWN and counting the rest: a short --budget skips tens of probes,
+    which ran on for several screen rows, on one line and then on one line per reason (the
+    budget's alone was 600 characters)."""
     groups: dict[str, list[str]] = {}
     for entry in skipped:
         what, sep, why = entry.rpartition(" (")
         if not sep or not why.endswith(")"):
             what, why = entry, ""
         groups.setdefault(why[:-1] if why else "", []).append(what)
-    return [f"not tried: {', '.join(whats)}" + (f" ({why})" if why else "")
-            for why, whats in groups.items()]
+    lines = []
+    for why, whats in groups.items():
+        more = len(whats) - NOT_TRIED_SHOWN
+        listed = ", ".join(whats[:NOT_TRIED_SHOWN]) + (
+            f" and {more} more (--json lists them)" if more > 0 else "")
+        lines.append(f"not tried: {listed}" + (f" ({why})" if why else ""))
+    return lines
 
 
 def bench_table(report, title: str = "vlmspec bench") -> None:

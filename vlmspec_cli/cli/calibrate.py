@@ -10,6 +10,7 @@ import click
 
 from vlmspec_cli.cli.common import decoding_profile, fail, nonempty_path, profile_option, set_option
 from vlmspec_cli.cli.types import Count, FiniteFloat, IntList, Seed
+from vlmspec_cli.tasks.calibrate_model import hardware_mismatch
 from vlmspec_cli.tasks.records import SCHEMA
 
 
@@ -121,8 +122,8 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
             session.check_fits(request)
     except (SessionError, ModelLoadError, ValueError) as exc:
         fail(str(exc))
-    if note:
-        ui.warning(note)
+    for line in filter(None, (note, hardware_mismatch(base))):   # a hardware profile's too
+        ui.warning(line)
     gamma_list = sorted(set(gammas) | {base.drafting.gamma})  # the profile's own γ too
     with ui.Status(quiet, "calibrate:") as status:
         result = calibrate(base, requests, gammas=gamma_list, captioner_ok=note is None,

@@ -319,7 +319,7 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     if same is not None:
         all_probes.remove(same)
     all_probes.insert(0, same or own)
-    model = LatencyModel.from_hardware(base.hardware)
+    model = LatencyModel.from_hardware(base.hardware, base)
     latency = "hardware profile"
     if model is None:
         say("latency model")
@@ -336,7 +336,7 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     finalists = candidates[:top] + ([default] if default is not None and default not in candidates[:top] else [])
     for i, cand in enumerate(finalists):
         if i > 0 and over() and cand is not default:   # the profile's own: always decoded
-            skipped.append(f"measuring {cand.label} (budget)")
+            skipped.append(f"{cand.label} (budget: modelled, not measured)")
             continue
         say(f"measuring {cand.label}")
         _measure(base, cand, requests, base_run, greedy, session.target, baseline)

@@ -108,7 +108,11 @@ class LatencyModel:
         return self.speedup(tau, depth, nodes, self.step_ms(top_k))
 
     @classmethod
-    def from_hardware(cls, hardware) -> "LatencyModel | None":
+    def from_hardware(cls, hardware, profile=None) -> "LatencyModel | None":
+        """The tables of an included hardware profile, or None (none, or, with ``profile``,
+        measured for other models: ``hardware_mismatch``)."""
+        if profile is not None and hardware_mismatch(profile):
+            return None
         m = hardware.measurements if hardware is not None else None
         if not isinstance(m, dict) or not m.get("target_verify_ms"):
             return None
@@ -121,6 +125,24 @@ class LatencyModel:
         return cls({int(k): float(v) for k, v in verify.items()}, draft,
                    {k: float(v) for k, v in levels.items()},
                    prefill_ms=float(hardware.prefill_ms or 0.0))
+
+
+def hardware_mismatch(profile) -> str | None:
+    """Why the hardware profile ``profile`` includes does not time its models, or None: its
+    tables were measured for another target or draft (recorded by `vlmspec profile` since
+    session 51; older files say only the profile's name, and pass). A 32-layer target's
+    tables priced the 2-layer tinyworld-small's candidates, and calibrate's predictions
+    came out 60% off."""
+    m = profile.hardware.measurements if profile.hardware is not None else None
+    if not isinstance(m, dict):
+        return None
+    for role in ("target", "draft"):
+        measured, here = m.get(role), getattr(profile, role).model
+        if measured and here and measured != here:
+            return (f"the hardware profile's tables were measured for {role} '{measured}' "
+                    f"(profile {m.get('profile', '?')}), this profile's {role} is '{here}': "
+                    f"they are not used, latency is measured here")
+    return None
 
 
 @dataclass

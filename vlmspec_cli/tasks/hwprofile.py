@@ -154,8 +154,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
         "latency_ratio": round(ratio, 4) if ratio is not None else None,
         "device": device_name(target.device, session.threads),
         "dtype": str(target.dtype).replace("torch.", ""),
-        "torch": str(torch.__version__),
-        "transformers": str(transformers.__version__),
+        "torch": str(torch.__version__), "transformers": str(transformers.__version__),
         "date": datetime.date.today().isoformat(),
         "target_ms": round(t_p, 4),
         "target_verify_ms": round(t_verify, 4),
@@ -165,8 +164,9 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
         "threads": by_threads["best"] if by_threads else None,
         "prefill_threads": by_threads["best_prefill"] if by_threads else None,
         "measurements": {
-            "profile": profile.name, "method": profile.method, "gamma": gamma, "draft_rows": rows,
-            "prompt_tokens": prompt_len, "warmup": warmup, "repeats": repeats,
+            "profile": profile.name, "target": profile.target.model, "draft": profile.draft.model,
+            "method": profile.method, "gamma": gamma, "draft_rows": rows, "prompt_tokens": prompt_len,
+            "warmup": warmup, "repeats": repeats,
             "target_verify_ms": {s: {k: round(v, 4) for k, v in row.items()}
                                  for s, row in tables.target_verify_ms.items()},
             "draft_step_ms": {b: {s: round(v, 4) for s, v in row.items()}
