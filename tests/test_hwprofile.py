@@ -159,6 +159,11 @@ def test_remarks_and_eq1():
     r = remarks(tables)
     assert r["remark1_target_vs_gamma"] == {"max_rel_dev": 0.2, "holds": False}
     assert r["remark2_draft_vs_S"]["holds"] and r["remark3_draft_vs_B"]["holds"]
+    # one batch size, one context (an image profile's draft): nothing to compare, not "holds"
+    one = remarks(LatencyTables(target_verify_ms={10: {1: 1.0, 4: 1.02}},
+                                draft_step_ms={1: {9: 0.5256}}))
+    assert one["remark2_draft_vs_S"] is None and one["remark3_draft_vs_B"] is None
+    assert one["remark1_target_vs_gamma"]["holds"]
     assert eq1_speedup(3.0, 5, 0.2) == 1.5
     assert abs(eq1_speedup(3.0, 5, 0.2, verify_factor=1.5) - 1.2) < 1e-9
 
