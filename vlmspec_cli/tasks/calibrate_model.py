@@ -129,10 +129,10 @@ class LatencyModel:
 
 def hardware_mismatch(profile) -> str | None:
     """Why the hardware profile ``profile`` includes does not time its models, or None: its
-    tables were measured for another target or draft (recorded by `vlmspec profile` since
-    session 51; older files say only the profile's name, and pass). A 32-layer target's
-    tables priced the 2-layer tinyworld-small's candidates, and calibrate's predictions
-    came out 60% off."""
+    tables were measured for another target or draft (as `vlmspec profile` records them;
+    files written before it did say only the profile's name, and pass). The 32-layer
+    target's tables priced tinyworld-small's (8 layers) candidates, and calibrate's
+    predictions came out 60% off."""
     m = profile.hardware.measurements if profile.hardware is not None else None
     if not isinstance(m, dict):
         return None
@@ -141,7 +141,7 @@ def hardware_mismatch(profile) -> str | None:
         if measured and here and measured != here:
             return (f"the hardware profile's tables were measured for {role} '{measured}' "
                     f"(profile {m.get('profile', '?')}), this profile's {role} is '{here}': "
-                    f"they are not used, latency is measured here")
+                    f"its tables are not used, latency is measured here")
     return None
 
 
