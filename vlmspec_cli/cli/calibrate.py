@@ -116,8 +116,8 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
         requests, errors = sample_requests(base, items, session.target)
         for line in errors:
             ui.error(line)
-        if not requests:
-            fail("no usable samples")
+        if not requests:   # every sample failed, each named above: exit 1, as any batch
+            fail("no usable samples", 1 if errors else 2)
         for request in requests:  # one too long is refused before anything is measured
             session.check_fits(request)
     except (SessionError, ModelLoadError, ValueError) as exc:
