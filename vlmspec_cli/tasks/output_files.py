@@ -47,6 +47,8 @@ def refusal(path: str | os.PathLike, *, force: bool, ours: Callable[[Path], bool
         return "is a directory"
     if not (p.exists() or p.is_symlink()):
         return _folder_problem(p.parent)
+    if not p.exists():                   # a link to nothing: not a file of anyone's format
+        return f"is a symbolic link to a missing file ({os.readlink(p)}): {foreign_hint}"
     if not p.is_file() or not ours(p):   # said first: --force would not help
         return f"exists and is not a {what}: {foreign_hint}"
     if not force:
