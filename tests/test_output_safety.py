@@ -439,14 +439,3 @@ def test_recipe_state_never_overwrites_a_file_that_is_not_one(tmp_path, monkeypa
     res = run(["run", "r.yaml", "--state", "ok.json"])
     assert res.exit_code == 0 and "1" in json.loads((tmp_path / "ok.json").read_text())["steps"]
 
-
-def test_a_link_to_nothing_is_refused_as_such(tmp_path):
-    """--write over a dangling link said "exists and is not a hardware profile"."""
-    from vlmspec_cli.tasks.output_files import refusal
-
-    link = tmp_path / "hw.yaml"
-    link.symlink_to(tmp_path / "gone.yaml")
-    for force in (False, True):
-        why = refusal(link, force=force, ours=lambda p: True, what="hardware profile")
-        assert why.startswith(f"is a symbolic link to a missing file ({tmp_path / 'gone.yaml'})")
-    assert not (tmp_path / "gone.yaml").exists()
