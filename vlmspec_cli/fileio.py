@@ -129,36 +129,28 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
 def write_new(path: Path, data: bytes, force: bool) -> None:
     """Write ``data`` to ``path`` atomically; without ``force`` never replace a file that
     exists (os.link refuses an existing name; the check and the rename are one step). With
-    ``force``, as atomic_write_bytes: a symbolic link is followed (the file it points to is
-    replaced, the link stays) and the replaced file's permission bits are kept (a profile
-    at 0640 became 0644, and a link became a file while its target stayed stale)."""
-    path = Path(path)
-    mode = None
+    ``force``, atomic_write_bytes: a symbolic link is followed (the file it points to is
+    replaced, the link stays) and the replaced file's permission bits are kept (this wrote
+    its own temp file and renamed it over the name: a profile at 0640 came back 0644, and a
+    link became a file while its target stayed stale)."""
     if force:
-        path = Path(os.path.realpath(path)) if path.is_symlink() else path
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except OSError:
-            pass
+        atomic_write_bytes(path, data)
+        return
+    path = Path(path)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:
         with open(tmp, "xb") as fh:
             fh.write(data)
-            if mode is not None and hasattr(os, "fchmod"):
-                os.fchmod(fh.fileno(), mode)
             fh.flush()
             os.fsync(fh.fileno())
-        if force:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError:          # no hard links here: check, then rename
+            if path.exists():
+                raise FileExistsError(str(path)) from None
             os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise
-            except OSError:          # no hard links here: check, then rename
-                if path.exists():
-                    raise FileExistsError(str(path)) from None
-                os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()

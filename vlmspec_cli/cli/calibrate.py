@@ -162,14 +162,15 @@ def _absolute_folders(models, option: str) -> tuple:
     candidates "not tried" and calibrate went on (exit 0)."""
     from vlmspec_cli.runtime.models import looks_local
 
+    out = []
     for m in models:
         folder = os.path.expanduser(m)
         if looks_local(m) and not os.path.isdir(folder):
             why = "is not a folder" if os.path.lexists(folder) else "no such folder"
             raise click.BadParameter(f"{m}: {why} (a model folder, or a hub id)",
                                      param_hint=f"'{option}'")
-    return tuple(os.path.abspath(os.path.expanduser(m)) if os.path.isdir(os.path.expanduser(m))
-                 else m for m in models)
+        out.append(os.path.abspath(folder) if os.path.isdir(folder) else m)
+    return tuple(out)
 
 
 def _sample_items(task: str, samples) -> list:
