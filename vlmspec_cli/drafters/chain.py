@@ -8,7 +8,9 @@ compiled steps a greedy chain drafted in one call); the rows of a batch
 (generation.batch_size > 1) share one ragged cache (runtime/ragged.py), each row at its
 own length. Either way a row drafts its budget of tokens (an EOS among them is cut by the
 engine before verification: nothing after it is verified), and after verification its
-draft cache keeps the accepted proposals it fed (``DraftCursor``).
+draft cache keeps the accepted proposals it fed (``DraftCursor``). A request alone with
+``drafting.length: auto`` may end its chain sooner, by the draft's confidence in each
+proposal (``state.draft_stop``, runtime/draft_stop.py).
 """
 
 from __future__ import annotations
@@ -142,6 +144,9 @@ class ChainDrafter(DraftingMethod):
         with its own draft generator)."""
         rows: list[ChainRow] = [st.drafter_state for st in states]
         logits = self._catch_up(states, rows, budgets)
+        stop = states[0].draft_stop if len(states) == 1 and budgets[0] > 0 else None
+        if stop is not None:
+            return [self._propose_stopping(states[0], rows[0], logits[0], budgets[0], stop)]
         if self.sampling.greedy:
             return self._propose_greedy(rows, logits, budgets)
         tokens: list[list[int]] = [[] for _ in rows]
@@ -165,6 +170,40 @@ class ChainDrafter(DraftingMethod):
                 outs = self._feed(rows, feed)
                 logits = [outs[b][-1] if feed[b] else logits[b] for b in range(len(rows))]
         return [Draft(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
+
+    def _propose_stopping(self, state: DecodeState, row: ChainRow, logits: torch.Tensor,
+                          budget: int, stop) -> Draft:
+        """A request alone: up to ``budget`` proposals, one draft forward each, ending where
+        ``stop`` (a draft_stop.ChainStop) says the next position does not pay; of those, the
+        prefix it says to verify. The confidence c_j in proposal j: its probability under
+        the draft (T = 0: the softmax of the logits at their argmax; T > 0: q_j(x_j), the
+        token drawn as in any chain); S_j = c_1 ⋯ c_j."""
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        confidence: list[float] = []
+        survivals: list[float] = []
+        while True:
+            if self.sampling.greedy:   # the argmax, as any greedy chain; 1 / Σ exp(z − max)
+                z = logits.float()
+                token = int(z.argmax())
+                c = float(1.0 / torch.exp(z - z[token]).sum())
+            else:
+                q = probabilities(logits.float(), self.sampling)
+                on_host = q.cpu()
+                token = int(torch.multinomial(on_host, 1, generator=state.draft_generator))
+                c = float(on_host[token])
+                probs.append(q)
+            tokens.append(token)
+            confidence.append(c)
+            survivals.append(c * (survivals[-1] if survivals else 1.0))
+            if len(tokens) == budget or not stop.more(len(tokens), survivals[-1]):
+                break
+            logits = self._extend(row, torch.tensor([[token]], device=self.draft.device))[0, -1]
+            row.cursor.fed += 1
+        keep = stop.keep(survivals)
+        return Draft(tokens[:keep], torch.stack(probs[:keep]) if probs[:keep] else None,
+                     steps=len(tokens), dropped=confidence[keep] if keep < len(tokens) else None,
+                     stopped=keep < budget)
 
     def _feed(self, rows: list[ChainRow], feeds: list[list[int]]) -> list[torch.Tensor]:
         """Each row's tokens through the draft, one forward; per row its logits (n, V)."""

@@ -115,9 +115,19 @@ class Draft(Proposal):
 
     tokens: list[int]
     probs: torch.Tensor | None = None
+    # a chain its draft's confidence ended (draft_stop.py): the positions drafted, the
+    # confidence in the first of them not proposed (None: every one drafted is proposed),
+    # and whether it ended short of the length asked for (drafted or proposed fewer)
+    steps: int | None = None
+    dropped: float | None = None
+    stopped: bool = False
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def levels(self) -> int:
+        return len(self) if self.steps is None else self.steps
 
     def truncated(self, n: int) -> "Draft":
         return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n])

@@ -37,6 +37,12 @@ probe every few tens of tokens, not a few rounds per request.
 - Positions few rounds reached: shrunk towards the position before (``Acceptance.rates``),
   so the deep positions of a ceiling seldom drafted to are not taken as likely as the first.
 
+Within the round, a chain drafter (a request alone) may end its chain before k by the
+draft's confidence in each proposal (``stop_rule``, draft_stop.py), priced at the rate
+this process decodes at (``rate``): k is then the most it may draft. A chain ended there
+reports the confidence in the first proposal it drafted and did not verify, counted as
+that position's chance of being kept (``Acceptance.observe``).
+
 Lossless by construction: γ and the plain rounds are decided before the round, from
 earlier rounds only; every emitted token is still the target's (verify.py), at T = 0
 token for token and at T > 0 in distribution. A seed's sample at T > 0 can differ between
@@ -64,6 +70,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from vlmspec_cli.runtime.draft_stop import ChainStop
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.round_costs import RoundCosts
 from vlmspec_cli.runtime.stats import length_section
@@ -81,6 +88,7 @@ RESUME = 0.15             # once off, drafting resumes when a round is expected 
 PROBE_SHARE = 0.02        # probes take at most this share of the plain rounds' time
 MIN_TIMED = 3             # timed rounds before drafting may be switched off
 DOUBT = 1.0               # once off, acceptance is taken this many standard errors low
+RATE_DECAY = 0.97         # per round, the tokens and seconds the process's rate is over
 
 
 class Acceptance:
@@ -94,15 +102,23 @@ class Acceptance:
         self.risk: list[float] = []
         self.kept: list[float] = []
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        reached = min(accepted + 1, drafted)
+    def observe(self, drafted: int, accepted: int, dropped: float | None = None) -> None:
+        """``dropped``: the draft's confidence in the proposal after the last one verified,
+        which the round drafted and did not verify (draft_stop.py); when every verified one
+        was kept, that position was at risk and is counted kept by that much (the
+        confidence is close to the chance; uncounted, the positions a chain stops at for
+        low confidence would be seen only when the draft was confident there)."""
+        reached, soft = min(accepted + 1, drafted), 0.0
+        if dropped is not None and accepted == drafted:
+            reached, soft = drafted + 1, dropped
         if len(self.risk) < reached:
             grow = reached - len(self.risk)
             self.risk += [0.0] * grow
             self.kept += [0.0] * grow
         for i in range(len(self.risk)):
             self.risk[i] = self.decay * self.risk[i] + (i < reached)
-            self.kept[i] = self.decay * self.kept[i] + (i < accepted)
+            kept = (i < accepted) + (soft if i == drafted else 0.0)
+            self.kept[i] = self.decay * self.kept[i] + kept
 
     def rates(self, n: int, prior: list[float] | None = None, weight: float = 0.0) -> list[float]:
         """h_1..h_n from these counts and ``prior`` rates worth ``weight`` rounds at each
@@ -144,6 +160,7 @@ class LengthState:
     deferred: bool = False       # the drafter is prefilled at the first drafted round
     hist: list[int] = field(default_factory=list)   # [k]: rounds that chose k (0: plain)
     probes: int = 0
+    stopped: int = 0             # rounds whose chain the draft's confidence ended short of k
 
     def count(self, k: int) -> None:
         if len(self.hist) <= k:
@@ -185,6 +202,7 @@ class AutoGamma:
         self.draft_prefill_s = 0.0              # the draft's last prefill
         self.round_prefill_s = 0.0              # the draft's prefill in the round being decoded
         self.ruled_out: str | None = None       # why drafting can never pay here (rule_out)
+        self.tokens_w = self.seconds_w = 0.0    # decayed: the rounds' tokens and time (rate)
 
     # -- the model ---------------------------------------------------------------------
     def rates(self, ls: LengthState) -> list[float]:
@@ -232,6 +250,21 @@ class AutoGamma:
         # pooled rate, and a round cut short by a low guess cannot show they were higher)
         best_k = max(k for k, r in rate.items() if r >= (1.0 - TIE) * top)
         return best_k, top * v1
+
+    @property
+    def rate(self) -> float | None:
+        """Tokens a second over this process's last rounds (decayed by RATE_DECAY), plain
+        ones included, each round's time as the cost lines price it: R, what a position
+        drafted must pay for (draft_stop.py)."""
+        return self.tokens_w / self.seconds_w if self.seconds_w > 0 else None
+
+    def stop_rule(self, state: DecodeState, k: int) -> ChainStop | None:
+        """Where a chain of at most ``k`` proposals may stop by the draft's confidence
+        (draft_stop.py); None before the process has a rate and costs to price it by."""
+        rate, v1 = self.rate, self.costs.plain_s()
+        if k < 1 or rate is None or v1 is None or state.length is None:
+            return None
+        return ChainStop.build(self.costs, rate, self.rates(state.length), k, v1)
 
     # -- the engine's side -------------------------------------------------------------
     def start(self, state: DecodeState) -> None:
@@ -356,11 +389,14 @@ class AutoGamma:
         return max(self.backoff, math.ceil(cost / (self.probe_share * v1)))
 
     def observe(self, state: DecodeState, k: int, *, levels: int, fed: int, drafted: int,
-                accepted: int, draft_s: float, verify_s: float) -> None:
+                accepted: int, draft_s: float, verify_s: float,
+                dropped: float | None = None, stopped: bool = False) -> None:
         """A round that chose ``k`` drafted ``levels`` positions in ``draft_s``, and fed the
         target ``fed`` tokens (``drafted`` proposals verified, after an EOS cut; ``accepted``
         kept), verified and committed in ``verify_s``. A round that fed nothing (the first
-        token comes from the prefill) times no target forward."""
+        token comes from the prefill) times no target forward. ``dropped``: the draft's
+        confidence in the first proposal it drafted and did not verify (its chain ended by
+        ``stop_rule``), else None; ``stopped``: the chain ended short of k that way."""
         ls: LengthState = state.length
         prefill, self.round_prefill_s = self.round_prefill_s, 0.0   # this round's, if any
         own = draft_s - prefill
@@ -382,9 +418,23 @@ class AutoGamma:
             extra = max(draft_s + verify_s - v1 * (1 + accepted), 0.0)
             self.probe_cost = extra if self.probe_cost is None else (self.probe_cost + extra) / 2
         self.probing = False
-        if drafted > 0:
-            ls.acceptance.observe(drafted, accepted)
-            self.seen.observe(drafted, accepted)
+        spent = self._priced(levels, fed)
+        if spent is not None:
+            self.tokens_w = RATE_DECAY * self.tokens_w + accepted + 1
+            self.seconds_w = RATE_DECAY * self.seconds_w + spent
+        ls.stopped += stopped
+        if drafted > 0 or dropped is not None:
+            ls.acceptance.observe(drafted, accepted, dropped)
+            self.seen.observe(drafted, accepted, dropped)
+
+    def _priced(self, levels: int, fed: int) -> float | None:
+        """A round's time as the cost lines put it (the rate's: as smooth as the lines, a
+        stall counting as it does in them); None when it fed nothing or is not priced yet."""
+        draft = self.costs.draft_s(levels) if levels > 0 else 0.0
+        verify = self.costs.plain_s() if fed == 1 else self.costs.verify_s(fed)
+        if fed < 1 or draft is None or verify is None:
+            return None
+        return draft + verify
 
     def finish(self, state: DecodeState) -> None:
         """The request's record: what its rounds chose (``stats.draft_length``)."""
@@ -392,4 +442,4 @@ class AutoGamma:
         if ls is not None:
             state.stats.draft_length = length_section(self.ceiling, ls.hist, ls.probes,
                                                       [round(h, 3) for h in self.rates(ls)],
-                                                      self.ruled_out)
+                                                      self.ruled_out, ls.stopped)

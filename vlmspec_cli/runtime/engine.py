@@ -167,19 +167,29 @@ class SpeculativeEngine:
               for st, n in zip(states, budgets)]
         t0 = time.perf_counter()
         off = [self._late_prefill(st, k) for st, k in zip(states, ks)]
+        # a request alone may end its chain short of k by the draft's confidence (a
+        # drafter that reads it: draft_stop.py)
+        for st, k in zip(states, ks):
+            st.draft_stop = (self.length.stop_rule(st, k)
+                             if self.length is not None and len(states) == 1 else None)
         # 1. the drafter proposes x_1..x_n (n ≤ k) per row: a chain or a tree, as data
         proposals = (self.drafter.propose_rows(states, ks) if any(ks)
                      else [Draft([]) for _ in states])
         levels = [p.levels for p in proposals]   # the drafting steps taken, before the cut
-        proposals = [p.cut_at(self.eos_ids) for p in proposals]   # nothing follows an EOS
+        cut = [p.cut_at(self.eos_ids) for p in proposals]   # nothing follows an EOS
+        # a chain ended short of k by its confidence: the confidence in the first proposal
+        # it drafted and did not propose (unless an EOS cut it before), for the acceptance
+        ended = [(getattr(p, "dropped", None) if len(c) == len(p) else None,
+                  getattr(p, "stopped", False)) for p, c in zip(proposals, cut)]
+        proposals = cut
         t1 = time.perf_counter()
         # 2. one target forward over every row's pending token and proposals, at the
         #    positions and with the visibility each proposal's shape needs: p_1..p_{n+1}
         feeds = [p.target_feed(st) for p, st in zip(proposals, states)]
         outs = self._target_forward(states, feeds)
         drops: list[int] | None = None if self.rows is None else []
-        for st, proposal, feed, out, k, drafter_off, drafted_levels in zip(
-                states, proposals, feeds, outs, ks, off, levels):
+        for st, proposal, feed, out, k, drafter_off, drafted_levels, (dropped, stopped) in zip(
+                states, proposals, feeds, outs, ks, off, levels, ended):
             # 3. verify.py decides: x_1..x_m accepted (p/q ratio tests), one token of the
             #    target's added (from p, or the residual norm(max(0, p - q)) after a rejection)
             verdict = proposal.judge(st, out, self.sampling, self.relax)
@@ -189,7 +199,8 @@ class SpeculativeEngine:
                 # (acceptance by position: a tree's depth drafted, not its nodes)
                 self.length.observe(st, k, levels=drafted_levels, fed=len(feed.ids),
                                     drafted=verdict.depth, accepted=len(verdict.accepted),
-                                    draft_s=t1 - t0, verify_s=time.perf_counter() - t1)
+                                    draft_s=t1 - t0, verify_s=time.perf_counter() - t1,
+                                    dropped=dropped, stopped=stopped)
         if self.rows is not None:     # a batch's rows share their caches: cut back at once
             self.rows.rollback(drops)
         self.drafter.end_round(states)

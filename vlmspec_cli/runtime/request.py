@@ -71,6 +71,9 @@ class DecodeState:
     drafter_state: Any = None
     features: TargetFeatures | None = None  # the last target forward's hidden states
     length: Any = None                      # drafting.length auto: draft_length.LengthState
+    # this round's draft_stop.ChainStop (drafting.length auto, a request alone): where a
+    # drafter that reads its own confidence may end its chain; None: draft all k
+    draft_stop: Any = None
 
 
 def make_generators(seed: int) -> tuple[torch.Generator, torch.Generator]:

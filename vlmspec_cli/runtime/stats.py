@@ -122,16 +122,19 @@ def _add_lists(a: list[int], b: list[int]) -> list[int]:
 
 
 def length_section(ceiling: int, hist: list[int], probes: int,
-                   rates: list[float] | None, off_reason: str | None = None) -> dict:
+                   rates: list[float] | None, off_reason: str | None = None,
+                   stopped: int = 0) -> dict:
     """``stats.draft_length``: rounds that drafted and that decoded plain (``probes`` of
     the drafted ones tried drafting again after plain rounds), the γ chosen
-    (``gamma_hist[k]``: rounds that chose k; 0: plain), its mean over drafted rounds, and
-    the per-position acceptance estimated at the end (``accept_rates``; not summed);
-    ``off_reason``: why drafting was off from the start (draft_cost.py), when it was."""
+    (``gamma_hist[k]``: rounds that chose k; 0: plain), its mean over drafted rounds,
+    ``rounds_stopped`` (drafted rounds whose chain ended short of γ by the draft's
+    confidence, draft_stop.py), and the per-position acceptance estimated at the end
+    (``accept_rates``; not summed); ``off_reason``: why drafting was off from the start
+    (draft_cost.py), when it was."""
     drafted = sum(hist[1:])
     mean = sum(k * n for k, n in enumerate(hist)) / drafted if drafted else 0.0
     return {"policy": "auto", "max": ceiling, "rounds_drafted": drafted,
-            "rounds_plain": hist[0] if hist else 0, "probes": probes,
+            "rounds_plain": hist[0] if hist else 0, "probes": probes, "rounds_stopped": stopped,
             "mean_gamma": round(mean, 3), "gamma_hist": list(hist), "accept_rates": rates,
             **({"off_reason": off_reason} if off_reason else {})}
 
@@ -142,4 +145,5 @@ def merge_length(a: dict | None, b: dict | None) -> dict | None:
         return None if a is None and b is None else dict(a or b)
     return length_section(max(a["max"], b["max"]), _add_lists(a["gamma_hist"], b["gamma_hist"]),
                           a["probes"] + b["probes"], None,
-                          a.get("off_reason") or b.get("off_reason"))
+                          a.get("off_reason") or b.get("off_reason"),
+                          a.get("rounds_stopped", 0) + b.get("rounds_stopped", 0))
