@@ -53,23 +53,50 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_K = 16        # the longest round priced (costs recorded over 1..10 are extended as lines)
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
 # -- 1, 2: record (run in a child process: ``--record OUT -- CLI ARGS``) -------------------
+class ConfidenceRecorder:
+    """A draft_stop.ChainStop that never stops a chain and keeps the draft's confidence in
+    each proposal (c_j = S_j / S_{j-1}): what the replay's confidence stop reads."""
+
+    def __init__(self) -> None:
+        self.last: list[float] = []
+
+    def more(self, drafted: int, survival: float) -> bool:
+        return True
+
+    def keep(self, survivals: list[float]) -> int:
+        self.last = [s / (survivals[i - 1] if i else 1.0) for i, s in enumerate(survivals)]
+        return len(survivals)
+
+
 def record(out: str, cli_args: list[str], random_k: bool) -> None:
+    from vlmspec_cli.drafters.chain import ChainDrafter
     from vlmspec_cli.runtime import draft_length, engine
 
     rounds: dict[int, tuple[object, list]] = {}
     commit = engine.commit
+    recorder = ConfidenceRecorder()
 
     def counted(state, verdict, drafter, eos_ids, drops=None):
         seen = rounds.setdefault(id(state), (state, []))[1]
-        seen.append((verdict.drafted, len(verdict.accepted)))
+        seen.append((verdict.drafted, len(verdict.accepted), recorder.last))
+        recorder.last = []
         return commit(state, verdict, drafter, eos_ids, drops)
 
     engine.commit = counted
+    propose_rows = ChainDrafter.propose_rows
+
+    def confident(self, states, budgets):   # a fixed γ's chain, its confidences kept
+        if len(states) == 1 and states[0].draft_stop is None:
+            states[0].draft_stop = recorder
+        return propose_rows(self, states, budgets)
+
+    ChainDrafter.propose_rows = confident
     policies = []
     init = draft_length.AutoGamma.__init__
 
@@ -78,9 +105,10 @@ def record(out: str, cli_args: list[str], random_k: bool) -> None:
         policies.append(self)
 
     draft_length.AutoGamma.__init__ = kept
-    if random_k:
+    if random_k:   # every size, drafted whole (no confidence stop): the costs' lines
         rng = random.Random(1)
         draft_length.AutoGamma._decide = lambda self, ls, budget: rng.randint(1, budget)
+        draft_length.AutoGamma.stop_rule = lambda self, state, k: None
     from vlmspec_cli.cli import cli
 
     try:
@@ -92,8 +120,8 @@ def record(out: str, cli_args: list[str], random_k: bool) -> None:
     costs = None
     if policies:
         c = policies[-1].costs
-        costs = {"draft_s": [c.draft_s(k) for k in range(1, 11)],
-                 "verify_s": [c.verify_s(n) for n in range(1, 12)], "plain_s": c.plain_s()}
+        costs = {"draft_s": [c.draft_s(k) for k in range(1, MAX_K + 1)],
+                 "verify_s": [c.verify_s(n) for n in range(1, MAX_K + 2)], "plain_s": c.plain_s()}
     Path(out).write_text(json.dumps({"requests": requests, "costs": costs}))
 
 
@@ -111,7 +139,7 @@ def predicted(run_a: dict, run_b: dict) -> dict[str, list[int]]:
         out = {}
         for r in run["requests"]:
             m = []
-            for drafted, kept in r["rounds"]:
+            for drafted, kept, *_ in r["rounds"]:
                 m += [1] * kept + [0 if kept < drafted else None]
             out[r["id"]] = m
         return out
@@ -121,15 +149,91 @@ def predicted(run_a: dict, run_b: dict) -> dict[str, list[int]]:
 
 
 # -- 3: replay ----------------------------------------------------------------------------
-class Replay:
-    def __init__(self, marks: dict[str, list[int]], order: list[str], costs: dict) -> None:
-        self.marks, self.order = marks, order
-        self.draft = [0.0] + costs["draft_s"]
-        self.verify = costs["verify_s"]            # [n - 1]: n tokens fed
-        self.plain = costs["plain_s"]
+def confidences(run: dict) -> dict[str, tuple[list, dict]]:
+    """Per request, from a fixed-γ run whose rounds carry the draft's confidences: c[t], its
+    confidence in the proposal for output position t on the target's own prefix (None: not
+    told), and after[p], its confidences in the proposals it drafted past a proposal at p
+    that the target did not keep (its own continuation: the same whichever round reached p,
+    at T = 0)."""
+    out = {}
+    for r in run["requests"]:
+        c: list = []
+        after: dict[int, list[float]] = {}
+        for drafted, kept, *rest in r["rounds"]:
+            conf = rest[0] if rest else []
+            if len(conf) < drafted:
+                return {}                          # recorded before confidences were kept
+            if kept < drafted:
+                after[len(c) + kept] = conf[kept + 1:]
+                c += conf[:kept + 1]
+            else:
+                c += conf[:kept] + [None]
+        out[r["id"]] = (c, after)
+    return out
 
-    def cost(self, k: int) -> float:
-        return self.plain if k == 0 else self.draft[k] + self.verify[k]
+
+BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 0.999, 1.01)
+
+
+def calibration(marks: dict[str, list[int]], confs: dict) -> list[dict]:
+    """How often the target kept a proposal the draft made at each confidence: over every
+    output position whose proposal on the target's own prefix was recorded, by bins of c."""
+    rows = [{"from": lo, "to": min(hi, 1.0), "proposals": 0, "kept": 0}
+            for lo, hi in zip(BINS, BINS[1:])]
+    for rid, m in marks.items():
+        for t, c in enumerate(confs.get(rid, ([], {}))[0]):
+            if c is None or t >= len(m):
+                continue
+            row = next(r for r, hi in zip(rows, BINS[1:]) if c < hi)
+            row["proposals"] += 1
+            row["kept"] += m[t]
+    return rows
+
+
+def _extended(line: list[float], n: int) -> list[float]:
+    line = list(line)
+    while len(line) < n:
+        line.append(2 * line[-1] - line[-2])
+    return line
+
+
+class Replay:
+    def __init__(self, marks: dict[str, list[int]], order: list[str], costs: dict,
+                 confs: dict | None = None) -> None:
+        self.marks, self.order = marks, order
+        self.draft = [0.0] + _extended(costs["draft_s"], MAX_K)
+        self.verify = _extended(costs["verify_s"], MAX_K + 1)   # [n - 1]: n tokens fed
+        self.plain = costs["plain_s"]
+        self.confs = confs or {}
+
+    def cost(self, k: int, levels: int | None = None) -> float:
+        """A round verifying k proposals of ``levels`` drafted (default k); none: plain."""
+        levels = k if levels is None else levels
+        if levels == 0:
+            return self.plain
+        return self.draft[levels] + (self.verify[k] if k else self.plain)
+
+    def confidence(self, rid: str, t: int, j: int, kept: int) -> float:
+        """The draft's confidence in proposal j (1-based) of a round from t that keeps
+        ``kept``: on the target's prefix through j = kept + 1, its own continuation after."""
+        c, after = self.confs[rid]
+        if j <= kept + 1:
+            x = c[t + j - 1] if t + j - 1 < len(c) else None
+            return 1.0 if x is None else x
+        rest = after.get(t + kept, [])
+        return rest[j - kept - 2] if j - kept - 2 < len(rest) else 0.0
+
+    def stopped(self, rid: str, t: int, k: int, kept: int, rule) -> tuple[int, int, float | None]:
+        """A chain of at most k from t ended by ``rule`` (a ChainStop): (proposals verified,
+        positions drafted, the confidence in the first not verified or None)."""
+        conf, survivals = [], []
+        while True:
+            conf.append(self.confidence(rid, t, len(conf) + 1, kept))
+            survivals.append(conf[-1] * (survivals[-1] if survivals else 1.0))
+            if len(conf) == k or not rule.more(len(conf), survivals[-1]):
+                break
+        chain = rule.keep(survivals)
+        return chain, len(conf), conf[chain] if chain < len(conf) else None
 
     @staticmethod
     def kept(m: list[int], t: int, k: int) -> int:
@@ -139,17 +243,21 @@ class Replay:
         return n
 
     def speedup(self, choose_for) -> tuple[float, dict[str, float]]:
-        """choose_for(request id) → choose(t, budget) → k, observe(k, kept)."""
+        """choose_for(request id) → choose(t, budget) → k, observe(k, kept, verified,
+        levels, dropped), and optionally cut(t, k, a) → (verified, levels, dropped): a
+        chain of k from t, whose first a proposals the target would keep, ended early."""
         kinds: dict[str, list[float]] = {}
         for rid in self.order:
             m, t, spent = self.marks[rid], 0, 0.0
-            choose, observe = choose_for(rid)
+            choose, observe, *cut = choose_for(rid)
             while t < len(m):
                 budget = len(m) - t - 1
                 k = max(0, min(choose(t, budget), budget))
-                n = self.kept(m, t, k)
-                spent += self.cost(k)
-                observe(k, n)
+                a = self.kept(m, t, k)
+                verified, levels, dropped = cut[0](t, k, a) if cut and k else (k, k, None)
+                n = min(a, verified)
+                spent += self.cost(verified, levels)
+                observe(k, n, verified, levels, dropped)
                 t += n + 1
             kind = kinds.setdefault(rid.rsplit("#", 1)[-1].split("-", 1)[0], [0.0, 0.0])
             kind[0] += len(m) * self.plain
@@ -158,22 +266,31 @@ class Replay:
         return round(plain / spent, 4), {k: round(a / b, 4) for k, (a, b) in sorted(kinds.items())}
 
     def fixed(self, gamma: int):
-        return self.speedup(lambda rid: (lambda t, b: min(gamma, b), lambda k, n: None))
+        return self.speedup(lambda rid: (lambda t, b: min(gamma, b), lambda *seen: None))
 
-    def auto(self, ceiling: int):
+    def auto(self, ceiling: int, stop: bool = False):
+        """The shipped AutoGamma (one per process, as the engine's); ``stop``: its chains
+        ended by the draft's recorded confidences (draft_stop.py), as the chain drafter
+        does with ``state.draft_stop``."""
         from vlmspec_cli.runtime.draft_length import AutoGamma
 
-        policy = AutoGamma(ceiling)            # one per process, as the engine's
+        policy = AutoGamma(ceiling)
 
         def for_request(rid):
             state = types.SimpleNamespace(length=None, stats=types.SimpleNamespace())
             policy.start(state)
 
-            def observe(k, n):
-                draft = self.draft[k]
-                policy.observe(state, k, levels=k, fed=k + 1, drafted=k, accepted=n,
-                               draft_s=draft, verify_s=self.cost(k) - draft)
-            return (lambda t, b: policy.choose(state, min(b, ceiling)) if b > 0 else 0), observe
+            def observe(k, n, verified, levels, dropped):
+                draft = self.draft[levels]
+                policy.observe(state, k, levels=levels, fed=verified + 1, drafted=verified,
+                               accepted=n, draft_s=draft,
+                               verify_s=self.cost(verified, levels) - draft, dropped=dropped)
+
+            def cut(t, k, a):
+                rule = policy.stop_rule(state, k)
+                return (k, k, None) if rule is None else self.stopped(rid, t, k, a, rule)
+            choose = lambda t, b: policy.choose(state, min(b, ceiling)) if b > 0 else 0  # noqa: E731
+            return (choose, observe, cut) if stop else (choose, observe)
         return self.speedup(for_request)
 
     def model_gamma(self, ceiling: int) -> int:
@@ -313,9 +430,12 @@ def replay_all(runs: dict, orders: dict, costs: dict, ceilings: list[int]) -> di
     print(f"#   V(1..11) {[round(x * 1e3, 2) for x in costs['verify_s']]}, "
           f"plain step {costs['plain_s'] * 1e3:.2f}")
     for name, order in orders.items():
-        replay = Replay(predicted(runs[name][10], runs[name][9]), order, costs)
+        replay = Replay(predicted(runs[name][10], runs[name][9]), order, costs,
+                        confidences(runs[name][10]))
         rows = {f"γ={g}": replay.fixed(g) for g in range(1, 11)}
         rows |= {f"auto ≤{c}": replay.auto(c) for c in ceilings}
+        if replay.confs:   # the rounds' confidences were recorded: chains ended by them
+            rows |= {f"auto ≤{c}, confidence stop": replay.auto(c, stop=True) for c in ceilings}
         best = max((r for r in rows if r.startswith("γ")), key=lambda r: rows[r][0])
         model = replay.model_gamma(10)
         oracles = {"best fixed γ per request": replay.best_per_request(),
@@ -323,6 +443,13 @@ def replay_all(runs: dict, orders: dict, costs: dict, ceilings: list[int]) -> di
         positions = sum(len(m) for m in replay.marks.values())
         results[name] = {"rows": rows, "best_fixed": best, "oracles": oracles,
                          "model_gamma": model, "positions": positions, "requests": len(order)}
+        if replay.confs:
+            results[name]["calibration"] = calibration(replay.marks, replay.confs)
+            print(f"\n## {name}: proposals kept by the draft's confidence c in them "
+                  "(on the target's own prefix)\n| c | proposals | kept |\n|---|---|---|")
+            for row in results[name]["calibration"]:
+                share = row["kept"] / row["proposals"] if row["proposals"] else float("nan")
+                print(f"| {row['from']}-{row['to']} | {row['proposals']} | {share:.2f} |")
         print(f"\n## {name}: {len(order)} requests, {positions} tokens; "
               f"decoding speedup over plain steps, replayed (best fixed: {best})")
         kinds = sorted(rows[best][1])

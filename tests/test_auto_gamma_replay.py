@@ -74,3 +74,44 @@ def test_replay_from_a_recorded_json(tmp_path, capsys):
     assert again["model_gamma"] == 3 and again["positions"] == 12
     assert again["rows"]["γ=3"][0] == pytest.approx(120 / (3 * 17), abs=1e-4)
     assert "hindsight: γ 3" in capsys.readouterr().out
+
+
+class _Half:
+    """A stop rule by hand: draft on while S ≥ 0.5, verify the proposals with S ≥ 0.5."""
+
+    def more(self, drafted, survival):
+        return survival >= 0.5
+
+    def keep(self, survivals):
+        return sum(s >= 0.5 for s in survivals)
+
+
+def test_confidences_their_calibration_and_a_chain_ended_by_them():
+    # γ 3 from 0: kept 2 of 3 (confidences 0.9, 0.8 on the target's prefix, 0.2 in the
+    # proposal it did not keep); from 3: kept 2 of 3 (0.95, 0.6; 0.1 not kept, then its own
+    # continuation, none here); from 6: kept 1 of 1 (0.99; position 7 untold)
+    run = {"requests": [{"id": "s#photo-a", "rounds": [
+        (3, 2, [0.9, 0.8, 0.2]), (3, 2, [0.95, 0.6, 0.1]), (1, 1, [0.99])]}]}
+    confs = replay.confidences(run)
+    c, after = confs["s#photo-a"]
+    assert c == [0.9, 0.8, 0.2, 0.95, 0.6, 0.1, 0.99, None]
+    assert after == {2: [], 5: []}
+    # recorded before confidences were kept: none
+    assert replay.confidences({"requests": [{"id": "r", "rounds": [(3, 2)]}]}) == {}
+    marks = replay.predicted(run, run)
+    assert marks["s#photo-a"] == [1, 1, 0, 1, 1, 0, 1, 1]
+    bins = {(r["from"], r["to"]): (r["proposals"], r["kept"])
+            for r in replay.calibration(marks, confs)}
+    assert bins[(0.0, 0.3)] == (2, 0) and bins[(0.5, 0.7)] == (1, 1)
+    assert bins[(0.7, 0.9)] == (1, 1) and bins[(0.9, 0.99)] == (2, 2)
+    r = replay.Replay(marks, ["s#photo-a"], COSTS, confs)
+    # from 0 with k = 3 (the target keeps 2): S = 0.9, 0.72, then 0.144 at the budget;
+    # two verified, three drafted, the third's confidence reported
+    assert r.stopped("s#photo-a", 0, 3, 2, _Half()) == (2, 3, 0.2)
+    # from 3 with k = 3: S = 0.95, 0.57, 0.057: the same
+    assert r.stopped("s#photo-a", 3, 3, 2, _Half()) == (2, 3, 0.1)
+    # a round verifying 2 of 3 drafted costs D(3) + V(3); none of 1 drafted, D(1) + a plain step
+    assert r.cost(2, 3) == pytest.approx((3 + 13) * 1e-3)
+    assert r.cost(0, 1) == pytest.approx((1 + 10) * 1e-3)
+    # the shipped policy with the stop replays without error and no faster than the oracle
+    assert r.best_per_round(10) >= r.auto(10, stop=True)[0] > 0
