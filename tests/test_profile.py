@@ -32,7 +32,7 @@ def test_default_profile_values(monkeypatch):
     assert p.target == ModelSpec(model="zoo:tinyworld/llava-target-deep")
     assert p.draft == ModelSpec(model="zoo:tinyworld/llava-deep-draft")
     assert p.method == "chain"
-    assert p.drafting == DraftingSpec(gamma=7, length="auto", inputs=["multimodal"])
+    assert p.drafting == DraftingSpec(gamma=12, length="auto", inputs=["multimodal"])
     assert p.sampling.temperature == 0.0 and isinstance(p.sampling.temperature, float)
     assert p.sampling.seed == 0
     assert p.generation.max_new_tokens == 64
