@@ -176,29 +176,31 @@ class ChainDrafter(DraftingMethod):
         """A request alone: up to ``budget`` proposals, one draft forward each, ending where
         ``stop`` (a draft_stop.ChainStop) says the next position does not pay; of those, the
         prefix it says to verify. The confidence c_j in proposal j: its probability under
-        the draft (T = 0: the softmax of the logits at their argmax; T > 0: q_j(x_j), the
-        token drawn as in any chain); S_j = c_1 ⋯ c_j."""
+        the draft (T = 0: the most probable token's, which it proposes; T > 0: q_j(x_j),
+        the token drawn as in any chain); S_j = c_1 ⋯ c_j. (At T = 0 the token is read per
+        position, where the chain without a stop reads its proposals back once.)"""
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         confidence: list[float] = []
         survivals: list[float] = []
         while True:
-            if self.sampling.greedy:   # the argmax, as any greedy chain; 1 / Σ exp(z − max)
-                z = logits.float()
-                token = int(z.argmax())
-                c = float(1.0 / torch.exp(z - z[token]).sum())
+            if self.sampling.greedy:   # the most probable token and its probability
+                top, index = torch.softmax(logits.float(), -1).max(-1)
+                c, token, feed = float(top), int(index), index.view(1, 1)
             else:
                 q = probabilities(logits.float(), self.sampling)
                 on_host = q.cpu()
                 token = int(torch.multinomial(on_host, 1, generator=state.draft_generator))
-                c = float(on_host[token])
+                c, feed = float(on_host[token]), None
                 probs.append(q)
             tokens.append(token)
             confidence.append(c)
             survivals.append(c * (survivals[-1] if survivals else 1.0))
             if len(tokens) == budget or not stop.more(len(tokens), survivals[-1]):
                 break
-            logits = self._extend(row, torch.tensor([[token]], device=self.draft.device))[0, -1]
+            if feed is None:
+                feed = torch.tensor([[token]], device=self.draft.device)
+            logits = self._extend(row, feed)[0, -1]
             row.cursor.fed += 1
         keep = stop.keep(survivals)
         return Draft(tokens[:keep], torch.stack(probs[:keep]) if probs[:keep] else None,
