@@ -25,8 +25,9 @@ whether the auto policy itself chooses well:
    steps' time over the rounds' (decoding only: the prefills are the same for every policy).
 
 Sets: ``mixed`` (bench/auto_gamma.py's: the demo's scenes, crops of real photos, the
-first chats of examples/mmspec) and ``other`` (other crops, the other chats, the scenes
-asked another question, another order).
+first chats of examples/mmspec), ``other`` (other crops, the other chats, the scenes
+asked another question, another order) and ``demo`` (the demo's six scenes alone, asked the
+default profile's prompt).
 
     python bench/auto_gamma_replay.py [--photos-from DIR] [--ceilings 7,8,10] [--json OUT]
                                       [--profile NAME] [--set KEY=VALUE ...] [--competitors N]
@@ -342,6 +343,15 @@ class Replay:
 
 
 # -- the sets -----------------------------------------------------------------------------
+def demo_set(folder: Path) -> Path:
+    """The demo alone: examples/images/ asked the default profile's prompt, in order."""
+    out = folder / "demo.jsonl"
+    out.write_text("".join(json.dumps({"id": f"demo-{f.stem}", "messages": [
+        {"role": "user", "text": "describe the image.", "images": [str(f)]}]}) + "\n"
+        for f in sorted((ROOT / "examples" / "images").glob("*.png"))))
+    return out
+
+
 def other_set(args, folder: Path) -> Path:
     """Other crops (seed 99), the chats mixed_set leaves out, the scenes asked another
     question; shuffled with another seed."""
@@ -394,7 +404,8 @@ def main() -> None:
     from load import competitors
 
     folder = Path(tempfile.mkdtemp(prefix="vlmspec-replay-"))
-    sets = {"mixed": mixed_set(args, folder), "other": other_set(args, folder)}
+    sets = {"mixed": mixed_set(args, folder), "other": other_set(args, folder),
+            "demo": demo_set(folder)}
     chosen = (["--profile", args.profile] if args.profile else []) + [
         x for kv in args.sets for x in ("--set", kv)]
     fixed = lambda g: ["--set", f"drafting.gamma={g}", "--set", "drafting.length=fixed"]  # noqa: E731
