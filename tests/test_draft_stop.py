@@ -54,9 +54,9 @@ def test_drafting_goes_on_while_the_next_position_pays():
     assert not rule.more(1, 0.06)
     assert rule.more(4, 0.9)
     assert not rule.more(5, 0.9)          # the budget (5 proposals) is reached
-    # MARGIN asks each position for that much over its price
+    # a margin asks each position for that much over its price
     assert not _rule(margin=1.2).more(1, 0.07)
-    assert draft_stop.MARGIN > 1.0
+    assert draft_stop.MARGIN == 1.0
 
 
 def test_built_from_the_round_costs_and_none_before_they_are_known():
