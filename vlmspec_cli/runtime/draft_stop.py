@@ -26,11 +26,11 @@ raises R towards the best rate reachable. So:
   the target's forward.
 
 MARGIN scales R (``ChainStop``'s ``margin``): above 1 it asks each position for more than
-its price at the rate reached so far. Replayed on six recordings (bench/RESULTS.md,
-"Session 52"), margins of 1.0-1.3 each beat the best fixed γ on both mixed sets; on the
-demo's six scenes alone 1.0 stayed within 3% of the best fixed γ on five cost sets of
-six, 1.2 on four (the demo's draft is underconfident on its scenes: proposals at c 0.3-0.5
-were kept 47% of the time), so the rule is Dinkelbach's as it stands.
+its price at the rate reached so far. Replayed (bench/RESULTS.md, "Session 52"), 1.2 and
+1.0 each beat the best fixed γ on both mixed sets of every recording; on the demo's six
+scenes alone 1.2 fell 3.2% under the best fixed γ in one recording, 1.0 matched it in both
+(the demo's draft is underconfident on its scenes: proposals it gave 0.3-0.5 were kept
+47% of the time), so the rule is Dinkelbach's as it stands.
 
 Lossless whatever it decides: where a chain stops, and how much of it is verified, depend
 only on the draft's own probabilities and samples (a stopping time of the draft), and
