@@ -5,9 +5,10 @@ The length γ that ``AutoGamma`` chooses before a round (Eq. 1') rests on the ac
 of earlier rounds; within the round the draft says more. Its probability of its own
 proposal, c_j (at T = 0 the softmax of its logits at the argmax; at T > 0 q(x_j), the
 probability of the token it drew), is close to the chance the target keeps it: over the
-mixed set of bench/auto_gamma_replay.py (1109 proposals on the target's own prefix) those
-drafted at c in [0.3, 0.4) were kept 30% of the time, [0.5, 0.7) 51%, [0.8, 0.95) 85%,
-c ≥ 0.999 100% (an AUC of 0.88). So S_i = c_1 ⋯ c_i estimates P(proposals 1..i kept).
+mixed set of bench/auto_gamma_replay.py (481 proposals on the target's own prefix;
+bench/RESULTS.md, "Session 52") those drafted at c in [0.3, 0.5) were kept 35% of the
+time, [0.5, 0.7) 48%, [0.7, 0.9) 72%, [0.9, 0.99) 91%, c ≥ 0.999 all of them. So
+S_i = c_1 ⋯ c_i estimates P(proposals 1..i kept).
 
 The rule (Dinkelbach's, for a ratio): the process decodes R tokens a second (``rate``,
 over its last rounds, each priced by the round-cost lines). A round that keeps the prefix x_1..x_L of what it drafted
