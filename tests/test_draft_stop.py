@@ -158,3 +158,23 @@ def test_stopped_chains_follow_the_target_distribution(tiny_pair):  # noqa: F811
     assert shapes[(1, 1, 1)] > 200 and shapes[(1, 1, 0)] > 200, shapes
     # two asked for: drafting ended after an unlikely first sample, nothing verified
     assert shapes[(2, 2, 2)] > 500 and shapes[(2, 1, 0)] > 10, shapes
+
+
+def test_the_summary_counts_the_chains_cut_by_confidence():
+    from types import SimpleNamespace
+
+    from vlmspec_cli import ui
+    from vlmspec_cli.runtime.stats import length_section
+
+    def table(stopped: int) -> str:
+        stats = SimpleNamespace(num_draft_tokens=0, draft_length=length_section(
+            12, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 27], 0, None, None, stopped),
+            new_tokens=119, caption_s=0.0)
+        summary = SimpleNamespace(stats=stats, items=6, done=6, skipped=0, failures=0,
+                                  tokens_per_s=100.0, batched_s=None, speedup=None,
+                                  compared=False)
+        with ui.stderr.capture() as out:
+            ui.summary_table(summary, "chain (γ auto ≤ 12)", True)
+        return " ".join(out.get().replace("│", " ").split())   # a wrapped cell read on
+    assert "rounds: 27 drafted (19 cut by confidence), 0 plain" in table(19)
+    assert "rounds: 27 drafted, 0 plain" in table(0)

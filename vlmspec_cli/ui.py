@@ -187,8 +187,9 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
         d = s.draft_length
         mean = (f"mean γ {d['mean_gamma']:.2f} (≤ {d['max']})" if d["rounds_drafted"]
                 else f"no round drafted (γ ≤ {d['max']})")
-        table.add_row("draft length (auto)",
-                      f"{mean}; rounds: {d['rounds_drafted']} drafted, {d['rounds_plain']} plain")
+        cut = f" ({d['rounds_stopped']} cut by confidence)" if d.get("rounds_stopped") else ""
+        table.add_row("draft length (auto)", f"{mean}; rounds: {d['rounds_drafted']} drafted"
+                                             f"{cut}, {d['rounds_plain']} plain")
         if d.get("off_reason"):
             table.add_row("drafting off", d["off_reason"])
     table.add_row("new tokens", str(s.new_tokens))
