@@ -393,6 +393,9 @@ def test_auto_length_equals_target_greedy(zoo_target, zoo_draft, corpus, kind, c
     else:
         engine.length = AutoGamma(6, costs=Costs(1.0), probe_after=1, max_backoff=2)
     rounds = []    # (k, levels, proposals verified) as the engine reports them
+    rules = []     # the confidence stops the engine built (only a chain reads them)
+    stop_rule = engine.length.stop_rule
+    engine.length.stop_rule = lambda st, k: rules.append(k) or stop_rule(st, k)
     observe = engine.length.observe
     engine.length.observe = lambda st, k, **kw: (
         rounds.append((k, kw["levels"], kw["drafted"])), observe(st, k, **kw))
@@ -405,6 +408,7 @@ def test_auto_length_equals_target_greedy(zoo_target, zoo_draft, corpus, kind, c
         drafted += section["rounds_drafted"]
         assert res.state.stats.new_tokens == len(res.tokens)
     assert drafted > 0
+    assert (len(rules) > 0) == (kind == "chain"), len(rules)
     if kind == "chain":
         # a chain drafts up to k positions (fewer where its confidence ends it: draft_stop),
         # an EOS among them cut only for verification: the cost model is told the drafting

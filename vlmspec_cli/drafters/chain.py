@@ -51,6 +51,7 @@ class ChainDrafter(DraftingMethod):
     help = "a draft model, one drafting input"
     searched_first = ("caption", "video")
     late_prefill = True   # prefill: the request only; propose catches up on the tokens
+    reads_confidence = True   # a request alone: ``state.draft_stop`` (draft_stop.py)
 
     def __init__(self, draft, sampling: SamplingParams, drafting_input: str = "multimodal",
                  image_token: str | None = None, captioner=None, trace=None) -> None:

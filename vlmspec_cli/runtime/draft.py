@@ -227,6 +227,9 @@ class Drafter:
     # it has not read: with drafting.length auto the engine prefills it at the request's
     # first drafted round (if any) instead of with the target
     late_prefill = False
+    # it may end a chain within the round by its confidence (``state.draft_stop``,
+    # draft_stop.py): with drafting.length auto the engine builds that rule for it only
+    reads_confidence = False
 
     def prepare(self, state: DecodeState) -> None:
         """Before the target's prefill: start work that can overlap it (e.g. captioning)."""

@@ -11,8 +11,8 @@ time, [0.5, 0.7) 48%, [0.7, 0.9) 72%, [0.9, 0.99) 91%, c ≥ 0.999 all of them. 
 S_i = c_1 ⋯ c_i estimates P(proposals 1..i kept).
 
 The rule (Dinkelbach's, for a ratio): the process decodes R tokens a second (``rate``,
-over its last rounds, each priced by the round-cost lines). A round that keeps the prefix x_1..x_L of what it drafted
-is worth, in expectation,
+over its last rounds, each priced by the round-cost lines). A round that keeps the
+prefix x_1..x_L of what it drafted is worth, in expectation,
 
     W(L) = S_1 + … + S_L − R · V'(L),   V'(L) = V(L + 1), V'(0) = a plain step's V(1),
 

@@ -168,10 +168,11 @@ class SpeculativeEngine:
         t0 = time.perf_counter()
         off = [self._late_prefill(st, k) for st, k in zip(states, ks)]
         # a request alone may end its chain short of k by the draft's confidence (a
-        # drafter that reads it: draft_stop.py)
+        # drafter that reads it: draft_stop.py; the rule is built for no other)
+        stops = (self.length is not None and len(states) == 1
+                 and self.drafter.reads_confidence)
         for st, k in zip(states, ks):
-            st.draft_stop = (self.length.stop_rule(st, k)
-                             if self.length is not None and len(states) == 1 else None)
+            st.draft_stop = self.length.stop_rule(st, k) if stops else None
         # 1. the drafter proposes x_1..x_n (n ≤ k) per row: a chain or a tree, as data
         proposals = (self.drafter.propose_rows(states, ks) if any(ks)
                      else [Draft([]) for _ in states])
