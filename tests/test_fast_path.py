@@ -6,6 +6,8 @@ DynamicCache."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -334,18 +336,32 @@ def test_the_engine_prefills_and_decodes_at_their_own_thread_counts(zoo_target, 
     request = Request([Message("user", "describe the image.", (image,))], max_new_tokens=12)
     expected = reference(zoo_target, request)
     seen = []   # (rows the first layer's query projection ran, threads at that moment)
-    q_proj = zoo_target.adapter.text_stack(zoo_target).layers[0].self_attn.q_proj
-    hook = q_proj.register_forward_pre_hook(
-        lambda _m, args: seen.append((args[0].shape[1], torch.get_num_threads())))
-    try:
+    with first_layer_watch(zoo_target, lambda x: seen.append((x.shape[1], torch.get_num_threads()))):
         for engine in (session.engine, session.baseline_engine()):
             seen.clear()
             res = engine.generate(request)
             assert res.tokens == expected
             prompt = zoo_target.adapter.prompt_length(zoo_target, res.state.prompt, [image])
             assert seen[0] == (prompt, 2) and all(t == 1 for _, t in seen[1:]) and len(seen) > 1
+
+
+@contextlib.contextmanager
+def first_layer_watch(lm, record):
+    """``record(x)`` before the target's first layer projects its queries from x: by the
+    layer's own module (the prompt, plain steps) or its (in, out) copy (verifications on a
+    CPU, runtime/wide_rows.py)."""
+    q_proj = lm.adapter.text_stack(lm).layers[0].self_attn.q_proj
+    hook = q_proj.register_forward_pre_hook(lambda _m, args: record(args[0]))
+    wide = lm.fast.wide[0][0] if lm.fast is not None and lm.fast.wide else None
+    own = wide and wide.q_proj
+    if wide:
+        wide.q_proj = lambda x: (record(x), own(x))[1]
+    try:
+        yield
     finally:
         hook.remove()
+        if wide:
+            wide.q_proj = own
 
 
 def test_a_finished_requests_cache_buffers_serve_the_next_request(zoo_target, zoo_draft):
@@ -399,12 +415,8 @@ def test_a_long_prompt_decodes_at_the_prefill_thread_count(zoo_target, zoo_draft
     session = build_session(profile, target=zoo_target)
     assert f"1 decoding (2 from {prompt + room} positions)" in session.fast_path_summary()
     seen = []
-    q_proj = zoo_target.adapter.text_stack(zoo_target).layers[0].self_attn.q_proj
-    hook = q_proj.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
-    try:
+    with first_layer_watch(zoo_target, lambda _x: seen.append(torch.get_num_threads())):
         res = session.engine.generate(request)
-    finally:
-        hook.remove()
     assert res.tokens == reference(zoo_target, request) and len(seen) > 2
     assert seen[0] == 2 and set(seen[1:]) == ({2} if room == 0 else {1})
     with pytest.raises(ProfileError, match="runtime.long_context"):

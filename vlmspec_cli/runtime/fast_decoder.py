@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from vlmspec_cli.runtime.adapters.base import TextStack, pick_layers
 from vlmspec_cli.runtime.packed_layers import RotaryTable, pack_layers, packed_layer, rms_weight
 from vlmspec_cli.runtime.static_cache import BufferPool, StaticKVCache
+from vlmspec_cli.runtime.wide_rows import wide_layers
 
 # the text decoders it runs; Qwen2-VL / Qwen2.5-VL's rotary module folds their 3-D
 # (time, height, width) positions into ordinary cos/sin, so their decoders qualify too
@@ -119,14 +120,27 @@ class FastDecoder:
         self.compiled = None
         # a draft's layers packed into fewer operators (runtime/packed_layers.py, ``pack``)
         self.packed = None
+        # a target's weights laid out (in, out) for its forwards of several new rows after
+        # the prompt, on a CPU (runtime/wide_rows.py, ``widen``): (layers, head or None)
+        self.wide = None
 
     @classmethod
-    def for_model(cls, lm, headroom: int = 256, packed: bool = False) -> "FastDecoder":
+    def for_model(cls, lm, headroom: int = 256, packed: bool = False,
+                  wide: bool = False) -> "FastDecoder":
         dtype = next(lm.model.parameters()).dtype if lm.dtype is None else lm.dtype
         decoder = cls(lm.adapter.text_stack(lm), lm.device, dtype, headroom)
         if packed:
             decoder.pack()
+        if wide:
+            decoder.widen()
         return decoder
+
+    def widen(self) -> bool:
+        """Run this decoder's forwards of several new rows after the prompt on its weights
+        laid out (in, out) (a target's verifications, on a CPU: runtime/wide_rows.py says
+        why only those). False where it does not apply (not a CPU, other layers, too big)."""
+        self.wide = wide_layers(self.layers, self.stack.head, self.device)
+        return self.wide is not None
 
     def pack(self) -> bool:
         """Run this decoder's steps with packed layers (drafts only: runtime/packed_layers.py
@@ -147,6 +161,10 @@ class FastDecoder:
         return self.stack.embed(input_ids)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head over hidden (B, n, H): several rows (a verification) on the head's
+        (in, out) copy where the decoder has one."""
+        if self.wide is not None and self.wide[1] is not None and hidden.shape[1] > 1:
+            return self.wide[1](hidden)
         return self.stack.head(hidden)
 
     @torch.inference_mode()
@@ -186,8 +204,10 @@ class FastDecoder:
             # cos/sin from the model's own rotary module: (B, n, head_dim), in the model dtype
             cos, sin = self.stack.rotary(embeds, position_ids)
             cos, sin = cos[:, None], sin[:, None]
+            wide = self._wide_rows(n, start)
             def step(i, h):
-                return self._layer(self.layers[i], h, cache, i, start, mask, cos, sin)
+                return self._layer(self.layers[i], h, cache, i, start, mask, cos, sin,
+                                   wide and wide[i])
             norm = self.stack.norm
         picked = {0: embeds}
         h = embeds
@@ -201,21 +221,32 @@ class FastDecoder:
         picked[len(self.layers)] = out
         return out, (pick_layers(picked, want if len(want) > 1 else want[0]) if want else None)
 
-    def _layer(self, layer, h, cache: StaticKVCache, i: int, start: int, mask, cos, sin):
+    def _wide_rows(self, n: int, start: int):
+        """The (in, out) layers for a forward of n new rows at ``start``: several rows after
+        the prompt only (a plain step and the prefill stay the model's modules op for op)."""
+        return self.wide[0] if self.wide is not None and n > 1 and start > 0 else None
+
+    def _layer(self, layer, h, cache: StaticKVCache, i: int, start: int, mask, cos, sin,
+               wide=None):
         """One decoder layer over h (B, n, H); its keys/values go to the cache's layer i at
-        [start, start + n), and it attends over [0, start + n)."""
+        [start, start + n), and it attends over [0, start + n). ``wide``: the layer's
+        projections laid out (in, out) (runtime/wide_rows.py), used in place of its own."""
         batch, n, _ = h.shape
         end = start + n
         attn = layer.self_attn
-        q, k, v = project_qkv(layer, h, self.head_dim, cos, sin)
+        q, k, v = project_qkv(layer, h, self.head_dim, cos, sin, wide)
         cache.keys[i, :, :, start:end] = k
         cache.values[i, :, :, start:end] = v
         o = F.scaled_dot_product_attention(q, cache.keys[i, :, :, :end],
                                            cache.values[i, :, :, :end], attn_mask=mask,
                                            scale=self.scaling,
                                            enable_gqa=self.kv_heads != self.heads)
-        h = h + attn.o_proj(o.transpose(1, 2).reshape(batch, n, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        o = o.transpose(1, 2).reshape(batch, n, -1)
+        if wide is None:
+            h = h + attn.o_proj(o)
+            return h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h + wide.o_proj(o)
+        return h + wide.mlp(layer.post_attention_layernorm(h))
 
     def new_segment_cache(self, layers: int) -> StaticKVCache:
         """A cache for ``layers`` consecutive layers (a split trunk's part, runtime/trunk.py)."""
@@ -235,8 +266,10 @@ class FastDecoder:
         cos, sin = self.stack.rotary(hidden, positions)
         cos, sin = cos[:, None], sin[:, None]
         h = hidden
+        wide = self._wide_rows(n, start)
         for j in range(cache.keys.shape[0]):
-            h = self._layer(self.layers[first + j], h, cache, j, start, mask, cos, sin)
+            h = self._layer(self.layers[first + j], h, cache, j, start, mask, cos, sin,
+                            wide and wide[first + j])
         cache.length = start + n
         return h
 
@@ -278,19 +311,22 @@ class FastDecoder:
         return (pad & causal) | torch.eye(n, dtype=torch.bool, device=device)
 
 
-def project_qkv(layer, h: torch.Tensor, head_dim: int, cos, sin):
+def project_qkv(layer, h: torch.Tensor, head_dim: int, cos, sin, wide=None):
     """A layer's input norm and q/k/v projections of h (B, n, H), as (B, heads, n, head_dim),
     rotary applied to q and k (cos/sin broadcast over heads). Qwen3-family attention
-    normalises each head's queries and keys (``q_norm``, ``k_norm``) before the rotary."""
+    normalises each head's queries and keys (``q_norm``, ``k_norm``) before the rotary.
+    ``wide``: the projections laid out (in, out) (runtime/wide_rows.py) in place of the
+    layer's own."""
     batch, n, _ = h.shape
     attn = layer.self_attn
+    proj = attn if wide is None else wide
     x = layer.input_layernorm(h)
-    q = attn.q_proj(x).view(batch, n, -1, head_dim)
-    k = attn.k_proj(x).view(batch, n, -1, head_dim)
+    q = proj.q_proj(x).view(batch, n, -1, head_dim)
+    k = proj.k_proj(x).view(batch, n, -1, head_dim)
     if getattr(attn, "q_norm", None) is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = q.transpose(1, 2), k.transpose(1, 2)
-    v = attn.v_proj(x).view(batch, n, -1, head_dim).transpose(1, 2)
+    v = proj.v_proj(x).view(batch, n, -1, head_dim).transpose(1, 2)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
 

@@ -316,8 +316,10 @@ def use_fast_path(lm: LoadedModel, mode: str, role: str | None = None) -> None:
         lm.fast_off_reason = reason
         return
     # a draft's layers packed into fewer operators (its proposals are verified: rounding
-    # differences cannot change an output); a target's steps stay op for op the eager ones
-    lm.fast = FastDecoder.for_model(lm, packed=role == "draft")
+    # differences cannot change an output); a target's steps stay op for op the eager ones,
+    # its verifications (several new rows) on a CPU take its weights laid out (in, out)
+    # (runtime/wide_rows.py)
+    lm.fast = FastDecoder.for_model(lm, packed=role == "draft", wide=role == "target")
 
 
 def load_twig(name: str, target: LoadedModel):

@@ -52,7 +52,7 @@ def normed(x: torch.Tensor, root_eps: torch.Tensor) -> torch.Tensor:
     return x / torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), root_eps)
 
 
-def _plain_weight(linear, bias_ok: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+def plain_weight(linear, bias_ok: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """A float nn.Linear's (weight, bias); None for anything else (4-bit, 8-bit layers)."""
     if type(linear) is not torch.nn.Linear or not linear.weight.dtype.is_floating_point:
         return None
@@ -82,8 +82,8 @@ def pack_layers(layers, config, dtype: torch.dtype) -> list[PackedLayer] | None:
         attn, mlp = layer.self_attn, layer.mlp
         if getattr(attn, "q_norm", None) is not None or not hasattr(mlp, "gate_proj"):
             return None
-        qkv = [_plain_weight(getattr(attn, f"{p}_proj"), bias_ok=True) for p in "qkv"]
-        rest = [_plain_weight(m) for m in (attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+        qkv = [plain_weight(getattr(attn, f"{p}_proj"), bias_ok=True) for p in "qkv"]
+        rest = [plain_weight(m) for m in (attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
         norms = [rms_weight(layer.input_layernorm), rms_weight(layer.post_attention_layernorm)]
         if None in qkv or None in rest or None in norms:
             return None

@@ -1,0 +1,109 @@
+"""A target's forwards of several new rows (verification) with its weights laid out (in, out).
+
+On a CPU, ``nn.Linear`` computes x·Wᵀ against its weight W stored (out, in): MKL's kernel
+for a transposed right operand. For the small matrices of a model whose step is operator
+overhead (the tinyworld target: 128 → 128 and 128 → 384, 32 layers, 224 products a
+forward) that kernel took about twice the time of the same product against Wᵀ stored
+contiguously, for one row and for ten alike (by hand on the 2-core Xeon: 16.3 vs 8.9 µs
+for ten rows × 128 → 384, 6.8 vs 3.4 µs for one). A chain's verification is such a forward
+of k + 1 rows every round; target-only decoding is one of a single row per token.
+
+The products equal x·Wᵀ up to float rounding, not bit for bit. So only **forwards of
+several new rows after the prompt** use these (a chain's or a tree's verification, a
+self-speculative trunk's catch-up): their rows already differ from one-row steps at that
+level (a ten-row product's rows are not the one-row product's, bit for bit), and each
+verified position's distribution is the target's in exact arithmetic, so the output
+stays the target's (rounding at most moves a near-tie, as any batched verification
+can). A plain step (one new row) and the prompt's prefill keep the model's own modules
+op for op, as fast_decoder.py says: target-only decoding stays transformers' computation.
+
+It costs a second copy of the decoder's projection weights (and the output head's): built
+only on a CPU, for floating ``nn.Linear`` layers, and only while the copy stays under
+``MAX_BYTES`` (past that a step is memory bound and the two kernels read the same bytes;
+a large model's second copy would cost gigabytes).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from vlmspec_cli.runtime.packed_layers import plain_weight
+
+# the most the (in, out) copies of one decoder's weights may take (the tinyworld target's
+# take 27 MB)
+MAX_BYTES = 256 * 2**20
+
+
+class WideLinear:
+    """x·Wᵀ + b computed as x·(Wᵀ stored contiguously) + b."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight_t = weight.detach().t().contiguous()
+        self.bias = None if bias is None else bias.detach()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.matmul(x, self.weight_t)
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight_t.numel() * self.weight_t.element_size()
+
+
+class WideLayer:
+    """One decoder layer's projections, named as the layer's own modules (``q_proj`` …
+    ``o_proj``; fast_decoder.project_qkv reads them from either), and its MLP."""
+
+    def __init__(self, linears: dict[str, WideLinear], act: Callable) -> None:
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            linears[p] for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        self.gate_proj, self.up_proj, self.down_proj = (
+            linears[p] for p in ("gate_proj", "up_proj", "down_proj"))
+        self.act = act
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The gated MLP as the model's (down(act(gate(x)) · up(x)))."""
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(lin.nbytes for lin in (self.q_proj, self.k_proj, self.v_proj, self.o_proj,
+                                          self.gate_proj, self.up_proj, self.down_proj))
+
+
+def wide_linear(module) -> WideLinear | None:
+    """A float ``nn.Linear``'s copy; None for anything else (quantized layers …)."""
+    plain = plain_weight(module, bias_ok=True)
+    return None if plain is None else WideLinear(*plain)
+
+
+def wide_layers(layers, head, device) -> tuple[list[WideLayer], WideLinear | None] | None:
+    """The decoder layers' copies (and the head's, None where it is not a plain linear), or
+    None: not on a CPU, a layer that is not a gated-MLP layer of float linears, or copies
+    over ``MAX_BYTES``."""
+    if torch.device(device).type != "cpu":
+        return None
+    wide, total = [], 0
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        act = getattr(mlp, "act_fn", None)
+        if act is None:
+            return None
+        linears = {}
+        for owner, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                             (mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for name in names:
+                lin = wide_linear(getattr(owner, name, None))
+                if lin is None:
+                    return None
+                linears[name] = lin
+                total += lin.nbytes
+                if total > MAX_BYTES:
+                    return None
+        wide.append(WideLayer(linears, act))
+    out = wide_linear(head)
+    if out is not None and total + out.nbytes > MAX_BYTES:
+        out = None
+    return wide, out
