@@ -7,7 +7,7 @@ round, so their count decides how much of the round the draft takes. Here the sa
 runs in fewer (0.13 ms a step: bench/draft_step.py, bench/RESULTS.md):
 
 * q, k and v come from one matrix product over their weights stacked (as gate and up);
-* each RMSNorm's weight (and √H) is folded into the columns of the matrix after it, and
+* each RMSNorm's weight (and √H) is folded into the matrix after it (its input rows), and
   the norm itself is x / √(‖x‖² + H ε): three operators (``normed``); the final norm,
   whose output is also a hidden state read out, is torch's ``F.rms_norm``;
 * cos/sin are rows of a table filled from the model's own rotary module (for 1-D positions:
@@ -32,12 +32,14 @@ import torch.nn.functional as F
 
 @dataclass
 class PackedLayer:
-    # q_proj, k_proj, v_proj stacked, (q + k + v outputs, H), each column scaled by the
+    # every matrix laid out (in, out) for x·W (on a CPU, MKL's kernel against nn.Linear's
+    # (out, in) layout took about twice the time on such small products: runtime/wide_rows.py)
+    # q_proj, k_proj, v_proj side by side, (H, q + k + v outputs), each row scaled by the
     # input RMSNorm's weight and √H (``normed``); the bias as is
     qkv: torch.Tensor
     qkv_bias: torch.Tensor | None
     o: torch.Tensor
-    gate_up: torch.Tensor       # (2 I, H): gate_proj over up_proj, scaled as qkv (post norm)
+    gate_up: torch.Tensor       # (H, 2 I): gate_proj beside up_proj, scaled as qkv (post norm)
     down: torch.Tensor
     eps_in: torch.Tensor        # √(H ε) of each norm, as a 0-d tensor (``normed``)
     eps_post: torch.Tensor
@@ -95,14 +97,25 @@ def pack_layers(layers, config, dtype: torch.dtype) -> list[PackedLayer] | None:
         weight = norms[0][0]
         with torch.no_grad():
             packed.append(PackedLayer(
-                torch.cat([w for w, _ in qkv]) * (norms[0][0] * root),
+                _in_out(torch.cat([w for w, _ in qkv]) * (norms[0][0] * root)),
                 torch.cat(biases) if biases[0] is not None else None,
-                rest[0][0],
-                torch.cat([rest[1][0], rest[2][0]]) * (norms[1][0] * root),
-                rest[3][0],
+                _in_out(rest[0][0]),
+                _in_out(torch.cat([rest[1][0], rest[2][0]]) * (norms[1][0] * root)),
+                _in_out(rest[3][0]),
                 weight.new_tensor((width * norms[0][1]) ** 0.5),
                 weight.new_tensor((width * norms[1][1]) ** 0.5)))
     return packed
+
+
+def _in_out(weight: torch.Tensor) -> torch.Tensor:
+    """An (out, in) weight laid out (in, out), contiguous."""
+    return weight.t().contiguous()
+
+
+def _times(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x·W (+ b) for an (in, out) weight: what F.linear computes with (out, in)."""
+    y = torch.matmul(x, weight)
+    return y if bias is None else y + bias
 
 
 class RotaryTable:
@@ -137,7 +150,7 @@ def packed_layer(p: PackedLayer, h: torch.Tensor, cache, i: int, start: int, mas
     layer i at [start, start + n), attention over [0, start + n)."""
     batch, n, _ = h.shape
     end = start + n
-    qkv = F.linear(normed(h, p.eps_in), p.qkv, p.qkv_bias).view(batch, n, heads + 2 * kv_heads, head_dim)
+    qkv = _times(normed(h, p.eps_in), p.qkv, p.qkv_bias).view(batch, n, heads + 2 * kv_heads, head_dim)
     qkv = qkv.transpose(1, 2)                          # (B, heads + 2 kv, n, head_dim)
     qk = qkv[:, : heads + kv_heads]
     qk = qk * cos + qk.roll(head_dim // 2, -1) * sin   # rotary on q and k at once
@@ -146,6 +159,6 @@ def packed_layer(p: PackedLayer, h: torch.Tensor, cache, i: int, start: int, mas
     o = F.scaled_dot_product_attention(qk[:, :heads], cache.keys[i, :, :, :end],
                                        cache.values[i, :, :, :end], attn_mask=mask,
                                        scale=scaling, enable_gqa=kv_heads != heads)
-    h = h + F.linear(o.transpose(1, 2).reshape(batch, n, -1), p.o)
-    gate, up = F.linear(normed(h, p.eps_post), p.gate_up).chunk(2, -1)
-    return h + F.linear(F.silu(gate) * up, p.down)
+    h = h + _times(o.transpose(1, 2).reshape(batch, n, -1), p.o)
+    gate, up = _times(normed(h, p.eps_post), p.gate_up).chunk(2, -1)
+    return h + _times(F.silu(gate) * up, p.down)
