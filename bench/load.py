@@ -36,7 +36,8 @@ it, a process's first (one-time costs, and a dear draft's first rounds) included
 
 A row's speedup is the sum of target-only's wall times over the sum of the method's
 (the records' ``compare.target_only_wall_s`` and ``stats.wall_s``), over ``--repeat``
-passes of its command beside the same competitors (each pass's own ratio is kept too: a
+passes of its command beside the same competitors (each pass's own ratio is kept too, with
+the CPU seconds the hypervisor stole from this machine during it, /proc/stat's steal: a
 request of 0.1-0.3 s beside two competitors can land on a descheduled stretch, and one
 pass of six such requests swung a row by 10-20%), its τ the records' mean acceptance length; the row also says how many outputs were identical, what the
 auto draft length did, the load average before and after it and its wall time.
@@ -150,21 +151,36 @@ def cold_pass(cmd: list[str], i: int) -> tuple[subprocess.CompletedProcess, list
     return (failed[0] if failed else runs["method"][0]), runs["method"][1]
 
 
+def stolen_s() -> float | None:
+    """CPU seconds the hypervisor has given to other guests while this machine's CPUs
+    wanted to run (the ``steal`` column of /proc/stat, all CPUs); None where not read.
+    A pass that lost a second to it was timed on a machine slower than the one before."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def run_rows(cmds: list[list[str]], load: int, args) -> list[dict]:
     """Each command's ``--repeat`` passes beside the same ``load`` competitors, one row per
     command; several commands take turns pass by pass (``--interleave``)."""
     procs = competitors(load, args.competitor_s * len(cmds))   # (interleaved: each row's)
     passes: list[list] = [[] for _ in cmds]   # per command: (process, its records)
+    stolen: list[list] = [[] for _ in cmds]   # per command: CPU seconds stolen in each pass
     try:
         if procs:
             time.sleep(2.0)   # let them take the cores before the row starts
         before = os.getloadavg()
         t0 = time.perf_counter()
         for i in range(args.repeat):
-            for cmd, done in zip(cmds, passes):
+            for cmd, done, lost in zip(cmds, passes, stolen):
                 if done and done[-1][0].returncode != 0:
                     continue
+                s0 = stolen_s()
                 done.append(cold_pass(cmd, i) if args.cold else run_cli(cmd))
+                s1 = stolen_s()
+                lost.append(None if s0 is None or s1 is None else round(s1 - s0, 2))
         seconds = time.perf_counter() - t0
         after = os.getloadavg()
         alive = sum(p.poll() is None for p in procs)
@@ -175,7 +191,8 @@ def run_rows(cmds: list[list[str]], load: int, args) -> list[dict]:
     common = {"seconds": round(seconds, 2), "loadavg_before": [round(x, 2) for x in before],
               "loadavg_after": [round(x, 2) for x in after], "competitors": load,
               "competitors_alive_at_end": alive, "interleaved": len(cmds) > 1}
-    return [dict(common, **summary(done)) for done in passes]
+    return [dict(common, **summary(done), per_pass_stolen_cpu_s=lost)
+            for done, lost in zip(passes, stolen)]
 
 
 def summary(passes: list) -> dict:
@@ -306,7 +323,9 @@ def main() -> None:
                       f"    load {row['loadavg_before'][0]:.2f} -> {row['loadavg_after'][0]:.2f}, "
                       f"{row['seconds']:.1f} s, rc {row['rc']}: speedup {row.get('speedup')}, "
                       f"τ {row.get('mean_acceptance_length')}, identical "
-                      f"{row.get('identical')}/{row['inputs']}, auto {row.get('auto')}", flush=True)
+                      f"{row.get('identical')}/{row['inputs']}, auto {row.get('auto')}, "
+                      f"passes {row.get('per_pass_speedup')}, CPU s stolen per pass "
+                      f"{row['per_pass_stolen_cpu_s']}", flush=True)
     print()
     print(table(rows))
     if args.json_out:
