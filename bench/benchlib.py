@@ -1,5 +1,5 @@
-"""What the bench scripts share: the machine a run was on, a median step time, and
-plain/markdown tables.
+"""What the bench scripts share: the machine a run was on, the CPU time the hypervisor took
+from it, a median step time, and plain/markdown tables.
 (They run as scripts, so this directory is on sys.path.)"""
 
 from __future__ import annotations
@@ -30,6 +30,17 @@ def machine_info(device: torch.device) -> dict:
     return {"device": str(device), "hardware": hw, "torch": torch.__version__,
             "transformers": transformers.__version__, "threads": torch.get_num_threads(),
             "python": platform.python_version()}
+
+
+def stolen_s() -> float | None:
+    """CPU seconds the hypervisor has given to other guests while this machine's CPUs
+    wanted to run (the ``steal`` column of /proc/stat, all CPUs); None where not read.
+    A pass that lost a second to it was timed on a machine slower than the one before."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def print_table(title: str, header: list[str], lines: list[list[str]], markdown: bool) -> None:

@@ -67,6 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from auto_gamma import bad_draft  # noqa: E402 (this directory is on sys.path)
+from benchlib import stolen_s  # noqa: E402
 
 SPIN = "import time\nend = time.monotonic() + {s}\nx = 0\nwhile time.monotonic() < end:\n    x += 1\n"
 BUILT_IN = ("demo", "photos", "bad", "video", "control")   # workloads; other names: profiles
@@ -149,17 +150,6 @@ def cold_pass(cmd: list[str], i: int) -> tuple[subprocess.CompletedProcess, list
                             "speedup": round(t["stats"]["wall_s"] / r["stats"]["wall_s"], 4)}
     failed = [p for p, _ in runs.values() if p.returncode != 0]
     return (failed[0] if failed else runs["method"][0]), runs["method"][1]
-
-
-def stolen_s() -> float | None:
-    """CPU seconds the hypervisor has given to other guests while this machine's CPUs
-    wanted to run (the ``steal`` column of /proc/stat, all CPUs); None where not read.
-    A pass that lost a second to it was timed on a machine slower than the one before."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def run_rows(cmds: list[list[str]], load: int, args) -> list[dict]:

@@ -7,13 +7,13 @@ Loads the profile's session (default: the demo's), then
    step, which never takes the copies; n > 1: a chain's verification), with the copies and
    without, interleaved in ``--rounds`` blocks at the decoding thread count, and the
    largest difference between the two ways' logits (and the logits' scale);
-2. decodes the demo images ``--passes`` times, each pass with the copies and without, in
-   alternating order, and target-only decoding beside each (its plain steps are the
-   same either way): per pass and variant the speedup (target-only wall over the method's,
-   prefill included, as ``--compare`` prints it), the mean acceptance length, whether every
-   output equals target-only's.
+2. decodes the demo images ``--passes`` times, each pass three blocks in rotating order:
+   target-only, the method verifying on the copies, the method on the modules (each block
+   every image through one engine, so no block runs right after another's requests):
+   the median wall per variant (prefill included), target-only's median over each
+   method's, per pass the same ratio, and whether every output equals target-only's.
 
-    python bench/wide_rows.py [--profile tinyworld-caption] [--passes 5] [--rounds 5]
+    python bench/wide_rows.py [--profile tinyworld-caption] [--passes 9] [--rounds 5]
                               [--json OUT.json]
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import machine_info, stolen_s  # noqa: E402  (bench/benchlib.py)
 
 ROWS = (1, 2, 4, 8, 13)
 
@@ -78,34 +80,32 @@ def request_for(session, image):
                    max_new_tokens=p.generation.max_new_tokens, seed=p.sampling.seed)
 
 
-def decode_pass(session, images, wide) -> dict:
+def decode_block(session, images, variant: str) -> dict:
+    """Every image through one engine: target-only, or the method verifying on the copies
+    or on the modules (the rest of the process is the same)."""
     fast = session.target.fast
     keep = fast.wide
-    fast.wide = keep if wide else None
-    method_s = target_s = 0.0
-    tokens = rounds = 0
-    identical = True
+    fast.wide = None if variant == "modules" else keep
+    engine = session.baseline_engine() if variant == "target-only" else session.engine
+    wall = 0.0
+    tokens = []
+    lost = stolen_s()
     try:
         for image in images:
-            request = request_for(session, image)
-            base = session.baseline_engine().generate(request)
-            res = session.engine.generate(request)
-            target_s += base.state.stats.wall_s
-            method_s += res.state.stats.wall_s
-            identical &= res.tokens == base.tokens
-            tokens += len(res.tokens)
-            rounds += res.state.stats.num_drafts
+            res = engine.generate(request_for(session, image))
+            wall += res.state.stats.wall_s
+            tokens.append(res.tokens)
     finally:
         fast.wide = keep
-    return {"copies": wide, "speedup": round(target_s / method_s, 4),
-            "method_s": round(method_s, 4), "target_only_s": round(target_s, 4),
-            "tokens_per_round": round(tokens / max(rounds, 1), 3), "identical": identical}
+    after = stolen_s()
+    return {"variant": variant, "wall_s": round(wall, 4), "tokens": tokens,
+            "stolen_cpu_s": None if lost is None or after is None else round(after - lost, 2)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="tinyworld-caption")
-    ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--passes", type=int, default=9)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", dest="json_out")
     args = ap.parse_args()
@@ -121,33 +121,47 @@ def main() -> None:
     images = [Image.open(p).convert("RGB") for p in sorted((ROOT / "examples/images").glob("*.png"))]
     load_before = os.getloadavg()
     forwards = forward_times(session, images[0], args.rounds)
-    decode_pass(session, images[:1], True)          # warm both engines
-    passes = []
-    for i in range(args.passes):
-        for wide in ((True, False) if i % 2 == 0 else (False, True)):
-            passes.append(decode_pass(session, images, wide))
+    variants = ("target-only", "copies", "modules")
+    for v in variants:                               # warm every engine
+        decode_block(session, images[:1], v)
+    blocks = []
+    for i in range(args.passes):                     # each pass: the three, order rotating
+        for v in variants[i % 3:] + variants[: i % 3]:
+            blocks.append(dict(decode_block(session, images, v), block=i))
+    reference = next(b["tokens"] for b in blocks if b["variant"] == "target-only")
     summary = {}
-    for wide in (True, False):
-        mine = [p for p in passes if p["copies"] == wide]
-        summary["copies" if wide else "modules"] = {
-            "speedup_overall": round(sum(p["target_only_s"] for p in mine)
-                                     / sum(p["method_s"] for p in mine), 4),
-            "per_pass": [p["speedup"] for p in mine],
-            "identical": all(p["identical"] for p in mine)}
-    out = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                       "python": platform.python_version()},
+    for v in variants:
+        walls = [b["wall_s"] for b in blocks if b["variant"] == v]
+        summary[v] = {"median_wall_s": round(statistics.median(walls), 4), "walls_s": walls,
+                      "identical": all(b["tokens"] == reference for b in blocks
+                                       if b["variant"] == v)}
+    base = summary["target-only"]["median_wall_s"]
+    for v in ("copies", "modules"):
+        summary[v]["speedup_of_medians"] = round(base / summary[v]["median_wall_s"], 4)
+        # per pass: target-only's wall over the variant's in the same pass
+        summary[v]["per_pass"] = [round(t["wall_s"] / b["wall_s"], 4) for t, b in zip(
+            [b for b in blocks if b["variant"] == "target-only"],
+            [b for b in blocks if b["variant"] == v])]
+    for b in blocks:
+        del b["tokens"]
+    out = {"machine": machine_info(session.target.device),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
            "command": " ".join(["python", "bench/wide_rows.py"] + sys.argv[1:]),
            "profile": args.profile, "load_before": load_before, "load_after": os.getloadavg(),
-           "forwards": forwards, "passes": passes, "summary": summary}
+           "forwards": forwards, "blocks": blocks, "summary": summary}
     print(f"target forwards after a {forwards['prompt_positions']}-position prompt, median ms:")
     for n in ROWS:
         m = forwards["median_ms"]
         print(f"  {n:2d} rows: copies {m[f'{n} rows, copies']:.3f}  modules {m[f'{n} rows, modules']:.3f}")
     print(f"  8 rows' logits differ by at most {forwards['max_abs_diff_8_rows']:.2e} "
           f"(largest logit {forwards['max_abs_logit']:.2f})")
-    for name, s in summary.items():
-        print(f"demo, verifying on the {name}: {s['speedup_overall']:.2f}x "
-              f"(passes {', '.join(f'{x:.2f}' for x in s['per_pass'])}), identical {s['identical']}")
+    print(f"demo ({len(images)} images), median wall of {args.passes} passes: target-only "
+          f"{base:.3f} s")
+    for v in ("copies", "modules"):
+        s_ = summary[v]
+        print(f"  verifying on the {v}: {s_['median_wall_s']:.3f} s, {s_['speedup_of_medians']:.2f}x "
+              f"(per pass {', '.join(f'{x:.2f}' for x in s_['per_pass'])}), identical "
+              f"{s_['identical']}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=1) + "\n")
 
