@@ -14,6 +14,10 @@ the operations the maths needs, writing keys and values into a ``StaticKVCache``
 * The computation is the eager one, op for op (RMSNorm in float32, rotary from the model's
   own module, scaled-dot-product attention over positions [0, length + n)); the tests
   check token equality with transformers' ``generate`` with the fast path on and off.
+  Two exceptions, neither in a step that decides a token alone: a draft's layers run
+  packed (runtime/packed_layers.py), and a CPU target's forwards of several new rows
+  after the prompt (its verifications) take copies of its weights laid out (in, out)
+  (runtime/wide_rows.py), equal to the modules' products up to float rounding.
 
 Supported: Llama-style decoders (Llama, Mistral without sliding window, Qwen2, and the text
 decoders of Qwen2-VL / Qwen2.5-VL, whose 3-D positions arrive as (3, B, n) position ids and
