@@ -6,7 +6,9 @@ Loads the profile's session (default: the demo's), then
 1. times the target's forwards of n new rows after a demo scene's prompt (n = 1: a plain
    step, which never takes the copies; n > 1: a chain's verification), with the copies and
    without, interleaved in ``--rounds`` blocks at the decoding thread count, and the
-   largest difference between the two ways' logits (and the logits' scale);
+   largest difference between the two ways' logits (and the logits' scale); and a one-row
+   step forced onto the copies, which no path takes (target-only decoding stays on the
+   modules, bit for bit transformers'): how much of a speedup the kernel alone would give;
 2. decodes the demo images ``--passes`` times, each pass three blocks in rotating order:
    target-only, the method verifying on the copies, the method on the modules (each block
    every image through one engine, so no block runs right after another's requests):
@@ -49,16 +51,22 @@ def forward_times(session, image, rounds: int, steps: int = 40) -> dict:
     start = cache.length
     ids = {n: torch.arange(10, 10 + n)[None] for n in ROWS}
     times = {(n, way): [] for n in ROWS for way in ("copies", "modules")}
+    times[(1, "copies, forced")] = []
     session.threads.enter("decode", start)
     for _ in range(rounds):
-        for way in ("copies", "modules"):
-            fast.wide = wide if way == "copies" else None
-            for n in ROWS:
-                for _ in range(steps):
-                    cache.length = start
-                    t = time.perf_counter()
-                    target.adapter.extend(target, ids[n], cache)
-                    times[(n, way)].append(time.perf_counter() - t)
+        for way in ("copies", "modules", "copies, forced"):
+            fast.wide = None if way == "modules" else wide
+            if way == "copies, forced":   # a one-row step on the copies: no path runs it
+                fast._wide_rows = lambda n, start: wide[0]   # (target-only would, if it may)
+            try:
+                for n in ROWS if way != "copies, forced" else (1,):
+                    for _ in range(steps):
+                        cache.length = start
+                        t = time.perf_counter()
+                        target.adapter.extend(target, ids[n], cache)
+                        times[(n, way)].append(time.perf_counter() - t)
+            finally:
+                fast.__dict__.pop("_wide_rows", None)
     logits = {}
     for way in ("copies", "modules"):
         fast.wide = wide if way == "copies" else None
@@ -153,6 +161,8 @@ def main() -> None:
     for n in ROWS:
         m = forwards["median_ms"]
         print(f"  {n:2d} rows: copies {m[f'{n} rows, copies']:.3f}  modules {m[f'{n} rows, modules']:.3f}")
+    print(f"   1 row forced onto the copies (what target-only would take on them): "
+          f"{forwards['median_ms']['1 rows, copies, forced']:.3f}")
     print(f"  8 rows' logits differ by at most {forwards['max_abs_diff_8_rows']:.2e} "
           f"(largest logit {forwards['max_abs_logit']:.2f})")
     print(f"demo ({len(images)} images), median wall of {args.passes} passes: target-only "
