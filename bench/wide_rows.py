@@ -9,8 +9,9 @@ Loads the profile's session (default: the demo's), then
    largest difference between the two ways' logits (and the logits' scale); and a one-row
    step forced onto the copies, which no path takes (target-only decoding stays on the
    modules, bit for bit transformers'): how much of a speedup the kernel alone would give;
-2. decodes the demo images ``--passes`` times, each pass three blocks in rotating order:
-   target-only, the method verifying on the copies, the method on the modules (each block
+2. decodes the demo images ``--passes`` times, each pass four blocks in rotating order:
+   target-only, the method verifying on the copies, the method on the modules, and
+   target-only with its steps forced onto the copies (no path runs it) (each block
    every image through one engine, so no block runs right after another's requests):
    the median wall per variant (prefill included), target-only's median over each
    method's, per pass the same ratio, and whether every output equals target-only's.
@@ -90,11 +91,15 @@ def request_for(session, image):
 
 def decode_block(session, images, variant: str) -> dict:
     """Every image through one engine: target-only, or the method verifying on the copies
-    or on the modules (the rest of the process is the same)."""
+    or on the modules (the rest of the process is the same); "target-only on copies":
+    target-only with its one-row steps forced onto the copies (no path runs it: what
+    target-only would take if it gave up being transformers' computation bit for bit)."""
     fast = session.target.fast
     keep = fast.wide
     fast.wide = None if variant == "modules" else keep
-    engine = session.baseline_engine() if variant == "target-only" else session.engine
+    if variant == "target-only on copies":   # every forward after the prompt, one row too
+        fast._wide_rows = lambda n, start: keep[0] if start > 0 else None
+    engine = session.baseline_engine() if variant.startswith("target-only") else session.engine
     wall = 0.0
     tokens = []
     lost = stolen_s()
@@ -105,6 +110,7 @@ def decode_block(session, images, variant: str) -> dict:
             tokens.append(res.tokens)
     finally:
         fast.wide = keep
+        fast.__dict__.pop("_wide_rows", None)
     after = stolen_s()
     return {"variant": variant, "wall_s": round(wall, 4), "tokens": tokens,
             "stolen_cpu_s": None if lost is None or after is None else round(after - lost, 2)}
@@ -129,12 +135,12 @@ def main() -> None:
     images = [Image.open(p).convert("RGB") for p in sorted((ROOT / "examples/images").glob("*.png"))]
     load_before = os.getloadavg()
     forwards = forward_times(session, images[0], args.rounds)
-    variants = ("target-only", "copies", "modules")
+    variants = ("target-only", "copies", "modules", "target-only on copies")
     for v in variants:                               # warm every engine
         decode_block(session, images[:1], v)
     blocks = []
-    for i in range(args.passes):                     # each pass: the three, order rotating
-        for v in variants[i % 3:] + variants[: i % 3]:
+    for i in range(args.passes):                     # each pass: the four, order rotating
+        for v in variants[i % 4:] + variants[: i % 4]:
             blocks.append(dict(decode_block(session, images, v), block=i))
     reference = next(b["tokens"] for b in blocks if b["variant"] == "target-only")
     summary = {}
@@ -144,12 +150,15 @@ def main() -> None:
                       "identical": all(b["tokens"] == reference for b in blocks
                                        if b["variant"] == v)}
     base = summary["target-only"]["median_wall_s"]
-    for v in ("copies", "modules"):
+    for v in ("copies", "modules", "target-only on copies"):
         summary[v]["speedup_of_medians"] = round(base / summary[v]["median_wall_s"], 4)
         # per pass: target-only's wall over the variant's in the same pass
         summary[v]["per_pass"] = [round(t["wall_s"] / b["wall_s"], 4) for t, b in zip(
             [b for b in blocks if b["variant"] == "target-only"],
             [b for b in blocks if b["variant"] == v])]
+    # the method on the copies against target-only had it taken them too
+    summary["copies"]["over_target_only_on_copies"] = round(
+        summary["target-only on copies"]["median_wall_s"] / summary["copies"]["median_wall_s"], 4)
     for b in blocks:
         del b["tokens"]
     out = {"machine": machine_info(session.target.device),
@@ -167,11 +176,14 @@ def main() -> None:
           f"(largest logit {forwards['max_abs_logit']:.2f})")
     print(f"demo ({len(images)} images), median wall of {args.passes} passes: target-only "
           f"{base:.3f} s")
-    for v in ("copies", "modules"):
+    for v in ("copies", "modules", "target-only on copies"):
         s_ = summary[v]
-        print(f"  verifying on the {v}: {s_['median_wall_s']:.3f} s, {s_['speedup_of_medians']:.2f}x "
+        print(f"  {v if v.startswith('target') else 'verifying on the ' + v}: "
+              f"{s_['median_wall_s']:.3f} s, {s_['speedup_of_medians']:.2f}x "
               f"(per pass {', '.join(f'{x:.2f}' for x in s_['per_pass'])}), identical "
               f"{s_['identical']}")
+    print(f"  the method on the copies over target-only on the copies: "
+          f"{summary['copies']['over_target_only_on_copies']:.2f}x")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=1) + "\n")
 
