@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from vlmspec_cli.runtime.wide_rows import in_out, plain_weight, times
+
 
 @dataclass
 class PackedLayer:
@@ -52,15 +54,6 @@ def normed(x: torch.Tensor, root_eps: torch.Tensor) -> torch.Tensor:
     on a small model's token embeddings mean(x²) is ~1e-3, where dropping ε = 1e-6 moved
     the outputs by 1e-3 of their size."""
     return x / torch.hypot(torch.linalg.vector_norm(x, dim=-1, keepdim=True), root_eps)
-
-
-def plain_weight(linear, bias_ok: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """A float nn.Linear's (weight, bias); None for anything else (4-bit, 8-bit layers)."""
-    if type(linear) is not torch.nn.Linear or not linear.weight.dtype.is_floating_point:
-        return None
-    if linear.bias is not None and not bias_ok:
-        return None
-    return linear.weight, linear.bias
 
 
 def rms_weight(norm) -> tuple[torch.Tensor, float] | None:
@@ -97,25 +90,14 @@ def pack_layers(layers, config, dtype: torch.dtype) -> list[PackedLayer] | None:
         weight = norms[0][0]
         with torch.no_grad():
             packed.append(PackedLayer(
-                _in_out(torch.cat([w for w, _ in qkv]) * (norms[0][0] * root)),
+                in_out(torch.cat([w for w, _ in qkv]) * (norms[0][0] * root)),
                 torch.cat(biases) if biases[0] is not None else None,
-                _in_out(rest[0][0]),
-                _in_out(torch.cat([rest[1][0], rest[2][0]]) * (norms[1][0] * root)),
-                _in_out(rest[3][0]),
+                in_out(rest[0][0]),
+                in_out(torch.cat([rest[1][0], rest[2][0]]) * (norms[1][0] * root)),
+                in_out(rest[3][0]),
                 weight.new_tensor((width * norms[0][1]) ** 0.5),
                 weight.new_tensor((width * norms[1][1]) ** 0.5)))
     return packed
-
-
-def _in_out(weight: torch.Tensor) -> torch.Tensor:
-    """An (out, in) weight laid out (in, out), contiguous."""
-    return weight.t().contiguous()
-
-
-def _times(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x·W (+ b) for an (in, out) weight: what F.linear computes with (out, in)."""
-    y = torch.matmul(x, weight)
-    return y if bias is None else y + bias
 
 
 class RotaryTable:
@@ -150,7 +132,7 @@ def packed_layer(p: PackedLayer, h: torch.Tensor, cache, i: int, start: int, mas
     layer i at [start, start + n), attention over [0, start + n)."""
     batch, n, _ = h.shape
     end = start + n
-    qkv = _times(normed(h, p.eps_in), p.qkv, p.qkv_bias).view(batch, n, heads + 2 * kv_heads, head_dim)
+    qkv = times(normed(h, p.eps_in), p.qkv, p.qkv_bias).view(batch, n, heads + 2 * kv_heads, head_dim)
     qkv = qkv.transpose(1, 2)                          # (B, heads + 2 kv, n, head_dim)
     qk = qkv[:, : heads + kv_heads]
     qk = qk * cos + qk.roll(head_dim // 2, -1) * sin   # rotary on q and k at once
@@ -159,6 +141,6 @@ def packed_layer(p: PackedLayer, h: torch.Tensor, cache, i: int, start: int, mas
     o = F.scaled_dot_product_attention(qk[:, :heads], cache.keys[i, :, :, :end],
                                        cache.values[i, :, :, :end], attn_mask=mask,
                                        scale=scaling, enable_gqa=kv_heads != heads)
-    h = h + _times(o.transpose(1, 2).reshape(batch, n, -1), p.o)
-    gate, up = _times(normed(h, p.eps_post), p.gate_up).chunk(2, -1)
-    return h + _times(F.silu(gate) * up, p.down)
+    h = h + times(o.transpose(1, 2).reshape(batch, n, -1), p.o)
+    gate, up = times(normed(h, p.eps_post), p.gate_up).chunk(2, -1)
+    return h + times(F.silu(gate) * up, p.down)

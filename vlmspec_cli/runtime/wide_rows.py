@@ -29,23 +29,40 @@ from typing import Callable
 
 import torch
 
-from vlmspec_cli.runtime.packed_layers import plain_weight
-
 # the most the (in, out) copies of one decoder's weights may take (the tinyworld target's
 # take 27 MB)
 MAX_BYTES = 256 * 2**20
+
+
+def plain_weight(linear, bias_ok: bool = False) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """A float nn.Linear's (weight, bias); None for anything else (4-bit, 8-bit layers)."""
+    if type(linear) is not torch.nn.Linear or not linear.weight.dtype.is_floating_point:
+        return None
+    if linear.bias is not None and not bias_ok:
+        return None
+    return linear.weight, linear.bias
+
+
+def in_out(weight: torch.Tensor) -> torch.Tensor:
+    """An (out, in) weight laid out (in, out), contiguous."""
+    return weight.detach().t().contiguous()
+
+
+def times(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x·Wᵀ (+ b) from Wᵀ laid out (in, out): what F.linear computes from W (out, in)."""
+    y = torch.matmul(x, weight_t)
+    return y if bias is None else y + bias
 
 
 class WideLinear:
     """x·Wᵀ + b computed as x·(Wᵀ stored contiguously) + b."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight_t = weight.detach().t().contiguous()
+        self.weight_t = in_out(weight)
         self.bias = None if bias is None else bias.detach()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.matmul(x, self.weight_t)
-        return y if self.bias is None else y + self.bias
+        return times(x, self.weight_t, self.bias)
 
     @property
     def nbytes(self) -> int:
@@ -79,31 +96,34 @@ def wide_linear(module) -> WideLinear | None:
     return None if plain is None else WideLinear(*plain)
 
 
+PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+               ("mlp", ("gate_proj", "up_proj", "down_proj")))
+
+
+def _nbytes(weight: torch.Tensor) -> int:
+    return weight.numel() * weight.element_size()
+
+
 def wide_layers(layers, head, device) -> tuple[list[WideLayer], WideLinear | None] | None:
-    """The decoder layers' copies (and the head's, None where it is not a plain linear), or
-    None: not on a CPU, a layer that is not a gated-MLP layer of float linears, or copies
-    over ``MAX_BYTES``."""
+    """The decoder layers' copies (and the head's, None where it is not a plain linear or
+    would not fit), or None: not on a CPU, a layer that is not a gated-MLP layer of float
+    linears, or copies over ``MAX_BYTES`` (sized before any is made)."""
     if torch.device(device).type != "cpu":
         return None
-    wide, total = [], 0
+    found = []   # per layer: its plain linears by name, and its MLP's activation
     for layer in layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        act = getattr(mlp, "act_fn", None)
-        if act is None:
+        act = getattr(layer.mlp, "act_fn", None)
+        linears = {name: plain_weight(getattr(getattr(layer, owner), name, None), bias_ok=True)
+                   for owner, names in PROJECTIONS for name in names}
+        if act is None or None in linears.values():
             return None
-        linears = {}
-        for owner, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                             (mlp, ("gate_proj", "up_proj", "down_proj"))):
-            for name in names:
-                lin = wide_linear(getattr(owner, name, None))
-                if lin is None:
-                    return None
-                linears[name] = lin
-                total += lin.nbytes
-                if total > MAX_BYTES:
-                    return None
-        wide.append(WideLayer(linears, act))
-    out = wide_linear(head)
-    if out is not None and total + out.nbytes > MAX_BYTES:
-        out = None
+        found.append((linears, act))
+    total = sum(_nbytes(w) for linears, _ in found for w, _ in linears.values())
+    if total > MAX_BYTES:
+        return None
+    wide = [WideLayer({name: WideLinear(*plain) for name, plain in linears.items()}, act)
+            for linears, act in found]
+    head_plain = plain_weight(head, bias_ok=True)
+    out = (WideLinear(*head_plain) if head_plain is not None
+           and total + _nbytes(head_plain[0]) <= MAX_BYTES else None)
     return wide, out
