@@ -15,9 +15,10 @@ import json
 import math
 
 import pytest
+import torch
 from click.testing import CliRunner
 
-from conftest import fresh_scenes
+from conftest import SUITE_THREADS, fresh_scenes
 from test_lossless import reference
 from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F401 (fixture)
 from vlmspec_cli.cli import cli
@@ -30,6 +31,7 @@ from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.round_costs import EXPLORE_AFTER, LinearCost, RoundCosts
 from vlmspec_cli.runtime.stats import SpecStats
+from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.runtime.verify import SamplingParams
 from vlmspec_cli.session import build_session
 
@@ -318,7 +320,7 @@ def test_a_plain_step_timed_on_a_busier_machine_does_not_turn_drafting_on():
 def test_a_dear_probe_is_made_rarer():
     """A probe that lands in a new request prefills the draft there: when a probe costs 3
     plain steps more than the plain round it replaced, the plain rounds before the next
-    one are enough for probes to take PROBE_SHARE (2%) of their time: 150, not the
+    one are enough for probes to take PROBE_SHARE (1%) of their time: 300, not the
     backoff's 4; before any probe was timed, the model's cost of one spaces them."""
     policy = AutoGamma(8, costs=Costs(2.0), probe_after=2, max_backoff=4)
     state = _state()
@@ -336,8 +338,9 @@ def test_a_dear_probe_is_made_rarer():
     policy.observe(state, k, levels=1, fed=2, drafted=1, accepted=0, draft_s=3.0,
                    verify_s=1.0)                     # a prefill and a catch-up: 3 + 1 - 1
     assert policy.probe_cost == pytest.approx(3.0)
-    seen = [_round(policy, state, 8, accepted=0) for _ in range(152)]
-    assert seen[:150] == [0] * 150 and seen[150] == 1
+    spaced = math.ceil(3.0 / PROBE_SHARE)           # 300 at 1%
+    seen = [_round(policy, state, 8, accepted=0) for _ in range(spaced + 2)]
+    assert seen[:spaced] == [0] * spaced and seen[spaced] == 1
 
 
 def test_verification_cost_decides_between_lengths():
@@ -423,13 +426,17 @@ def test_auto_length_equals_target_greedy(zoo_target, zoo_draft, corpus, kind, c
 def test_deferred_prefill_catches_up(zoo_target, zoo_draft, corpus):
     """A request's chain draft is prefilled at its first drafted round: never while it
     decodes plain (a draft as dear as the target: off from the first round), at a probe,
-    tokens into the request, after which it reads every token decoded without it."""
+    tokens into the request, after which it reads every token decoded without it. Such a
+    prefill runs at the prefill's thread count, and the rounds after it at theirs."""
     drafter = _drafter("chain", zoo_target, zoo_draft)
     engine = SpeculativeEngine(zoo_target, drafter, 5, GREEDY)
+    engine.threads = ThreadPlan(prefill=2, decode=1)
     engine.length = AutoGamma(5, costs=Costs(1.0), probe_after=3, max_backoff=3)
-    prefills = []
-    real = drafter.prefill
-    drafter.prefill = lambda state: (prefills.append(len(state.tokens)), real(state))
+    prefills, rounds = [], []   # (tokens decoded, threads) at each; threads at each round
+    real, step = drafter.prefill, engine.step
+    drafter.prefill = lambda state: (prefills.append((len(state.tokens), torch.get_num_threads())),
+                                     real(state))
+    engine.step = lambda state: (step(state), rounds.append(torch.get_num_threads()))
     drafted = []
     try:
         for req, ref in corpus[:4]:
@@ -437,11 +444,13 @@ def test_deferred_prefill_catches_up(zoo_target, zoo_draft, corpus):
             assert res.tokens == ref
             drafted.append(res.state.stats.draft_length["rounds_drafted"])
     finally:
-        del drafter.prefill
+        del drafter.prefill, engine.step
+        torch.set_num_threads(SUITE_THREADS)
     # off from the first round: only the requests with a drafted round (a probe) were
     # prefilled, at least one of them tokens into it, and some were never prefilled
     assert len(prefills) == sum(n > 0 for n in drafted) < len(drafted)
-    assert any(n > 0 for n in prefills)
+    assert any(n > 0 for n, _ in prefills)
+    assert {t for _, t in prefills} == {2} and set(rounds) == {1}
 
 
 # ------------------------------------------------------------------ lossless, T > 0

@@ -213,9 +213,14 @@ class SpeculativeEngine:
         if state.length is None or not state.length.deferred:
             return False
         if k > 0:
+            # a prefill, at the prefill's thread count (one forward over the prompt's rows,
+            # large enough for every free core; at the rounds' one thread a bad draft's
+            # probes, each in a new request, took twice as long)
+            self.threads.enter("prefill")
             t0 = time.perf_counter()
             self.drafter.prefill(state)
             self.length.note_prefill(time.perf_counter() - t0)
+            self.threads.enter("decode", cache_length(state.target_cache))
             state.length.deferred = False
         return state.length.deferred
 
