@@ -15,7 +15,7 @@ the best: near its optimum the rate is flat). When even the best is below a plai
 1 / V(1) by STAY (5%: the round's expected gain is below 1.05), drafting goes off: plain target steps,
 and one round of one proposal (a probe) after ``probe_after`` of them, then twice as many
 after each probe that did not pay (exponential backoff, up to ``max_backoff``; or more, so
-that probes take at most PROBE_SHARE, 2%, of the plain rounds' time: a probe in a new
+that probes take at most PROBE_SHARE, 1%, of the plain rounds' time: a probe in a new
 request prefills the draft then, and costs several plain steps; before a probe is timed,
 its cost is the model's); drafting
 comes back when a round is expected to gain RESUME (15%) over a plain step, with the
@@ -85,7 +85,10 @@ WARMUP_ROUNDS = 1         # a process's first round pays one-time costs: not tim
 TIE = 0.02                # lengths this close to the best rate count as equal: the longest
 STAY = 0.05               # drafting stays on while a round is expected to gain this much
 RESUME = 0.15             # once off, drafting resumes when a round is expected to gain this much
-PROBE_SHARE = 0.02        # probes take at most this share of the plain rounds' time
+# probes take at most this share of the plain rounds' time. At 2% a useless draft's probes
+# (most land in a new request and prefill the draft: half a plain step or more) were the
+# larger part of what it cost: the bad draft read 0.96x and 0.91x in one load run (issue 34)
+PROBE_SHARE = 0.01
 MIN_TIMED = 3             # timed rounds before drafting may be switched off
 DOUBT = 1.0               # once off, acceptance is taken this many standard errors low
 RATE_DECAY = 0.97         # per round, the tokens and seconds the process's rate is over
@@ -261,8 +264,10 @@ class AutoGamma:
     def stop_rule(self, state: DecodeState, k: int) -> ChainStop | None:
         """Where a chain of at most ``k`` proposals may stop by the draft's confidence
         (draft_stop.py); None before the process has a rate and costs to price it by."""
+        if k < 1 or state.length is None:    # (a plain round: nothing to price, every round)
+            return None
         rate, v1 = self.rate, self.costs.plain_s()
-        if k < 1 or rate is None or v1 is None or state.length is None:
+        if rate is None or v1 is None:
             return None
         return ChainStop.build(self.costs, rate, self.rates(state.length), k, v1)
 
