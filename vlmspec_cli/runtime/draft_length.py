@@ -85,9 +85,9 @@ WARMUP_ROUNDS = 1         # a process's first round pays one-time costs: not tim
 TIE = 0.02                # lengths this close to the best rate count as equal: the longest
 STAY = 0.05               # drafting stays on while a round is expected to gain this much
 RESUME = 0.15             # once off, drafting resumes when a round is expected to gain this much
-# probes take at most this share of the plain rounds' time. At 2% a useless draft's probes
-# (most land in a new request and prefill the draft: half a plain step or more) were the
-# larger part of what it cost: the bad draft read 0.96x and 0.91x in one load run (issue 34)
+# probes take at most this share of the plain rounds' time. At 2% probes were most of a
+# useless draft's drafted rounds (12-13 of 16-22 over three processes, where it read 0.96x
+# and 0.91x), each of them in a new request also prefilling the draft (half a plain step)
 PROBE_SHARE = 0.01
 MIN_TIMED = 3             # timed rounds before drafting may be switched off
 DOUBT = 1.0               # once off, acceptance is taken this many standard errors low

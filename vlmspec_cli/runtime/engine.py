@@ -215,7 +215,7 @@ class SpeculativeEngine:
         if k > 0:
             # a prefill, at the prefill's thread count (one forward over the prompt's rows,
             # large enough for every free core; at the rounds' one thread a bad draft's
-            # probes, each in a new request, took twice as long)
+            # probe, most of them in a new request, prefilled in 6.0 ms against 4.1 by hand)
             self.threads.enter("prefill")
             t0 = time.perf_counter()
             self.drafter.prefill(state)
