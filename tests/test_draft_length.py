@@ -394,7 +394,10 @@ def test_auto_length_equals_target_greedy(zoo_target, zoo_draft, corpus, kind, c
     if costs == "measured":
         engine.length = AutoGamma(6)
     else:
-        engine.length = AutoGamma(6, costs=Costs(1.0), probe_after=1, max_backoff=2)
+        # (probe_share 1: probes after the backoff's 1-2 plain rounds, whatever PROBE_SHARE
+        # would space them by)
+        engine.length = AutoGamma(6, costs=Costs(1.0), probe_after=1, max_backoff=2,
+                                  probe_share=1.0)
     rounds = []    # (k, levels, proposals verified) as the engine reports them
     rules = []     # the confidence stops the engine built (only a chain reads them)
     stop_rule = engine.length.stop_rule

@@ -83,7 +83,10 @@ def test_auto_length_on_a_chain_with_drafting_off_and_on(targets):
     assert method_class("eagle3").draft_length(load_profile("tinyworld-caption", sets + TREE)) == "fixed"
     session = _session(target, head, "drafting.gamma=3", "drafting.length=auto")
     assert isinstance(session.engine.length, AutoGamma)
-    session.engine.length = AutoGamma(3, costs=Costs(1.0), probe_after=1, max_backoff=2)
+    # (probe_share 1: a probe after the backoff's 1-2 plain rounds; at PROBE_SHARE's 1% the
+    # modelled probe cost spaced them past these requests' 30 rounds)
+    session.engine.length = AutoGamma(3, costs=Costs(1.0), probe_after=1, max_backoff=2,
+                                      probe_share=1.0)
     plain = drafted = 0
     for req in image_requests(IMAGES, max_new_tokens=10):
         res = session.engine.generate(req)
