@@ -177,6 +177,29 @@ def test_interrupt_mid_write_leaves_no_torn_record(tmp_path, monkeypatch):
     assert path.read_bytes() == kept and sink.written == 1
 
 
+def test_interrupt_after_the_whole_line_keeps_it(tmp_path, monkeypatch):
+    """An interrupt that lands once the line's last byte is written, before the write
+    returns: a reader may have seen the line (a test sent SIGTERM as soon as it appeared),
+    so it stays, counted, and the interrupt goes on."""
+    from vlmspec_cli.tasks import sink as sink_module
+
+    path = tmp_path / "out.jsonl"
+    real = sink_module.write_all
+
+    def write_then_interrupt(fd, data):
+        real(fd, data)
+        raise KeyboardInterrupt
+
+    with JsonlSink(path) as sink:
+        sink.append(vlmspec_record("a.png"))
+        monkeypatch.setattr(sink_module, "write_all", write_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            sink.append(vlmspec_record("b.png"))
+    assert [r["input"] for r in map(json.loads, path.read_bytes().splitlines())] == ["a.png",
+                                                                                    "b.png"]
+    assert sink.written == 2
+
+
 def test_unwritable_output_refused_on_open(tmp_path, monkeypatch):
     path = tmp_path / "ro" / "out.jsonl"
     real_open = os.open

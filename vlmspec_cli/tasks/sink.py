@@ -75,6 +75,17 @@ def _strerror(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _holds(fd: int, before: int | None, size: int) -> bool:
+    """The file (a regular one, ``before`` bytes long before a write of ``size``) holds the
+    whole write now."""
+    if before is None:
+        return False
+    try:
+        return os.fstat(fd).st_size == before + size
+    except OSError:
+        return False
+
+
 def _fsync(fd: int) -> None:
     try:
         os.fsync(fd)
@@ -280,9 +291,11 @@ class JsonlSink:
                 if self.durable and not self.stream:
                     _fsync(fd)
             except BaseException as exc:
-                if whole and not isinstance(exc, OSError):
-                    # interrupted while syncing: the whole line is already in the file (a
-                    # reader may have seen it); keep it and count it rather than cut it
+                if not isinstance(exc, OSError) and (whole or _holds(fd, before, len(data))):
+                    # interrupted once the whole line was in the file (while syncing, or
+                    # between write_all's last os.write and its return): a reader may have
+                    # seen it; keep it and count it rather than cut it (a SIGTERM sent as
+                    # soon as the line appeared once found the file cut back to no record)
                     self._count(record)
                     raise
                 if before is not None:
