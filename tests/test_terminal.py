@@ -299,3 +299,28 @@ def test_the_profiles_table_reads_at_80_columns(monkeypatch, width):
         assert text.rstrip().endswith("files in /some/where/profiles")
     else:
         assert "/some/where/profiles/qwen2-vl-7b.yaml" in text
+
+
+def test_a_job_decoded_alone_reports_its_tokens_at_most_every_token_event_s(monkeypatch):
+    """The token bar hears a job decoded alone at its first round, then at most every
+    TOKEN_EVENT_S, and at its end: a display redraws about 10 times a second, and an update
+    after every round cost 44 µs, 0.4% of a run whose rounds are one token each."""
+    from types import SimpleNamespace
+
+    from vlmspec_cli.tasks import jobs
+
+    assert jobs.TOKEN_EVENT_S == 0.05
+    clock = [100.0]
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
+    seen = []
+    progress = jobs.token_events(SimpleNamespace(tokens=lambda job, n, limit: seen.append(n)),
+                                 "job", 64)
+    state = SimpleNamespace(tokens=[], done=False)
+    for n in range(1, 11):          # a round every 20 ms
+        state.tokens.append(n)
+        progress(state)
+        clock[0] += 0.02
+    state.tokens.append(11)
+    state.done = True
+    progress(state)
+    assert seen == [1, 4, 7, 10, 11]
