@@ -13,7 +13,7 @@ import torch
 
 from vlmspec_cli.runtime import wide_rows
 from vlmspec_cli.runtime.fast_decoder import FastDecoder
-from vlmspec_cli.runtime.wide_rows import wide_layers, wide_linear
+from vlmspec_cli.runtime.wide_rows import WideLinear, plain_weight, wide_layers
 
 TOL = dict(atol=2e-5, rtol=1e-5)
 
@@ -76,7 +76,7 @@ def test_copies_only_where_they_apply(zoo_target, zoo_draft, monkeypatch):
     assert wide_layers([odd], head, "cpu") is None
     int8 = torch.nn.Linear(4, 4)
     int8.weight = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.int8), requires_grad=False)
-    assert wide_linear(int8) is None
+    assert plain_weight(int8, bias_ok=True) is None
     full, out = wide_layers(layers, head, "cpu")
     total = sum(layer.nbytes for layer in full)
     monkeypatch.setattr(wide_rows, "MAX_BYTES", total)      # room for the layers only
@@ -86,4 +86,4 @@ def test_copies_only_where_they_apply(zoo_target, zoo_draft, monkeypatch):
     # a biased projection keeps its bias
     biased = torch.nn.Linear(6, 5)
     x = torch.randn(3, 6)
-    torch.testing.assert_close(wide_linear(biased)(x), biased(x), **TOL)
+    torch.testing.assert_close(WideLinear(*plain_weight(biased, bias_ok=True))(x), biased(x), **TOL)

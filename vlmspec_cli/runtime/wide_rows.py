@@ -43,6 +43,10 @@ def plain_weight(linear, bias_ok: bool = False) -> tuple[torch.Tensor, torch.Ten
     return linear.weight, linear.bias
 
 
+def _nbytes(weight: torch.Tensor) -> int:
+    return weight.numel() * weight.element_size()
+
+
 def in_out(weight: torch.Tensor) -> torch.Tensor:
     """An (out, in) weight laid out (in, out), contiguous."""
     return weight.detach().t().contiguous()
@@ -66,7 +70,7 @@ class WideLinear:
 
     @property
     def nbytes(self) -> int:
-        return self.weight_t.numel() * self.weight_t.element_size()
+        return _nbytes(self.weight_t)
 
 
 class WideLayer:
@@ -90,18 +94,8 @@ class WideLayer:
                                           self.gate_proj, self.up_proj, self.down_proj))
 
 
-def wide_linear(module) -> WideLinear | None:
-    """A float ``nn.Linear``'s copy; None for anything else (quantized layers …)."""
-    plain = plain_weight(module, bias_ok=True)
-    return None if plain is None else WideLinear(*plain)
-
-
 PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
                ("mlp", ("gate_proj", "up_proj", "down_proj")))
-
-
-def _nbytes(weight: torch.Tensor) -> int:
-    return weight.numel() * weight.element_size()
 
 
 def wide_layers(layers, head, device) -> tuple[list[WideLayer], WideLinear | None] | None:
