@@ -138,26 +138,29 @@ def test_stopped_chains_equal_target_greedy(zoo_target, zoo_draft, scenes):
 
 def test_stopped_chains_follow_the_target_distribution(tiny_pair):  # noqa: F811
     """T > 0: the chain ends where the draft's probability of its own samples falls, and
-    only a prefix of what it drew may be verified (each q_j(x_j) decides both); the first
-    tokens' distribution is still the target's."""
+    every proposal it drew is verified (leaving one out for its own q_j(x_j), as the rule's
+    ``keep`` does at T = 0, biased the law: over these four tokens this test's chi-square
+    rejected that at p ≈ 1e-18; over three it had passed); the first tokens' distribution
+    is the target's."""
     target, draft = tiny_pair
     params = SamplingParams(1.0)
     drafter = create_drafter("chain", draft=draft, sampling=params, drafting_input="text")
     engine = SpeculativeEngine(target, drafter, 3, params)
     policy = engine.length = AutoGamma(3, probe_after=10 ** 6)
-    # this draft's q_1(x_1) is 0.97 or 0.01 in the first round, 0.59 or 0.40 (by the token
-    # it drew) in the second: verified when over 0.5, drafting on while S ≥ 0.5
+    # drafting on while S ≥ 0.5 (this draft's samples fall under it often enough); a
+    # proposal "worth verifying" at 0.5 each: at T = 0 that would cut the prefix verified
     policy.stop_rule = _Forced(go=0.5, each=0.5)
     policy.choose = lambda state, budget: budget          # every round asks for the budget
     shapes = Counter()     # (proposals asked for, positions drafted, proposals verified)
     observe = policy.observe
     policy.observe = lambda st, k, **kw: (shapes.update([(k, kw["levels"], kw["drafted"])]),
                                           observe(st, k, **kw))
-    _assert_samples_follow_target(engine, target, params, n=1000)
-    # one proposal asked for: verified by the token drawn, or not
-    assert shapes[(1, 1, 1)] > 200 and shapes[(1, 1, 0)] > 200, shapes
-    # two asked for: drafting ended after an unlikely first sample, nothing verified
-    assert shapes[(2, 2, 2)] > 500 and shapes[(2, 1, 0)] > 10, shapes
+    _assert_samples_follow_target(engine, target, params, n=1000, new_tokens=4)
+    # every proposal drawn was verified
+    assert all(levels == verified for k, levels, verified in shapes if k > 0), shapes
+    # chains the confidence ended after one and after two proposals, and whole chains
+    assert shapes[(2, 1, 1)] + shapes[(3, 1, 1)] > 100, shapes
+    assert shapes[(3, 2, 2)] > 10 and shapes[(3, 3, 3)] > 200, shapes
 
 
 def test_the_summary_counts_the_chains_cut_by_confidence():

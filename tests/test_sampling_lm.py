@@ -50,30 +50,31 @@ def tiny_pair(tmp_path_factory):
     return _tiny_lm(root / "target", 2, seed=0), _tiny_lm(root / "draft", 1, seed=7)
 
 
-def _exact_distribution(target, prompt_ids, params):
-    """P(x1, x2, x3) under the target's warped distribution, for every sequence."""
-    seqs = list(itertools.product(range(VOCAB), repeat=NEW_TOKENS))
+def _exact_distribution(target, prompt_ids, params, new_tokens: int = NEW_TOKENS):
+    """P(x1, …, x_new_tokens) under the target's warped distribution, for every sequence."""
+    seqs = list(itertools.product(range(VOCAB), repeat=new_tokens))
     ids = torch.tensor([prompt_ids + list(s) for s in seqs], device=target.device)
     with torch.no_grad():
         logits = target.model(input_ids=ids).logits.float().cpu()
     n = len(prompt_ids)
-    probs = probabilities(logits[:, n - 1 : n - 1 + NEW_TOKENS], params)  # (S, 3, V)
+    probs = probabilities(logits[:, n - 1 : n - 1 + new_tokens], params)  # (S, new, V)
     tok = torch.tensor(seqs)
     per_step = probs.gather(-1, tok[..., None])[..., 0]
     return seqs, per_step.prod(-1)
 
 
-def _assert_samples_follow_target(engine, target, params, n: int = 2000, decode=None):
-    """Decode the first tokens with n seeds; chi-square against the exact distribution.
-    ``decode(requests) -> results`` replaces one-by-one ``engine.generate`` (batching).
-    Returns the exact distribution (to compare the draft's with)."""
+def _assert_samples_follow_target(engine, target, params, n: int = 2000, decode=None,
+                                  new_tokens: int = NEW_TOKENS):
+    """Decode the first ``new_tokens`` tokens with n seeds; chi-square against the exact
+    distribution. ``decode(requests) -> results`` replaces one-by-one ``engine.generate``
+    (batching). Returns the exact distribution (to compare the draft's with)."""
     prompt = "t1 t3 t0 t2"
     prompt_ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    seqs, exact = _exact_distribution(target, prompt_ids, params)
+    seqs, exact = _exact_distribution(target, prompt_ids, params, new_tokens)
     index = {s: i for i, s in enumerate(seqs)}
     counts = torch.zeros(len(seqs))
     rejected = 0
-    requests = [Request([Message("user", prompt)], max_new_tokens=NEW_TOKENS, seed=seed)
+    requests = [Request([Message("user", prompt)], max_new_tokens=new_tokens, seed=seed)
                 for seed in range(n)]
     for res in (decode(requests) if decode else map(engine.generate, requests)):
         counts[index[tuple(res.tokens)]] += 1

@@ -175,8 +175,8 @@ class ChainDrafter(DraftingMethod):
     def _propose_stopping(self, state: DecodeState, row: ChainRow, logits: torch.Tensor,
                           budget: int, stop) -> Draft:
         """A request alone: up to ``budget`` proposals, one draft forward each, ending where
-        ``stop`` (a draft_stop.ChainStop) says the next position does not pay; of those, the
-        prefix it says to verify. The confidence c_j in proposal j: its probability under
+        ``stop`` (a draft_stop.ChainStop) says the next position does not pay; of those, at
+        T = 0 the prefix it says to verify, at T > 0 all of them. The confidence c_j in proposal j: its probability under
         the draft (T = 0: the most probable token's, which it proposes; T > 0: q_j(x_j),
         the token drawn as in any chain); S_j = c_1 ⋯ c_j. (At T = 0 the token is read per
         position, where the chain without a stop reads its proposals back once.)"""
@@ -203,7 +203,16 @@ class ChainDrafter(DraftingMethod):
                 feed = torch.tensor([[token]], device=self.draft.device)
             logits = self._extend(row, feed)[0, -1]
             row.cursor.fed += 1
-        keep = stop.keep(survivals)
+        # the prefix verified: at T = 0 the one the rule says pays (greedy verification emits
+        # the target's argmax whatever is verified); at T > 0 every proposal drawn. There a
+        # proposal left out for its own q_j(x_j) would make the law of the verified x_j q_j
+        # restricted to the tokens the rule keeps, while min(1, p/q) and the residual
+        # norm(max(0, p - q)) assume q_j itself: q = (0.9, 0.1), p = (0.5, 0.5), x verified
+        # only when q(x) > 0.5 (else the target's own token, drawn from p) emits token 0
+        # with probability 0.9 · 5/9 + 0.1 · 0.5 = 0.55, not 0.5. Ending the chain (``more``)
+        # decides whether x_{j+1} is drawn from x_1..x_j alone: a stopping time, exact (each
+        # x_j verified is a draw from q_j, whatever it turned out to be).
+        keep = stop.keep(survivals) if self.sampling.greedy else len(tokens)
         return Draft(tokens[:keep], torch.stack(probs[:keep]) if probs[:keep] else None,
                      steps=len(tokens), dropped=confidence[keep] if keep < len(tokens) else None,
                      stopped=keep < budget)

@@ -33,9 +33,14 @@ scenes alone 1.2 fell 3.2% under the best fixed γ in one recording, 1.0 matched
 (the demo's draft is underconfident on its scenes: proposals it gave 0.3-0.5 were kept
 47% of the time), so the rule is Dinkelbach's as it stands.
 
-Lossless whatever it decides: where a chain stops, and how much of it is verified, depend
-only on the draft's own probabilities and samples (a stopping time of the draft), and
-every proposal verified is judged exactly as in a chain of that length (verify.py).
+Lossless: where a chain stops depends only on the proposals drawn before (whether x_{i+1}
+is drawn is decided from x_1..x_i: a stopping time of the draft), and every proposal
+verified is judged exactly as in a chain of that length (verify.py). The prefix ``keep``
+verifies is the rule's at T = 0 only, where verification emits the target's argmax
+whatever it is shown; at T > 0 the chain drafter verifies every proposal it drew: leaving
+x_j out for its own q(x_j) would bias the law of the x_j it verifies (chain.py says by how
+much). (Until session 55 it verified ``keep``'s prefix at T > 0 too: a chi-square over
+four tokens rejected that at p ≈ 1e-18; over three, the test then used, it passed.)
 """
 
 from __future__ import annotations
@@ -77,7 +82,8 @@ class ChainStop:
         return survival * h >= self.rate * self.step[drafted - 1]
 
     def keep(self, survivals: list[float]) -> int:
-        """The prefix L of the proposals drafted (S_1..S_n given) with the largest W(L)."""
+        """The prefix L of the proposals drafted (S_1..S_n given) with the largest W(L)
+        (at T = 0 only: the module's docstring)."""
         best, best_value, expected = 0, -self.rate * self.price[0], 0.0
         for length, survival in enumerate(survivals, start=1):
             expected += survival
