@@ -243,13 +243,15 @@ class Replay:
             n += 1
         return n
 
-    def speedup(self, choose_for) -> tuple[float, dict[str, float]]:
+    def speedup(self, choose_for, free_first: bool = False) -> tuple[float, dict[str, float]]:
         """choose_for(request id) → choose(t, budget) → k, observe(k, kept, verified,
         levels, dropped), and optionally cut(t, k, a) → (verified, levels, dropped): a
-        chain of k from t, whose first a proposals the target would keep, ended early."""
+        chain of k from t, whose first a proposals the target would keep, ended early.
+        ``free_first``: a request's first token is the prefill's, at no cost and asked of
+        no one (the engine's first round under drafting.length auto: engine.free_first)."""
         kinds: dict[str, list[float]] = {}
         for rid in self.order:
-            m, t, spent = self.marks[rid], 0, 0.0
+            m, t, spent = self.marks[rid], int(free_first), 0.0
             choose, observe, *cut = choose_for(rid)
             while t < len(m):
                 budget = len(m) - t - 1
@@ -292,7 +294,7 @@ class Replay:
                 return (k, k, None) if rule is None else self.stopped(rid, t, k, a, rule)
             choose = lambda t, b: policy.choose(state, min(b, ceiling)) if b > 0 else 0  # noqa: E731
             return (choose, observe, cut) if stop else (choose, observe)
-        return self.speedup(for_request)
+        return self.speedup(for_request, free_first=True)
 
     def model_gamma(self, ceiling: int) -> int:
         """The fixed γ that Eq. 1' picks, E(k) / C(k) at its largest over 1..ceiling, at

@@ -456,6 +456,34 @@ def test_deferred_prefill_catches_up(zoo_target, zoo_draft, corpus):
     assert {t for _, t in prefills} == {2} and set(rounds) == {1}
 
 
+def test_a_requests_first_round_is_the_prefills_token(tiny_pair):  # noqa: F811
+    """Under auto, a request's first token is the prefill's (no target forward, the policy
+    not asked), and drafting starts from it; a fixed length drafts the first round."""
+    target, draft = tiny_pair
+    for length in ("auto", "fixed"):
+        drafter = create_drafter("chain", draft=draft, sampling=SamplingParams(0.0),
+                                 drafting_input="text")
+        engine = SpeculativeEngine(target, drafter, 3, SamplingParams(0.0))
+        asked, forwards = [], []
+        if length == "auto":
+            policy = engine.length = AutoGamma(3, costs=Costs(0.0))
+            choose = policy.choose
+            policy.choose = lambda state, budget: (asked.append(len(state.tokens)),
+                                                   choose(state, budget))[1]
+        extend = engine.extend
+        engine.extend = lambda state, ids, **kw: (forwards.append(len(state.tokens)),
+                                                  extend(state, ids, **kw))[1]
+        req = Request([Message("user", "t1 t3 t0 t2")], max_new_tokens=12)
+        res = engine.generate(req)
+        assert res.tokens == reference(target, req)
+        rounds = res.state.stats.num_drafts
+        if length == "auto":   # every round after the first fed the target
+            assert 0 not in asked and 0 not in forwards and len(forwards) == rounds - 1
+            assert res.state.stats.draft_length["rounds_drafted"] > 0
+        else:                  # the first round drafted from the prompt: a forward
+            assert forwards[0] == 0 and len(forwards) == rounds
+
+
 # ------------------------------------------------------------------ lossless, T > 0
 def test_auto_length_follows_the_target_distribution(tiny_pair):  # noqa: F811
     """T > 0: each round's γ chosen live from the acceptance seen so far (verifying costs
@@ -482,7 +510,9 @@ def test_auto_length_follows_the_target_distribution(tiny_pair):  # noqa: F811
         return k
 
     policy.choose = counted
-    _assert_samples_follow_target(engine, target, params, n=1000)
+    # four tokens: the first is the prefill's (a free round, not a choice), then rounds with
+    # room for two proposals and for one
+    _assert_samples_follow_target(engine, target, params, n=1000, new_tokens=4)
     # with room for two proposals the policy chose plain, one and two; with room for one,
     # plain and one
     assert min(choices[(2, k)] for k in (0, 1, 2)) > 50, choices

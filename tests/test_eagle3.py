@@ -164,14 +164,16 @@ def test_a_vlm_targets_first_two_tokens_follow_its_law(targets, family, temperat
     second the head's proposal from the prompt's states (a chain, or a tree's children
     drawn without replacement); the joint law of both (chi-square over the pairs with 5
     or more expected draws, the rest pooled) is the target's. ``temperature`` makes each
-    law neither too flat nor too peaked to test with 300 draws."""
+    law neither too flat nor too peaked to test with 300 draws. (A fixed draft length: with
+    ``drafting.length: auto`` a request's first round drafts nothing, draft_length.py.)"""
     from scipy.stats import chisquare
 
     from vlmspec_cli.runtime.request import Message, Request
 
     torch.set_num_threads(1)
     target, head = targets[family]
-    session = _session(target, head, f"sampling.temperature={temperature}", *shape)
+    session = _session(target, head, f"sampling.temperature={temperature}",
+                       "drafting.length=fixed", *shape)
     lm, params, runs = session.target, session.sampling, 300
     messages = [Message("user", "describe the image.", (Image.new("RGB", *IMAGES[0]),))]
     first = _law(lm, messages, [], params)

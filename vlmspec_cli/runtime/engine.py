@@ -162,9 +162,12 @@ class SpeculativeEngine:
         # at most remaining - 1 proposals a row: the target always adds one token of its own
         budgets = [min(self.gamma, st.request.max_new_tokens - len(st.tokens) - 1) for st in states]
         # drafting.length auto chooses k ≤ budget from this request's acceptance and this
-        # process's round costs (0: a plain target step); fixed: k = budget
-        ks = [self.length.choose(st, n) if self.length is not None and n > 0 else max(n, 0)
-              for st, n in zip(states, budgets)]
+        # process's round costs (0: a plain target step), but for a request's first round,
+        # which is free (``free_first``); fixed: k = budget
+        auto = [self.length is not None and not self.free_first(st) for st in states]
+        ks = [self.length.choose(st, n) if chooses and n > 0
+              else (0 if self.length is not None else max(n, 0))
+              for st, n, chooses in zip(states, budgets, auto)]
         t0 = time.perf_counter()
         off = [self._late_prefill(st, k) for st, k in zip(states, ks)]
         # a request alone may end its chain short of k by the draft's confidence (a
@@ -189,14 +192,14 @@ class SpeculativeEngine:
         feeds = [p.target_feed(st) for p, st in zip(proposals, states)]
         outs = self._target_forward(states, feeds)
         drops: list[int] | None = None if self.rows is None else []
-        for st, proposal, feed, out, k, drafter_off, drafted_levels, (dropped, stopped) in zip(
-                states, proposals, feeds, outs, ks, off, levels, ended):
+        for (st, proposal, feed, out, k, drafter_off, drafted_levels, (dropped, stopped),
+             chose) in zip(states, proposals, feeds, outs, ks, off, levels, ended, auto):
             # 3. verify.py decides: x_1..x_m accepted (p/q ratio tests), one token of the
             #    target's added (from p, or the residual norm(max(0, p - q)) after a rejection)
             verdict = proposal.judge(st, out, self.sampling, self.relax)
             # 4. commit: caches cut back to the accepted prefix, tokens appended, stats
             commit(st, verdict, _NO_DRAFTER if drafter_off else self.drafter, self.eos_ids, drops)
-            if self.length is not None:   # the round's costs and acceptance, for the next k
+            if chose:   # the round's costs and acceptance, for the next k
                 # (acceptance by position: a tree's depth drafted, not its nodes)
                 self.length.observe(st, k, levels=drafted_levels, fed=len(feed.ids),
                                     drafted=verdict.depth, accepted=len(verdict.accepted),
@@ -205,6 +208,23 @@ class SpeculativeEngine:
         if self.rows is not None:     # a batch's rows share their caches: cut back at once
             self.rows.rollback(drops)
         self.drafter.end_round(states)
+
+    def free_first(self, state: DecodeState) -> bool:
+        """Under ``drafting.length: auto``, a request's first round drafts nothing, and the
+        policy (draft_length.py) neither chooses nor observes it: its token comes from the
+        prefill's logits (the target's distribution after the prompt, already computed),
+        with no forward, and drafting starts from it in the next round. A first round that
+        drafted would check its first proposal against those same logits and feed the
+        target the proposals alone. When that proposal is wrong, the round's whole forward
+        bought one token, the one the prefill had given (by hand, a useless draft drafting
+        a request's first round: 14.3 + 9.5 ms for its first two tokens, target-only 0.1 +
+        9.7 ms). When it is right, the round emits what the free token and a round one
+        proposal shorter emit: the same forward width and draft steps (the draft reads the
+        first token where it would have guessed it). So the free round is never worse. At
+        T > 0 the first token is drawn from the prefill's distribution, the target's law (a
+        drafted first round's token, accepted or drawn from the residual, follows the same
+        law; a given seed's sample may differ). A fixed length drafts every round."""
+        return self.length is not None and state.target_next_logits is not None
 
     def _late_prefill(self, state: DecodeState, k: int) -> bool:
         """Whether the request's drafter is still off this round: its prefill was deferred
