@@ -1,11 +1,13 @@
 """What the bench scripts share: the machine a run was on, the CPU time the hypervisor took
-from it, a median step time, and plain/markdown tables.
+from it, a median step time, a speedup's confidence interval over passes, and plain/markdown
+tables.
 (They run as scripts, so this directory is on sys.path.)"""
 
 from __future__ import annotations
 
 import os
 import platform
+import random
 import statistics
 import time
 from pathlib import Path
@@ -41,6 +43,27 @@ def stolen_s() -> float | None:
         return int(fields[8]) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return None
+
+
+def speedup_ci(passes: list[tuple[float, float]], level: float = 0.95, resamples: int = 4000,
+               seed: int = 0) -> tuple[float, float] | None:
+    """A percentile-bootstrap interval for a speedup over passes: ``passes`` holds each
+    pass's (method seconds, target-only seconds); the speedup is Σ target / Σ method, and
+    the interval is that ratio's ``level`` central range over ``resamples`` draws of as many
+    passes, with replacement (a pass, one process, is the unit: the auto draft length's
+    state is a process's, and the machine's swings last seconds). None under two passes.
+    Seeded: the same passes give the same interval. With few passes a bootstrap's interval
+    is narrower than the truth; an A/A row beside it says the machine's noise directly."""
+    if len(passes) < 2:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        draw = [passes[rng.randrange(len(passes))] for _ in passes]
+        ratios.append(sum(t for _, t in draw) / max(sum(m for m, _ in draw), 1e-12))
+    ratios.sort()
+    tail = (1.0 - level) / 2
+    return ratios[int(tail * (resamples - 1))], ratios[int((1.0 - tail) * (resamples - 1))]
 
 
 def print_table(title: str, header: list[str], lines: list[list[str]], markdown: bool) -> None:

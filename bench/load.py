@@ -44,9 +44,13 @@ auto draft length did, the load average before and after it and its wall time.
 
     python bench/load.py [--rows demo,photos,bad,video] [--loads 0,1,2]
                          [--variants default] [--repeat 3] [--json bench/load-cpu.json]
+    python bench/load.py --table-from bench/load-cpu.json
 
 Prints a markdown table (and every command with its load average as it runs); ``--json``
-writes the raw rows with the machine and the commands.
+writes the raw rows with the machine and the commands. Each row's 95% interval is a
+bootstrap over its passes (benchlib.speedup_ci): what the row's passes say of where its
+speedup lies, not the bar it is held to; ``--table-from`` prints an earlier run's table
+with them.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from auto_gamma import bad_draft  # noqa: E402 (this directory is on sys.path)
-from benchlib import stolen_s  # noqa: E402
+from benchlib import speedup_ci, stolen_s  # noqa: E402
 
 SPIN = "import time\nend = time.monotonic() + {s}\nx = 0\nwhile time.monotonic() < end:\n    x += 1\n"
 BUILT_IN = ("demo", "photos", "bad", "video", "control")   # workloads; other names: profiles
@@ -209,10 +213,14 @@ def summary(passes: list) -> dict:
         if drafts else None,
         "identical": sum(bool(r["compare"]["identical"]) for r in done),
         "per_input_speedup": [r["compare"]["speedup"] for r in done],
-        "per_pass_speedup": [round(sum(r["compare"]["target_only_wall_s"] for r in recs if "compare" in r)
-                                   / max(sum(r["stats"]["wall_s"] for r in recs if "compare" in r), 1e-9), 4)
-                             for _, recs in passes],
     })
+    walls = [(sum(r["stats"]["wall_s"] for r in recs if "compare" in r),
+              sum(r["compare"]["target_only_wall_s"] for r in recs if "compare" in r))
+             for _, recs in passes]
+    row["per_pass_speedup"] = [round(t / max(m, 1e-9), 4) for m, t in walls]
+    row["per_pass_wall_s"] = [[round(m, 4), round(t, 4)] for m, t in walls]
+    ci = row_ci(row)
+    row["ci95"] = [round(x, 4) for x in ci] if ci else None
     if lengths:
         drafted = sum(s["rounds_drafted"] for s in lengths)
         row["auto"] = {"rounds_drafted": drafted,
@@ -221,6 +229,14 @@ def summary(passes: list) -> dict:
                        "mean_gamma": round(sum(s["mean_gamma"] * s["rounds_drafted"]
                                                for s in lengths) / drafted, 2) if drafted else 0.0}
     return row
+
+
+def row_ci(row: dict) -> tuple[float, float] | None:
+    """The row's speedup's 95% interval over its passes (benchlib.speedup_ci), from each
+    pass's method and target-only seconds; a row recorded before those were kept: from its
+    passes' ratios, each pass weighing the same."""
+    walls = row.get("per_pass_wall_s") or [(1.0, r) for r in row.get("per_pass_speedup") or []]
+    return speedup_ci([tuple(w) for w in walls])
 
 
 def machine() -> dict:
@@ -239,9 +255,9 @@ def machine() -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| workload | competitors | variant | speedup | passes (min-max) | τ | identical "
-             "| auto: mean γ, rounds drafted/plain | load avg before | s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | competitors | variant | speedup | 95% interval | passes (min-max) | τ "
+             "| identical | auto: mean γ, rounds drafted/plain | load avg before | s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         auto = r.get("auto")
         auto_s = (f"{auto['mean_gamma']}, {auto['rounds_drafted']}/{auto['rounds_plain']}"
@@ -250,7 +266,10 @@ def table(rows: list[dict]) -> str:
         tau = f"{r['mean_acceptance_length']:.2f}" if r.get("mean_acceptance_length") else "-"
         passes = r.get("per_pass_speedup") or []
         spread = f"{min(passes):.2f}-{max(passes):.2f}" if passes else "-"
-        lines.append(f"| {r['workload']} | {r['competitors']} | {r['variant']} | {speed} | {spread} | {tau} | "
+        ci = row_ci(r)
+        interval = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-"
+        lines.append(f"| {r['workload']} | {r['competitors']} | {r['variant']} | {speed} | {interval} | "
+                     f"{spread} | {tau} | "
                      f"{r.get('identical', 0)}/{r['inputs']} | {auto_s} | "
                      f"{r['loadavg_before'][0]:.2f} | {r['seconds']:.0f} |")
     return "\n".join(lines)
@@ -281,7 +300,13 @@ def main() -> None:
                          "competitors (e.g. a row and its control)")
     ap.add_argument("--json", dest="json_out", help="write the raw rows here")
     ap.add_argument("--note", default="", help="recorded as is in the JSON (e.g. background load)")
+    ap.add_argument("--table-from", metavar="JSON",
+                    help="run nothing: print the table of an earlier run's --json (with the 95%% "
+                         "intervals, which rows recorded before them did not print)")
     args = ap.parse_args()
+    if args.table_from:
+        print(table(json.loads(Path(args.table_from).read_text())["rows"]))
+        return
     args.rows = args.rows.split(",")
     loads = [int(x) for x in args.loads.split(",")]
     variants = args.variants.split(",")
