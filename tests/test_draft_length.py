@@ -125,10 +125,11 @@ def test_linear_cost_recovers_a_line_and_falls_back_when_sizes_are_alike():
     assert stalled.at(4) == pytest.approx((1 + 1 + 1 + 3) / 4, rel=0.05)
 
 
-def _state():
+def _state(max_new_tokens: int | None = None):
     from vlmspec_cli.runtime.request import DecodeState
 
-    return DecodeState(Request([Message("user", "x")]), prompt="x")
+    extra = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+    return DecodeState(Request([Message("user", "x")], **extra), prompt="x")
 
 
 def _round(policy, state, budget, accepted):
@@ -341,6 +342,39 @@ def test_a_dear_probe_is_made_rarer():
     spaced = math.ceil(3.0 / PROBE_SHARE)           # 300 at 1%
     seen = [_round(policy, state, 8, accepted=0) for _ in range(spaced + 2)]
     assert seen[:spaced] == [0] * spaced and seen[spaced] == 1
+
+
+def test_a_draft_prefill_still_ahead_is_priced_into_the_request():
+    """A draft whose rounds gain ~18% over a plain step (made-up machine: drafting 0.05 of a
+    target step a position, verifying 0.05 more a token) drafts once its prefill is done
+    (sunk), but not in a request whose prefill is still ahead and would cost more than
+    the rounds gain over the tokens left; the best length is the same either way."""
+    def fresh(deferred: bool, max_new: int = 20) -> tuple[AutoGamma, object]:
+        policy = AutoGamma(3, costs=Costs(0.05, slope=0.05))
+        policy.rates = lambda ls: [0.3] * 3
+        policy.draft_prefill_s = 5.0            # five target steps
+        state = _state(max_new)
+        policy.start(state)
+        state.length.deferred = deferred
+        return policy, state
+
+    policy, state = fresh(deferred=False)
+    k, gain = policy.best([0.3] * 3, 3)
+    assert k == 2 and gain == pytest.approx(1.3 / 1.1)    # (k = 1 best; 2 within TIE)
+    k2, gain2 = policy.best([0.3] * 3, 3, overhead=0.25)
+    assert k2 == k and gain2 == pytest.approx(1.3 / (1.1 + 0.25 * 1.3))
+    assert policy.prefill_overhead(state) == 0.0 and policy.choose(state, 3) == 2
+    policy, state = fresh(deferred=True)        # 5 steps over 20 tokens: 0.25 a token
+    assert policy.prefill_overhead(state) == pytest.approx(0.25)
+    assert policy.choose(state, 3) == 0 and policy.off
+    # a long request spreads it thin: 5 over 500 tokens
+    policy, state = fresh(deferred=True, max_new=500)
+    assert policy.choose(state, 3) == 2
+    # unless this process's requests have been short: its mean request length caps it
+    policy, state = fresh(deferred=True, max_new=500)
+    policy.request_tokens = 20.0
+    assert policy.prefill_overhead(state) == pytest.approx(0.25)
+    assert policy.choose(state, 3) == 0
 
 
 def test_verification_cost_decides_between_lengths():

@@ -51,7 +51,11 @@ runs (the γ sequence follows timings), as it differs between two fixed γ.
 A process's first request prefills its draft with the target, timed against it
 (``note_prefill``): a draft whose prefill is the dearer (``AutoGamma.dear``) drafts one
 proposal a round until a round is timed, and goes off after one timed round that does not
-pay (others wait for MIN_TIMED). A draft known before running not to pay (draft_cost.py:
+pay (others wait for MIN_TIMED). While a request's draft is not prefilled yet, each token
+drafting would emit also pays a share of that prefill (``prefill_overhead``: the prefill
+over the tokens the request has left), so a draft near the break-even does not pay a
+prefill in every request for rounds that gain a few per cent; the best k is unchanged by
+it. A draft known before running not to pay (draft_cost.py:
 on a CPU, a float draft with the target's arithmetic per token) is ruled out
 (``rule_out``): never prefilled, no round drafts, no probe.
 
@@ -92,6 +96,7 @@ PROBE_SHARE = 0.01
 MIN_TIMED = 3             # timed rounds before drafting may be switched off
 DOUBT = 1.0               # once off, acceptance is taken this many standard errors low
 RATE_DECAY = 0.97         # per round, the tokens and seconds the process's rate is over
+REQUEST_DECAY = 0.8       # per request, the process's mean request length
 
 
 class Acceptance:
@@ -206,6 +211,7 @@ class AutoGamma:
         self.round_prefill_s = 0.0              # the draft's prefill in the round being decoded
         self.ruled_out: str | None = None       # why drafting can never pay here (rule_out)
         self.tokens_w = self.seconds_w = 0.0    # decayed: the rounds' tokens and time (rate)
+        self.request_tokens: float | None = None  # decayed: the tokens a request decodes
 
     # -- the model ---------------------------------------------------------------------
     def rates(self, ls: LengthState) -> list[float]:
@@ -228,11 +234,15 @@ class AutoGamma:
             out.append(max(h - self.doubt * math.sqrt(h * (1.0 - h) / n), 0.0))
         return out
 
-    def best(self, rates: list[float], budget: int,
-             cautious: bool = False) -> tuple[int, float | None]:
+    def best(self, rates: list[float], budget: int, cautious: bool = False,
+             overhead: float = 0.0) -> tuple[int, float | None]:
         """(the k in 1..budget with the most tokens per second (the longest within TIE of
         it), the best gain over a plain step: (E(k)/C(k)) / (1/V(1))); gain None while the
-        costs are unknown. ``cautious``: V(1) as ``RoundCosts.plain_s`` caps it."""
+        costs are unknown. ``cautious``: V(1) as ``RoundCosts.plain_s`` caps it.
+        ``overhead``: seconds each token drafted rounds emit must also pay for (the
+        draft's prefill still ahead in this request, ``prefill_overhead``): C(k) grows
+        by overhead · E(k), which leaves the best k where it was (E / (C + cE) is largest
+        where C / E is least) and lowers the gain."""
         v1 = self.costs.plain_s(cautious)
         if v1 is None:
             return budget, None
@@ -246,7 +256,8 @@ class AutoGamma:
             # competitors at 0.94x, against 10 idle)
             verify = max(self.costs.verify_s(self.feed_size(k)), v1)
             cost = verify + (draft if draft is not None else 0.1 * v1)
-            rate[k] = expected_tokens(rates, k) / max(cost, 1e-12)
+            tokens = expected_tokens(rates, k)
+            rate[k] = tokens / max(cost + overhead * tokens, 1e-12)
         top = max(rate.values())
         # near the optimum tokens per second is flat: of the lengths within TIE of the best,
         # the longest (the deep positions' rates are the least observed, shrunk towards the
@@ -317,22 +328,40 @@ class AutoGamma:
     def choose(self, state: DecodeState, budget: int) -> int:
         """The proposals this round drafts (0: a plain target step), at most ``budget``."""
         ls: LengthState = state.length
-        k = self._decide(ls, min(budget, self.ceiling))
+        k = self._decide(ls, min(budget, self.ceiling), self.prefill_overhead(state))
         ls.count(k)
         return k
 
-    def _decide(self, ls: LengthState, budget: int) -> int:
+    def prefill_overhead(self, state: DecodeState) -> float:
+        """While a request's draft is not prefilled yet (``deferred``: drafting.length auto
+        prefills it at the first drafted round), drafting in this request costs that
+        prefill too (the last one timed), spread over the tokens the request has left: its
+        token budget, or fewer where this process's requests have been shorter (their
+        decayed mean length). Once prefilled, that cost is sunk: 0. A draft near the
+        break-even paid its prefill in nearly every request for rounds that gained a few
+        per cent (the useless draft, drafting from a request's second token, read 0.93x
+        beside two competitors)."""
+        ls: LengthState = state.length
+        if not ls.deferred or self.draft_prefill_s <= 0.0:
+            return 0.0
+        done = len(state.tokens)
+        left = state.request.max_new_tokens - done
+        if self.request_tokens is not None:
+            left = min(left, self.request_tokens - done)
+        return self.draft_prefill_s / max(left, 1.0)
+
+    def _decide(self, ls: LengthState, budget: int, overhead: float = 0.0) -> int:
         if self.ruled_out is not None:       # known not to pay here: the target alone
             return 0
         if ls.previous < 0 and self.off:     # a new request while drafting is off
-            self._rejudge(ls, budget)
+            self._rejudge(ls, budget, overhead)
         if self.wait > 0:                    # drafting is off: plain until the probe
             self.wait -= 1
             return 0
         # off, the gain that would turn drafting back on is judged cautiously
         rates = self.rates(ls)
         k, gain = self.best(rates if self.on else self.doubted(ls, rates), budget,
-                            cautious=not self.on)
+                            cautious=not self.on, overhead=overhead)
         if gain is None and self.dear:       # nothing timed yet, the draft likely dear:
             return 1                         # the cheapest round that measures it
         if self.probe_due:                   # draft once more, to see if it pays again:
@@ -360,7 +389,7 @@ class AutoGamma:
         # for chains (k ≥ 2); a draft worth one proposal a round never needs the slope
         return self.costs.explore(k, budget) if k >= 2 else k
 
-    def _rejudge(self, ls: LengthState, budget: int) -> None:
+    def _rejudge(self, ls: LengthState, budget: int, overhead: float = 0.0) -> None:
         """A new request starts while drafting is off: judged at once from the process's
         acceptance (at RESUME, costs taken cautiously; not doubted: it rests on all the
         process's rounds, not on one probe), it resumes without waiting for the probe when
@@ -368,7 +397,7 @@ class AutoGamma:
         request the draft could not predict switched a good draft off, and the requests
         after it decoded 51 rounds plain before a probe turned it back on (the mixed set
         at 1.80x)."""
-        _, gain = self.best(self.rates(ls), budget, cautious=True)
+        _, gain = self.best(self.rates(ls), budget, cautious=True, overhead=overhead)
         if gain is not None and gain >= 1.0 + RESUME:
             self.wait, self.probe_due, self.on = 0, False, True
             self.backoff = self.probe_after
@@ -444,6 +473,10 @@ class AutoGamma:
     def finish(self, state: DecodeState) -> None:
         """The request's record: what its rounds chose (``stats.draft_length``)."""
         ls: LengthState | None = state.length
+        n = len(getattr(state, "tokens", ()))
+        if n:   # the tokens a request decodes, decayed (prefill_overhead spreads it over)
+            last = n if self.request_tokens is None else self.request_tokens
+            self.request_tokens = REQUEST_DECAY * last + (1 - REQUEST_DECAY) * n
         if ls is not None:
             state.stats.draft_length = length_section(self.ceiling, ls.hist, ls.probes,
                                                       [round(h, 3) for h in self.rates(ls)],
