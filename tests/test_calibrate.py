@@ -442,10 +442,17 @@ def test_calibrate_answers_none_when_target_only_is_fastest(setup, tmp_path):
     """With a draft that never guesses right, every configuration tried decodes slower than
     the target alone: the written profile says method none (and its task), and the output
     says why, with what was measured: the spread per sample and the prediction error.
-    (γ fixed: the shipped auto length would switch such a draft off, near target-only.)"""
+    (γ fixed: the shipped auto length would switch such a draft off, near target-only. The
+    target named by its folder, not its zoo name: calibrate also tries the hidden-state
+    head and the twig shipped for the zoo's target, which predict well and, when their
+    probes started within the budget, could win.)"""
+    from vlmspec_cli.runtime.models import resolve_model_source
+
     _, samples, _ = setup
     base = tmp_path / "bad.yaml"
-    base.write_text(f"include: tinyworld-caption\nname: bad\ndraft:\n  model: {_useless_draft(tmp_path / 'd')}\n"
+    target = resolve_model_source("zoo:tinyworld/llava-target")
+    base.write_text(f"include: tinyworld-caption\nname: bad\ntarget:\n  model: {target}\n"
+                    f"draft:\n  model: {_useless_draft(tmp_path / 'd')}\n"
                     "drafting:\n  length: fixed\n")
     tuned = tmp_path / "tuned.yaml"
     res = CliRunner().invoke(cli, ["calibrate", str(samples / "s0.png"), "--profile", str(base),
@@ -462,6 +469,7 @@ def test_calibrate_answers_none_when_target_only_is_fastest(setup, tmp_path):
     assert "\ntask: caption\n" in text and "measured fastest here: method none" in text
     measured = [c for c in out["candidates"] if c["speedup"] is not None and c["method"] != "none"]
     assert measured and all(c["speedup"] < 1 for c in measured)
+    assert not {"hidden", "twig"} & {c["method"] for c in out["candidates"]}
     # latency measured here (no hardware profile): each candidate priced by its probe's rounds
     assert out["latency"] == "measured"
     assert all(c["cost"] == "rounds" for c in out["candidates"] if c["method"] != "none")
