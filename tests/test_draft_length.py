@@ -375,6 +375,9 @@ def test_a_draft_prefill_still_ahead_is_priced_into_the_request():
     policy.request_tokens = 20.0
     assert policy.prefill_overhead(state) == pytest.approx(0.25)
     assert policy.choose(state, 3) == 0
+    # a request that has outrun that mean is spread over its own budget left
+    state.tokens.extend([1] * 30)
+    assert policy.prefill_overhead(state) == pytest.approx(5.0 / 470)
 
 
 def test_verification_cost_decides_between_lengths():

@@ -176,10 +176,11 @@ class ChainDrafter(DraftingMethod):
                           budget: int, stop) -> Draft:
         """A request alone: up to ``budget`` proposals, one draft forward each, ending where
         ``stop`` (a draft_stop.ChainStop) says the next position does not pay; of those, at
-        T = 0 the prefix it says to verify, at T > 0 all of them. The confidence c_j in proposal j: its probability under
-        the draft (T = 0: the most probable token's, which it proposes; T > 0: q_j(x_j),
-        the token drawn as in any chain); S_j = c_1 ⋯ c_j. (At T = 0 the token is read per
-        position, where the chain without a stop reads its proposals back once.)"""
+        T = 0 the prefix it says to verify, at T > 0 all of them. The confidence c_j in
+        proposal j: its probability under the draft (T = 0: the most probable token's,
+        which it proposes; T > 0: q_j(x_j), the token drawn as in any chain); S_j = c_1 ⋯
+        c_j. (At T = 0 the token is read per position, where the chain without a stop reads
+        its proposals back once.)"""
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         confidence: list[float] = []

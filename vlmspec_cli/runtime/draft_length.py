@@ -337,16 +337,17 @@ class AutoGamma:
         prefills it at the first drafted round), drafting in this request costs that
         prefill too (the last one timed), spread over the tokens the request has left: its
         token budget, or fewer where this process's requests have been shorter (their
-        decayed mean length). Once prefilled, that cost is sunk: 0. A draft near the
-        break-even paid its prefill in nearly every request for rounds that gained a few
-        per cent (the useless draft, drafting from a request's second token, read 0.93x
-        beside two competitors)."""
+        decayed mean length, while this one has not outrun it). Once prefilled, that cost
+        is sunk: 0. Without it a draft near the break-even would pay its prefill in every
+        request it drafts in for rounds that gain a few per cent (the useless draft,
+        drafting from a request's second token, agrees now and then: its rounds priced a
+        few per cent over a plain step)."""
         ls: LengthState = state.length
         if not ls.deferred or self.draft_prefill_s <= 0.0:
             return 0.0
         done = len(state.tokens)
         left = state.request.max_new_tokens - done
-        if self.request_tokens is not None:
+        if self.request_tokens is not None and self.request_tokens - done >= 1.0:
             left = min(left, self.request_tokens - done)
         return self.draft_prefill_s / max(left, 1.0)
 
