@@ -96,6 +96,11 @@ class LinearCost:
         mean = self.x / self.w
         return math.sqrt(max(self.xx / self.w - mean * mean, 0.0))
 
+    def low(self) -> float:
+        """The low end of the sizes the line was fitted on: their weighted mean less one
+        standard deviation."""
+        return self.x / self.w - self.spread() if self.known else 0.0
+
     def at(self, x: float) -> float:
         mean_x, mean_y = self.x / self.w, self.y / self.w
         if self.slope is not None:
@@ -131,7 +136,7 @@ class RoundCosts:
             self.recent.append((levels, draft_s))
             self.draft_scale = None
         if fed == 1 and self.verify.known:
-            ratio = min(verify_s / max(self.verify.at(2), 1e-12), 1.0)
+            ratio = min(verify_s / max(self._line(2), 1e-12), 1.0)
             self.ratio_w = COST_DECAY * self.ratio_w + 1.0
             self.ratio_sum = COST_DECAY * self.ratio_sum + ratio
         (self.plain if fed == 1 else self.verify).observe(fed, verify_s)
@@ -162,16 +167,27 @@ class RoundCosts:
         if fed == 1 and self.plain.known:
             return self.plain.at(1)
         if self.verify.known:
-            return self.verify.at(fed)
+            return self._line(fed)
         return self.plain.at(1) if self.plain.known else None
+
+    def _line(self, fed: float) -> float:
+        """The line through the longer rounds at ``fed`` tokens, held flat below the sizes
+        it was fitted on (``LinearCost.low``). Verifying costs nearly the same for any
+        small n on a CPU (V(2) = 1.23·V(1), V(8) = 1.25·V(1): the class's docstring), so a
+        slope from rounds of 8-13 tokens says nothing of 2: beside two competitors the
+        demo's first rounds (13 tokens at 18 and 23 ms, 12 at 10, 6 at 9) put V(2) at
+        3.5-5 ms against plain steps of 10-23, a V(1) capped there (``plain_s``) priced
+        every round at under a plain step's gain, and a good draft decoded 98 of a
+        process's 102 rounds plain (1.08x, against 2.0-3.0x in the runs beside it)."""
+        return self.verify.at(max(fed, self.verify.low()))
 
     def plain_s(self, cautious: bool = False) -> float | None:
         """V(1), what a plain step costs: never more than the line through the longer
-        rounds puts at two tokens (feeding one token costs no more than feeding two; while
+        rounds puts at two tokens (held flat below their sizes: ``_line``) (feeding one token costs no more than feeding two; while
         drafting is on no plain step is timed, and the one that was can be a stall: a bad
         draft's round cut to one fed token by an EOS, timed at 17.5 ms among 12 ms rounds
         early in a process, kept a bad draft drafting 15 rounds at a gain of 1.3-1.5);
-        ``cautious``: at most what that line puts at one token, so a plain step timed while
+        ``cautious``: at most that less the line's slope (one token less), so a plain step timed while
         the machine was busier than when those rounds were (the costs are measured at
         different times) is not taken as what drafting would save. Where plain steps were
         timed beside the line, V(1) is the line's V(2) now times their ratio to it then: a
@@ -180,9 +196,11 @@ class RoundCosts:
         mixed set) switched a good draft off."""
         v1 = self.verify_s(1)
         if v1 is not None and self.plain.known and self.verify.known:
+            two = self._line(2)
             if self.ratio_w > 0:
-                v1 = self.verify.at(2) * self.ratio_sum / self.ratio_w
-            v1 = min(v1, self.verify.at(1 if cautious else 2))
+                v1 = two * self.ratio_sum / self.ratio_w
+            # cautious: the line one token below two (its slope's worth under V(2))
+            v1 = min(v1, max(two - (self.verify.slope or 0.0), 0.0) if cautious else two)
         return v1
 
     def explore(self, k: int, budget: int) -> int:
