@@ -66,6 +66,33 @@ def speedup_ci(passes: list[tuple[float, float]], level: float = 0.95, resamples
     return ratios[int(tail * (resamples - 1))], ratios[int((1.0 - tail) * (resamples - 1))]
 
 
+def relative_ci(passes: list[tuple[float, float]], control: list[tuple[float, float]],
+                level: float = 0.95, resamples: int = 4000,
+                seed: int = 0) -> tuple[float, float, float] | None:
+    """A row's speedup over its A/A control's (pass i of each ran in turn beside the same
+    competitors, ``--interleave``): (the ratio, and its ``level`` interval over
+    ``resamples`` draws of pass indices with replacement, each draw taking both rows' pass
+    i). Each side's speedup is Σ target / Σ method over the drawn passes, as
+    ``speedup_ci``'s. What the row reads beyond what the same comparison reads for
+    target-only decoding against itself in the same stretch of the machine: a bias of the
+    comparison (its order, a load's phase) divides out, the two rows' noise adds up (the
+    interval is wider than the row's own). None under two pairs."""
+    n = min(len(passes), len(control))
+    if n < 2:
+        return None
+
+    def ratio(idx: list[int]) -> float:
+        own = sum(passes[i][1] for i in idx) / max(sum(passes[i][0] for i in idx), 1e-12)
+        base = sum(control[i][1] for i in idx) / max(sum(control[i][0] for i in idx), 1e-12)
+        return own / max(base, 1e-12)
+
+    rng = random.Random(seed)
+    draws = sorted(ratio([rng.randrange(n) for _ in range(n)]) for _ in range(resamples))
+    tail = (1.0 - level) / 2
+    return (ratio(list(range(n))), draws[int(tail * (resamples - 1))],
+            draws[int((1.0 - tail) * (resamples - 1))])
+
+
 def print_table(title: str, header: list[str], lines: list[list[str]], markdown: bool) -> None:
     print(title)
     if markdown:

@@ -50,7 +50,10 @@ Prints a markdown table (and every command with its load average as it runs); ``
 writes the raw rows with the machine and the commands. Each row's 95% interval is a
 bootstrap over its passes (benchlib.speedup_ci): what the row's passes say of where its
 speedup lies, not the bar it is held to; ``--table-from`` prints an earlier run's table
-with them.
+with them. Beside an interleaved ``control`` row, a row's "÷ control" is its speedup over
+the control's, pass i with pass i (benchlib.relative_ci): what the row reads beyond what
+the same comparison reads for target-only against itself there (a bias of the comparison
+divides out; both rows' noise adds up).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from auto_gamma import bad_draft  # noqa: E402 (this directory is on sys.path)
-from benchlib import speedup_ci, stolen_s  # noqa: E402
+from benchlib import relative_ci, speedup_ci, stolen_s  # noqa: E402
 
 SPIN = "import time\nend = time.monotonic() + {s}\nx = 0\nwhile time.monotonic() < end:\n    x += 1\n"
 BUILT_IN = ("demo", "photos", "bad", "video", "control")   # workloads; other names: profiles
@@ -254,10 +257,26 @@ def machine() -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
 
+def over_control(row: dict, rows: list[dict]) -> tuple[float, float, float] | None:
+    """The row's speedup over the A/A control's run beside it (the same competitors and
+    variant, passes interleaved), pass by pass paired (benchlib.relative_ci); None without
+    such a control or per-pass wall times."""
+    if row["workload"] == "control" or not row.get("interleaved"):
+        return None
+    for c in rows:
+        if (c["workload"], c["competitors"], c["variant"]) == ("control", row["competitors"],
+                                                               row["variant"]):
+            if row.get("per_pass_wall_s") and c.get("per_pass_wall_s"):
+                return relative_ci([tuple(w) for w in row["per_pass_wall_s"]],
+                                   [tuple(w) for w in c["per_pass_wall_s"]])
+    return None
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| workload | competitors | variant | speedup | 95% interval | passes (min-max) | τ "
-             "| identical | auto: mean γ, rounds drafted/plain | load avg before | s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | competitors | variant | speedup | 95% interval | passes (min-max) "
+             "| ÷ control [95%] | τ | identical | auto: mean γ, rounds drafted/plain "
+             "| load avg before | s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         auto = r.get("auto")
         auto_s = (f"{auto['mean_gamma']}, {auto['rounds_drafted']}/{auto['rounds_plain']}"
@@ -268,8 +287,10 @@ def table(rows: list[dict]) -> str:
         spread = f"{min(passes):.2f}-{max(passes):.2f}" if passes else "-"
         ci = row_ci(r)
         interval = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-"
+        rel = over_control(r, rows)
+        paired = f"{rel[0]:.2f} [{rel[1]:.2f}-{rel[2]:.2f}]" if rel else "-"
         lines.append(f"| {r['workload']} | {r['competitors']} | {r['variant']} | {speed} | {interval} | "
-                     f"{spread} | {tau} | "
+                     f"{spread} | {paired} | {tau} | "
                      f"{r.get('identical', 0)}/{r['inputs']} | {auto_s} | "
                      f"{r['loadavg_before'][0]:.2f} | {r['seconds']:.0f} |")
     return "\n".join(lines)
