@@ -307,7 +307,8 @@ def test_a_plain_step_timed_on_a_busier_machine_does_not_turn_drafting_on():
         costs.observe(levels=0, draft_s=None, fed=1, verify_s=1.5)
     assert costs.verify_s(1) == pytest.approx(1.5)
     assert costs.plain_s() == pytest.approx(costs.verify_s(2))   # ≈ 1.2, not 1.5
-    assert costs.plain_s(cautious=True) == pytest.approx(costs.verify_s(2) - costs.verify.slope)
+    cautious = costs.verify_s(2) - costs.verify.slope       # the line one token below two
+    assert costs.plain_s(cautious=True) == pytest.approx(cautious)
     assert costs.plain_s(cautious=True) < 1.2
     policy = AutoGamma(7, costs=costs, probe_after=1, max_backoff=1)
     policy.rates = lambda ls: [0.15] + [0.0] * 6   # gain 1.15·1.2/1.21 on; ≈ 0.9 cautious

@@ -8,7 +8,8 @@ Timed with ``time.perf_counter`` around the drafter's ``propose`` and around ver
 tokens back to the host, which waits for its kernels). A round timed over OUTLIER times
 its prediction counts as that; until verification was seen at sizes far enough apart to
 tell its slope, V is taken as flat, and after EXPLORE_AFTER rounds that did not tell it a
-round drafts another length to measure it.
+round drafts another length to measure it. Below the sizes it was fitted on, V's line is
+held flat (``RoundCosts._line``).
 """
 
 from __future__ import annotations
@@ -174,21 +175,22 @@ class RoundCosts:
         """The line through the longer rounds at ``fed`` tokens, held flat below the sizes
         it was fitted on (``LinearCost.low``). Verifying costs nearly the same for any
         small n on a CPU (V(2) = 1.23·V(1), V(8) = 1.25·V(1): the class's docstring), so a
-        slope from rounds of 8-13 tokens says nothing of 2: beside two competitors the
-        demo's first rounds (13 tokens at 18 and 23 ms, 12 at 10, 6 at 9) put V(2) at
+        slope from rounds of 6-13 tokens says nothing of 2: beside two competitors the
+        demo's first rounds (6-13 tokens fed, at 9-23 ms, some descheduled) put V(2) at
         3.5-5 ms against plain steps of 10-23, a V(1) capped there (``plain_s``) priced
-        every round at under a plain step's gain, and a good draft decoded 98 of a
-        process's 102 rounds plain (1.08x, against 2.0-3.0x in the runs beside it)."""
+        every round under a plain step's gain, and a good draft decoded 98 of a process's
+        102 rounds plain (1.08x, against 2.0-3.0x in the runs beside it)."""
         return self.verify.at(max(fed, self.verify.low()))
 
     def plain_s(self, cautious: bool = False) -> float | None:
         """V(1), what a plain step costs: never more than the line through the longer
-        rounds puts at two tokens (held flat below their sizes: ``_line``) (feeding one token costs no more than feeding two; while
-        drafting is on no plain step is timed, and the one that was can be a stall: a bad
-        draft's round cut to one fed token by an EOS, timed at 17.5 ms among 12 ms rounds
-        early in a process, kept a bad draft drafting 15 rounds at a gain of 1.3-1.5);
-        ``cautious``: at most that less the line's slope (one token less), so a plain step timed while
-        the machine was busier than when those rounds were (the costs are measured at
+        rounds puts at two tokens (held flat below their sizes: ``_line``; feeding one
+        token costs no more than feeding two; while drafting is on no plain step is timed,
+        and the one that was can be a stall: a bad draft's round cut to one fed token by an
+        EOS, timed at 17.5 ms among 12 ms rounds early in a process, kept a bad draft
+        drafting 15 rounds at a gain of 1.3-1.5); ``cautious``: at most that less the
+        line's slope (its value one token lower), so a plain step timed while the machine
+        was busier than when those rounds were (the costs are measured at
         different times) is not taken as what drafting would save. Where plain steps were
         timed beside the line, V(1) is the line's V(2) now times their ratio to it then: a
         request's context, or the machine's load, moves both, and a plain step timed
