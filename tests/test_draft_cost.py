@@ -57,7 +57,7 @@ def test_the_target_as_its_own_draft_cannot_pay_on_a_cpu_only():
 def test_ruled_out_drafting_stays_off_and_says_why():
     policy = AutoGamma(5)
     policy.rule_out("too dear")
-    state = SimpleNamespace(length=None, stats=SimpleNamespace(draft_length=None))
+    state = SimpleNamespace(length=None, tokens=[], stats=SimpleNamespace(draft_length=None))
     policy.start(state)
     assert policy.off and not policy.measures_prefill   # its prefill never runs
     for _ in range(200):                                # no probe, ever

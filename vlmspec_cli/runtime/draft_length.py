@@ -474,7 +474,7 @@ class AutoGamma:
     def finish(self, state: DecodeState) -> None:
         """The request's record: what its rounds chose (``stats.draft_length``)."""
         ls: LengthState | None = state.length
-        n = len(getattr(state, "tokens", ()))
+        n = len(state.tokens)
         if n:   # the tokens a request decodes, decayed (prefill_overhead spreads it over)
             last = n if self.request_tokens is None else self.request_tokens
             self.request_tokens = REQUEST_DECAY * last + (1 - REQUEST_DECAY) * n
