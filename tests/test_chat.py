@@ -276,7 +276,8 @@ def test_non_utf8_chat_file(tmp_path: Path) -> None:
 
 def test_a_conversation_without_an_id_is_named_file_colon_line_and_resumes(tmp_path: Path) -> None:
     """Its input read "c.jsonl#c.jsonl:2" (the default key after the file's name); now
-    "c.jsonl:2", as the README says, and a rerun still resumes it (its source is unchanged)."""
+    "c.jsonl:2", as the README says, and a rerun still resumes it (its source is its content's
+    digest, which a rerun computes again)."""
     from click.testing import CliRunner
 
     from vlmspec_cli.cli import cli
@@ -290,3 +291,58 @@ def test_a_conversation_without_an_id_is_named_file_colon_line_and_resumes(tmp_p
     assert [json.loads(l)["input"] for l in res.stdout.splitlines()] == [f"{chat}#named", f"{chat}:2"]
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 0 and again.stdout == "" and len(out.read_text().splitlines()) == 2
+
+
+def _chat_run(chat: Path, out: Path):
+    from click.testing import CliRunner
+
+    from vlmspec_cli.cli import cli
+
+    res = CliRunner().invoke(cli, ["caption", "--chat", str(chat), "--json", "--out", str(out),
+                                   "--max-new-tokens", "4", "-q"])
+    assert res.exit_code == 0, res.output
+    return [json.loads(l) for l in res.stdout.splitlines()]
+
+
+def test_an_edited_conversation_is_decoded_again_and_an_unchanged_one_is_not(tmp_path: Path) -> None:
+    """The resume key covers every turn and every image's bytes: editing the first user turn,
+    the assistant turn, or replacing an image under the same name decodes that conversation
+    again; the untouched one is skipped each time."""
+    a = _png(tmp_path / "a.png")
+    e1 = {"id": "e1", "messages": [_user("describe the image.", ["a.png"]),
+                                   {"role": "assistant", "text": "a red square."},
+                                   _user("what colour is it?")]}
+    e2 = {"id": "e2", "messages": [_user("what is one plus one?")]}
+    chat, out = tmp_path / "c.jsonl", tmp_path / "r.jsonl"
+    _write(chat, [e1, e2])
+    assert [r["input"] for r in _chat_run(chat, out)] == [f"{chat}#e1", f"{chat}#e2"]
+    assert _chat_run(chat, out) == []          # unchanged: nothing decoded
+
+    edits = [lambda c: c["messages"][0].update(text="describe the picture."),
+             lambda c: c["messages"][1].update(text="a blue square."),
+             lambda c: c["messages"][0].update(images=["b.png"])]
+    _png(tmp_path / "b.png", colour=(0, 0, 200))
+    for n, edit in enumerate(edits, 1):
+        edit(e1)
+        _write(chat, [e1, e2])
+        assert [r["input"] for r in _chat_run(chat, out)] == [f"{chat}#e1"], f"edit {n}"
+    _png(tmp_path / "b.png", colour=(0, 200, 0))   # the same name, other pixels
+    assert [r["input"] for r in _chat_run(chat, out)] == [f"{chat}#e1"]
+    assert _chat_run(chat, out) == []
+    assert len(out.read_text().splitlines()) == 2 + len(edits) + 1
+
+
+def test_conversations_without_an_id_resume_however_their_lines_move(tmp_path: Path) -> None:
+    """Unnamed conversations are known by their content, not FILE:LINE: a comment and a blank
+    line inserted above them, or their order changed, decode none of them again."""
+    convs = [{"messages": [_user(q)]} for q in ("what is one plus one?", "what is two plus two?",
+                                                "name a colour.")]
+    chat, out = tmp_path / "c.jsonl", tmp_path / "r.jsonl"
+    _write(chat, convs)
+    first = _chat_run(chat, out)
+    assert [r["input"] for r in first] == [f"{chat}:{n}" for n in (1, 2, 3)]
+    assert len({r["source"] for r in first}) == 3
+    assert all(r["source"].startswith(f"{chat.resolve()}#sha256:") for r in first)
+    chat.write_text("# a comment\n\n" + "".join(json.dumps(c) + "\n" for c in reversed(convs)))
+    assert _chat_run(chat, out) == []
+    assert len(out.read_text().splitlines()) == 3

@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from vlmspec_cli.tasks.chat import ChatLineError, load_conversation_images, read_chat_file
+from vlmspec_cli.tasks.chat import (ChatLineError, conversation_digest, load_conversation_images,
+                                    read_chat_file)
 
 from vlmspec_cli.runtime.limits import PromptError
 from vlmspec_cli.runtime.request import Message, Request
@@ -111,7 +112,12 @@ def image_jobs(items: list[InputItem], prompt: str) -> list[Job]:
 
 def chat_jobs(chat_path: str) -> list[Job]:
     """Jobs for every line of a conversation file (raises InputError if the file itself is
-    unusable); a bad line becomes a job that fails with its line number."""
+    unusable); a bad line becomes a job that fails with its line number.
+
+    A conversation's resume key covers all of it (chat.conversation_digest: every turn and
+    its images' bytes, in the job's settings as ``conversation``): an edited conversation
+    is decoded again. Its source is ``FILE#id``, or without an id ``FILE#sha256:…`` (its
+    content, not its line: a line inserted above it does not make it new)."""
     jobs = []
     source = os.path.realpath(chat_path)
     for conv in read_chat_file(chat_path):
@@ -129,12 +135,13 @@ def chat_jobs(chat_path: str) -> list[Job]:
             return [Message(t.role, t.text, tuple(ims)) for t, ims in zip(conv.turns, images)]
 
         images = tuple(p for turn in conv.turns for p in turn.image_paths)
-        # without an id its key is "NAME:LINE": shown as FILE:LINE, not FILE#NAME:LINE (the
-        # source, what a rerun resumes by, keeps the key)
+        digest = conversation_digest(conv)
+        # without an id its key is "NAME:LINE": shown as FILE:LINE, not FILE#NAME:LINE
         unnamed = conv.key == f"{os.path.basename(chat_path)}:{conv.line}"
         shown = f"{chat_path}:{conv.line}" if unnamed else f"{chat_path}#{conv.key}"
         jobs.append(Job(shown, conv.turns[-1].text, load,
-                        source=f"{source}#{conv.key}", files=(chat_path, *images)))
+                        source=f"{source}#{digest if unnamed else conv.key}",
+                        settings=(("conversation", digest),), files=(chat_path, *images)))
     return jobs
 
 

@@ -32,8 +32,10 @@ This module knows nothing about the UI (no click/rich imports).
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,11 +43,11 @@ from PIL import Image
 
 from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.tasks.json_line import JsonLineError, parse_json_line
-from vlmspec_cli.tasks.inputs import (InputError, load_image, name_problem, read_regular_file,
-                                      shown_name)
+from vlmspec_cli.tasks.inputs import (MAX_IMAGE_BYTES, InputError, load_image, name_problem,
+                                      read_regular_file, shown_name)
 
 __all__ = ["ChatTurn", "Conversation", "ChatLineError", "read_chat_file", "load_conversation_images",
-           "parse_messages", "fs_name"]
+           "parse_messages", "fs_name", "conversation_digest"]
 
 ROLES = ("user", "assistant")
 CONVERSATION_KEYS = ("id", "messages")
@@ -257,3 +259,39 @@ def load_conversation_images(conv: Conversation) -> list[list[Image.Image]]:
                 raise InputError(e.path, f"line {conv.line}: message {i}: {e.reason}") from None
         loaded.append(images)
     return loaded
+
+
+def conversation_digest(conv: Conversation) -> str:
+    """``sha256:HEX`` of everything that makes the conversation: each turn's role and text
+    and the bytes of each of its images (not their paths: a picture replaced under the same
+    name is another conversation, the same picture under another name is not). Part of a
+    --chat record's resume key, so an edited conversation is decoded again and an unchanged
+    one is recognised wherever its line moves. An image that cannot be read contributes why
+    (that job fails when it loads, and a failure is never "done")."""
+    h = hashlib.sha256()
+    for turn in conv.turns:
+        h.update(json.dumps([turn.role, turn.text]).encode("utf-8", "surrogatepass"))
+        for path in turn.image_paths:
+            h.update(b"\0image\0" + _file_digest(path).encode("ascii"))
+    return f"sha256:{h.hexdigest()}"
+
+
+def _file_digest(path: str) -> str:
+    """The SHA-256 of a regular file's bytes, or why there is none; never blocks (a FIFO is
+    not opened) and never reads more than an image may be."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return "not-a-file"
+        if st.st_size > MAX_IMAGE_BYTES:
+            return f"too-large:{st.st_size}"
+        h = hashlib.sha256()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+                if fh.tell() > MAX_IMAGE_BYTES:   # grew since stat
+                    return "too-large"
+        return h.hexdigest()
+    except OSError as e:
+        return f"unreadable:{e.errno}"
