@@ -248,7 +248,7 @@ class Replay:
         levels, dropped), and optionally cut(t, k, a) → (verified, levels, dropped): a
         chain of k from t, whose first a proposals the target would keep, ended early.
         ``free_first``: a request's first token is the prefill's, at no cost and asked of
-        no one (the engine's first round under drafting.length auto: engine.free_first)."""
+        no one (the first round under drafting.length auto: round_policy.AutoLength.plan)."""
         kinds: dict[str, list[float]] = {}
         for rid in self.order:
             m, t, spent = self.marks[rid], int(free_first), 0.0

@@ -29,6 +29,7 @@ from vlmspec_cli.runtime.draft_length import (PROBE_SHARE, RESUME, Acceptance, A
 from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models import load_hidden_head
 from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.round_policy import AutoLength
 from vlmspec_cli.runtime.round_costs import EXPLORE_AFTER, LinearCost, RoundCosts
 from vlmspec_cli.runtime.stats import SpecStats
 from vlmspec_cli.runtime.threads import ThreadPlan
@@ -123,6 +124,12 @@ def test_linear_cost_recovers_a_line_and_falls_back_when_sizes_are_alike():
         stalled.observe(4, 1.0)
     stalled.observe(4, 100.0)            # one round the machine stalled: counted as 3.0
     assert stalled.at(4) == pytest.approx((1 + 1 + 1 + 3) / 4, rel=0.05)
+
+
+def use_auto(engine, auto: AutoGamma) -> AutoGamma:
+    """Decode with ``auto`` choosing each round's length (round_policy.AutoLength)."""
+    engine.use_policy(AutoLength(auto))
+    return auto
 
 
 def _state(max_new_tokens: int | None = None):
@@ -356,7 +363,7 @@ def test_a_draft_prefill_still_ahead_is_priced_into_the_request():
         policy.draft_prefill_s = 5.0            # five target steps
         state = _state(max_new)
         policy.start(state)
-        state.length.deferred = deferred
+        state.draft_deferred = deferred
         return policy, state
 
     policy, state = fresh(deferred=False)
@@ -430,18 +437,18 @@ def test_auto_length_equals_target_greedy(zoo_target, zoo_draft, corpus, kind, c
     rounds, probes after 1-2 of them), every output is the target's greedy generate()."""
     engine = SpeculativeEngine(zoo_target, _drafter(kind, zoo_target, zoo_draft), 6, GREEDY)
     if costs == "measured":
-        engine.length = AutoGamma(6)
+        use_auto(engine, AutoGamma(6))
     else:
         # (probe_share 1: probes after the backoff's 1-2 plain rounds, whatever PROBE_SHARE
         # would space them by)
-        engine.length = AutoGamma(6, costs=Costs(1.0), probe_after=1, max_backoff=2,
-                                  probe_share=1.0)
+        use_auto(engine, AutoGamma(6, costs=Costs(1.0), probe_after=1, max_backoff=2,
+                                  probe_share=1.0))
     rounds = []    # (k, levels, proposals verified) as the engine reports them
     rules = []     # the confidence stops the engine built (only a chain reads them)
-    stop_rule = engine.length.stop_rule
-    engine.length.stop_rule = lambda st, k: rules.append(k) or stop_rule(st, k)
-    observe = engine.length.observe
-    engine.length.observe = lambda st, k, **kw: (
+    stop_rule = engine.policy.auto.stop_rule
+    engine.policy.auto.stop_rule = lambda st, k: rules.append(k) or stop_rule(st, k)
+    observe = engine.policy.auto.observe
+    engine.policy.auto.observe = lambda st, k, **kw: (
         rounds.append((k, kw["levels"], kw["drafted"])), observe(st, k, **kw))
     plain = drafted = 0
     for i, (req, ref) in enumerate(corpus):
@@ -472,7 +479,7 @@ def test_deferred_prefill_catches_up(zoo_target, zoo_draft, corpus):
     drafter = _drafter("chain", zoo_target, zoo_draft)
     engine = SpeculativeEngine(zoo_target, drafter, 5, GREEDY)
     engine.threads = ThreadPlan(prefill=2, decode=1)
-    engine.length = AutoGamma(5, costs=Costs(1.0), probe_after=3, max_backoff=3)
+    use_auto(engine, AutoGamma(5, costs=Costs(1.0), probe_after=3, max_backoff=3))
     prefills, rounds = [], []   # (tokens decoded, threads) at each; threads at each round
     real, step = drafter.prefill, engine.step
     drafter.prefill = lambda state: (prefills.append((len(state.tokens), torch.get_num_threads())),
@@ -504,7 +511,7 @@ def test_a_requests_first_round_is_the_prefills_token(tiny_pair):  # noqa: F811
         engine = SpeculativeEngine(target, drafter, 3, SamplingParams(0.0))
         asked, forwards = [], []
         if length == "auto":
-            policy = engine.length = AutoGamma(3, costs=Costs(0.0))
+            policy = use_auto(engine, AutoGamma(3, costs=Costs(0.0)))
             choose = policy.choose
             policy.choose = lambda state, budget: (asked.append(len(state.tokens)),
                                                    choose(state, budget))[1]
@@ -536,9 +543,9 @@ def test_auto_length_follows_the_target_distribution(tiny_pair):  # noqa: F811
     engine = SpeculativeEngine(target, drafter, 3, params)
     # (doubt 0: off, a probe or two kept turn drafting back on, so that every choice
     # occurs often among 1000 short requests)
-    policy = engine.length = AutoGamma(3, costs=Costs(0.0, slope=0.15), probe_after=1,
+    policy = use_auto(engine, AutoGamma(3, costs=Costs(0.0, slope=0.15), probe_after=1,
                                        max_backoff=2, decay=0.3, prior_weight=0.5,
-                                       process_decay=0.5, doubt=0.0)
+                                       process_decay=0.5, doubt=0.0))
     choices = Counter()        # (budget, γ chosen)
     choose = policy.choose
 
@@ -570,7 +577,7 @@ def test_profile_key_is_checked_and_named():
     assert method_class("tree").draft_length(tree) == "auto"   # each round's depth, ≤ tree.depth
     assert chain.draft_length(batch) == "fixed"
     session = build_session(batch)
-    assert session.engine.length is None                       # no per-round choice
+    assert not isinstance(session.engine.policy, AutoLength)                      # no per-round choice
     assert session.batched_engine().gamma == chain.gamma(batch)  # every row drafts the ceiling
 
 
@@ -598,10 +605,10 @@ def test_round_timing_sets_an_auto_length_aside(zoo_target, zoo_draft, corpus):
     from vlmspec_cli.runtime.round_timing import time_rounds
 
     engine = SpeculativeEngine(zoo_target, _drafter("chain", zoo_target, zoo_draft), 5, GREEDY)
-    engine.length = policy = AutoGamma(5, costs=Costs(100.0))
+    policy = use_auto(engine, AutoGamma(5, costs=Costs(100.0)))
     times = time_rounds(engine, [req for req, _ in corpus[:2]], warmup=0)
     assert times.outputs == [ref for _, ref in corpus[:2]]
-    assert max(times.levels) == 5 and engine.length is policy
+    assert max(times.levels) == 5 and engine.policy.auto is policy
     # what calibrate's measured model reads: each request's start, a whole drafting round
     summary = times.summary()
     assert len(times.start_ms) == 2 and summary["start_ms"] == pytest.approx(
@@ -742,7 +749,7 @@ def test_the_first_request_prefills_its_draft_with_the_target_timed(zoo_target, 
     starts with one-proposal rounds. Every output is the target's."""
     drafter = _drafter("chain", zoo_target, zoo_draft)
     engine = SpeculativeEngine(zoo_target, drafter, 5, GREEDY)
-    engine.length = AutoGamma(5)
+    use_auto(engine, AutoGamma(5))
     prefills = []
     real = drafter.prefill
     drafter.prefill = lambda state: (prefills.append(len(state.tokens)), real(state))
@@ -750,12 +757,11 @@ def test_the_first_request_prefills_its_draft_with_the_target_timed(zoo_target, 
         (req, ref), (req2, ref2) = corpus[:2]
         res = engine.generate(req)
         assert res.tokens == ref and prefills == [0]
-        assert 0 < engine.length.prefill_ratio < 1.0     # a 1-layer draft of an 8-layer target
+        assert 0 < engine.policy.auto.prefill_ratio < 1.0     # a 1-layer draft of an 8-layer target
         assert res.state.stats.draft_length["gamma_hist"][-1] > 0
         assert engine.generate(req2).tokens == ref2
         dear = SpeculativeEngine(zoo_target, drafter, 5, GREEDY)
-        dear.length = AutoGamma(5)
-        dear.length.note_prefill(2.0, 1.0)
+        use_auto(dear, AutoGamma(5)).note_prefill(2.0, 1.0)
         res = dear.generate(req)
         assert res.tokens == ref
         assert res.state.stats.draft_length["gamma_hist"][1] >= 2   # the first two rounds

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from conftest import fresh_scenes
-from test_draft_length import Costs
+from test_draft_length import Costs, use_auto
 from test_lossless import reference
 from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F401 (fixture)
 from vlmspec_cli.drafters import create_drafter
@@ -117,7 +117,7 @@ def test_stopped_chains_equal_target_greedy(zoo_target, zoo_draft, scenes):
                              image_token=zoo_target.adapter.image_token(zoo_target))
     engine = SpeculativeEngine(zoo_target, drafter, 6, SamplingParams(0.0))
     # (a draft step a hundredth of a target step: drafting never goes off here)
-    policy = engine.length = AutoGamma(6, costs=Costs(0.01))
+    policy = use_auto(engine, AutoGamma(6, costs=Costs(0.01)))
     policy.stop_rule = _Forced(go=0.6, each=0.45)
     shapes = Counter()     # (positions drafted, proposals verified)
     observe = policy.observe
@@ -146,7 +146,7 @@ def test_stopped_chains_follow_the_target_distribution(tiny_pair):  # noqa: F811
     params = SamplingParams(1.0)
     drafter = create_drafter("chain", draft=draft, sampling=params, drafting_input="text")
     engine = SpeculativeEngine(target, drafter, 3, params)
-    policy = engine.length = AutoGamma(3, probe_after=10 ** 6)
+    policy = use_auto(engine, AutoGamma(3, probe_after=10 ** 6))
     # drafting on while S ≥ 0.5 (this draft's samples fall under it often enough); a
     # proposal "worth verifying" at 0.5 each: at T = 0 that would cut the prefix verified
     policy.stop_rule = _Forced(go=0.5, each=0.5)

@@ -74,7 +74,7 @@ def test_auto_length_on_a_chain_with_drafting_off_and_on(targets):
     and on (a made-up cost: a draft step as dear as a target step), every output the
     target's greedy one; a tree keeps its shape (the hidden head's rule, which reads
     hidden.tree, is not the one that applies)."""
-    from test_draft_length import Costs
+    from test_draft_length import Costs, use_auto
     from vlmspec_cli.drafters import method_class
     from vlmspec_cli.runtime.draft_length import AutoGamma
 
@@ -82,11 +82,11 @@ def test_auto_length_on_a_chain_with_drafting_off_and_on(targets):
     sets = [f"target.model={target}", "method=eagle3", f"eagle3.model={head}", "drafting.length=auto"]
     assert method_class("eagle3").draft_length(load_profile("tinyworld-caption", sets + TREE)) == "fixed"
     session = _session(target, head, "drafting.gamma=3", "drafting.length=auto")
-    assert isinstance(session.engine.length, AutoGamma)
+    assert isinstance(session.engine.policy.auto, AutoGamma)
     # (probe_share 1: a probe after the backoff's 1-2 plain rounds; at PROBE_SHARE's 1% the
     # modelled probe cost spaced them past these requests' 30 rounds)
-    session.engine.length = AutoGamma(3, costs=Costs(1.0), probe_after=1, max_backoff=2,
-                                      probe_share=1.0)
+    use_auto(session.engine, AutoGamma(3, costs=Costs(1.0), probe_after=1, max_backoff=2,
+                                      probe_share=1.0))
     plain = drafted = 0
     for req in image_requests(IMAGES, max_new_tokens=10):
         res = session.engine.generate(req)

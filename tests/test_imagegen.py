@@ -437,16 +437,16 @@ def test_adt_auto_depth_equals_target_greedy(greedy_reference, costs):
     picks (0: a plain target step), and every image is the target's greedy one; with the
     costs this process measures, and with drafting as dear as a target step (drafting off,
     probes of one level: trees of depth 1 where the policy would go deeper)."""
-    from test_draft_length import Costs
+    from test_draft_length import Costs, use_auto
 
     from vlmspec_cli.runtime.draft_length import AutoGamma
 
     session = session_for("method=adt", "drafting.length=auto")
     engine = session.engine
     ceiling = session.profile.adaptive_tree.max_depth
-    assert engine.length.ceiling == ceiling and engine.length.feed_size == engine.drafter.feed_size
+    assert engine.policy.auto.ceiling == ceiling and engine.policy.auto.feed_size == engine.drafter.feed_size
     kw = dict(costs=Costs(1.0), probe_after=1, max_backoff=2) if costs == "off-on" else {}
-    engine.length = policy = AutoGamma(ceiling, feed_size=engine.drafter.feed_size, **kw)
+    policy = use_auto(engine, AutoGamma(ceiling, feed_size=engine.drafter.feed_size, **kw))
     ks: list[int] = []
     choose = policy.choose
     policy.choose = lambda state, budget: ks.append(choose(state, budget)) or ks[-1]

@@ -79,11 +79,11 @@ def test_auto_switches_the_4bit_copy_off_after_measuring_it(requests_):
     found dear at the process's first request and drafts little after; outputs are the
     target's."""
     session = _session("tinyworld-selfquant")
-    assert session.engine.length.ruled_out is None
+    assert session.engine.policy.auto.ruled_out is None
     alone = _greedy(session.baseline_engine(), requests_)
     spec = _greedy(session.engine, requests_)
     assert [r.tokens for r in spec] == [r.tokens for r in alone]
-    assert session.engine.length.dear
+    assert session.engine.policy.auto.dear
     rounds = sum(r.state.stats.num_drafts for r in spec)
     assert sum(r.state.stats.draft_length["rounds_drafted"] for r in spec) <= rounds // 4
 

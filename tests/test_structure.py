@@ -19,6 +19,9 @@
 9. the zoo (vlmspec_cli/zoo/: the tinyworld models' training code) is imported only by
    the zoo itself and by ``zoo:`` name resolution (runtime/models.py, which maps a name
    to its packaged folder): no command, task or method depends on training code;
+11. the round on one screen: the engine's round (``SpeculativeEngine.step_rows``) is at most
+   ROUND_LINES lines, and the engine module probes nothing (no ``getattr``/``hasattr``):
+   what a proposal, a drafter or the round policy tells it is declared on their types;
 10. one drafter protocol: every class of the methods' package that proposes (defines
    ``propose`` or ``propose_rows``) derives from ``DraftingMethod``: no second hierarchy
    for batches (as ``BatchDrafter`` was); the engine's one round serves 1..B rows.
@@ -535,3 +538,43 @@ def test_method_comparisons_are_found(tmp_path):
     assert names == {"mine"}
     assert sorted(method_comparisons(tmp_path, "pkg", names)) == ["pkg/user.py:3", "pkg/user.py:4"]
 
+
+
+# ---------------------------------------------------------------------------- the round
+ROUND_LINES = 30
+ENGINE = "vlmspec_cli.runtime.engine"
+
+
+def function_lines(path: Path, cls: str, name: str) -> int:
+    """Lines of method ``cls.name`` in ``path`` (``def`` line to its last line)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == name:
+                    return f.end_lineno - f.lineno + 1
+    raise AssertionError(f"{path}: no {cls}.{name}")
+
+
+def probes(path: Path) -> list[str]:
+    """``line: source`` of every getattr/hasattr call in ``path``."""
+    return [f"{n.lineno}: {ast.unparse(n)}"
+            for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id in ("getattr", "hasattr")]
+
+
+def test_the_round_reads_on_one_screen():
+    path = modules(ROOT, PACKAGE)[ENGINE]
+    n = function_lines(path, "SpeculativeEngine", "step_rows")
+    assert n <= ROUND_LINES, (f"SpeculativeEngine.step_rows is {n} lines (at most {ROUND_LINES}): "
+                              "move bookkeeping to the round policy or the proposal types")
+    found = probes(path)
+    assert not found, "the engine probes for attributes (declare them):" + _listing(found)
+
+
+def test_round_checks_catch_a_long_round_and_a_probe(tmp_path):
+    path = tmp_path / "engine.py"
+    path.write_text("class SpeculativeEngine:\n    def step_rows(self, p):\n"
+                    + "        x = 1\n" * 30 + "        return getattr(p, 'dropped', None)\n")
+    assert function_lines(path, "SpeculativeEngine", "step_rows") == 32
+    assert probes(path) == ["33: getattr(p, 'dropped', None)"]

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from scipy.stats import chisquare
 
 from conftest import fresh_scenes
-from test_draft_length import Costs
+from test_draft_length import Costs, use_auto
 from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F401 (fixture)
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
@@ -249,7 +249,7 @@ def _auto_tree(zoo_target, zoo_draft, costs, depth=5, total=20, **kw):
                              image_token=zoo_target.adapter.image_token(zoo_target),
                              eos_ids=eos_token_ids(zoo_target))
     engine = SpeculativeEngine(zoo_target, drafter, depth, GREEDY)
-    policy = engine.length = AutoGamma(depth, costs=costs, feed_size=drafter.feed_size, **kw)
+    policy = use_auto(engine, AutoGamma(depth, costs=costs, feed_size=drafter.feed_size, **kw))
     log = {"k": [], "drafted": []}
     choose, observe = policy.choose, policy.observe
 
@@ -320,10 +320,10 @@ def test_auto_tree_follows_the_target_distribution(tiny_pair):  # noqa: F811
     engine = SpeculativeEngine(target, drafter, 3, params)
     # (doubt 0: off, a probe or two kept turn drafting back on, so that every depth
     # occurs often among 600 short requests)
-    policy = engine.length = AutoGamma(3, costs=Costs(0.0, slope=0.05), probe_after=1,
+    policy = use_auto(engine, AutoGamma(3, costs=Costs(0.0, slope=0.05), probe_after=1,
                                        max_backoff=2, decay=0.3, prior_weight=0.5,
                                        process_decay=0.5, feed_size=drafter.feed_size,
-                                       doubt=0.0)
+                                       doubt=0.0))
     choices = Counter()
     choose = policy.choose
 

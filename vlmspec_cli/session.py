@@ -15,6 +15,7 @@ from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime import limits
 from vlmspec_cli.runtime.draft_cost import cannot_pay
 from vlmspec_cli.runtime.draft_length import AutoGamma
+from vlmspec_cli.runtime.round_policy import AutoLength
 from vlmspec_cli.runtime.engine import SpeculativeEngine
 from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, missing_offline,
                                         peek_adapter, require_safetensors, use_fast_path)
@@ -323,10 +324,11 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
         raise SessionError(str(exc)) from None
     engine = SpeculativeEngine(target, drafter, method.gamma(profile), sampling)
     if method.draft_length(profile) == "auto":   # γ per round, up to method.gamma
-        engine.length = AutoGamma(method.gamma(profile), feed_size=drafter.feed_size)
+        auto = AutoGamma(method.gamma(profile), feed_size=drafter.feed_size)
         reason = None if engine.runs_target else cannot_pay(target, drafter.draft)
         if reason:   # e.g. the target drafting for itself on a CPU: the target alone from the start
-            engine.length.rule_out(reason)
+            auto.rule_out(reason)
+        engine.use_policy(AutoLength(auto))
     if profile.acceptance == "relaxed":
         engine.relax = relaxation(target, profile.relaxed.neighbours, profile.relaxed.delta)
     captioner = drafter.captioner.lm if drafter.captioner is not None else None

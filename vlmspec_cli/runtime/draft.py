@@ -82,7 +82,12 @@ class TargetFeed:
 
 
 class Proposal:
-    """What ``Drafter.propose`` returns: a chain (``Draft``) or a tree (tree.DraftTree)."""
+    """What ``Drafter.propose`` returns: a chain (``Draft``) or a tree (tree.DraftTree).
+    ``dropped`` and ``stopped``: a chain its draft's confidence ended within the round
+    (draft_stop.py) says so; no other proposal is ended that way."""
+
+    dropped: float | None = None   # the confidence in the first position drafted, not proposed
+    stopped: bool = False          # ended short of the length asked for
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -115,9 +120,8 @@ class Draft(Proposal):
 
     tokens: list[int]
     probs: torch.Tensor | None = None
-    # a chain its draft's confidence ended (draft_stop.py): the positions drafted, the
-    # confidence in the first of them not proposed (None: every one drafted is proposed),
-    # and whether it ended short of the length asked for (drafted or proposed fewer)
+    # the positions drafted, when not its length (a chain its draft's confidence ended, or
+    # one cut at an EOS); ``dropped`` and ``stopped`` as on Proposal
     steps: int | None = None
     dropped: float | None = None
     stopped: bool = False
@@ -129,16 +133,16 @@ class Draft(Proposal):
     def levels(self) -> int:
         return len(self) if self.steps is None else self.steps
 
-    def truncated(self, n: int) -> "Draft":
-        return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n])
-
     def cut_at(self, eos_ids: set[int]) -> "Draft":
         """The proposals before the first EOS. An EOS proposal is never verified: nothing
         can follow it, and a chain that stops early is still verified exactly (its length
-        depends only on the draft's samples)."""
+        depends only on the draft's samples). A cut chain keeps its drafting steps
+        (``levels``) and whether it stopped short; the confidence it ``dropped`` belongs to
+        a position past the cut, so it is not kept."""
         for i, t in enumerate(self.tokens):
             if t in eos_ids:
-                return self.truncated(i)
+                return Draft(self.tokens[:i], None if self.probs is None else self.probs[:i],
+                             steps=self.levels, stopped=self.stopped)
         return self
 
     def target_feed(self, state: DecodeState) -> TargetFeed:
@@ -207,7 +211,8 @@ def commit(state: DecodeState, verdict: Verdict, drafter: "Drafter",
     state.tokens.extend(verdict.accepted)
     state.tokens.append(verdict.token)
     n = len(verdict.accepted)
-    drafter.accept(state, verdict)
+    if not state.draft_deferred:   # a drafter not prefilled yet has nothing to roll back
+        drafter.accept(state, verdict)
     state.stats.record_round(verdict.drafted, n, n + 1, positions=verdict.positions)
     if verdict.token in eos_ids or len(state.tokens) >= state.request.max_new_tokens:
         state.done = True
@@ -224,11 +229,11 @@ class Drafter:
     # a tuple of them read concatenated (EAGLE-3's low, mid and high layers)
     hidden_layer: int | tuple[int, ...] | None = None
     # its prefill reads only the request, and propose catches up on every committed token
-    # it has not read: with drafting.length auto the engine prefills it at the request's
-    # first drafted round (if any) instead of with the target
+    # it has not read: with drafting.length auto the round policy prefills it at the
+    # request's first drafted round (if any) instead of with the target
     late_prefill = False
     # it may end a chain within the round by its confidence (``state.draft_stop``,
-    # draft_stop.py): with drafting.length auto the engine builds that rule for it only
+    # draft_stop.py): with drafting.length auto the round policy builds that rule for it only
     reads_confidence = False
 
     def prepare(self, state: DecodeState) -> None:

@@ -59,8 +59,8 @@ it. A draft known before running not to pay (draft_cost.py:
 on a CPU, a float draft with the target's arithmetic per token) is ruled out
 (``rule_out``): never prefilled, no round drafts, no probe.
 
-The engine (engine.py) asks ``choose`` before a round and reports with ``observe``; the
-costs are an injectable object (``RoundCosts``, or a test's own), so tests can force the
+The round policy (round_policy.AutoLength) asks ``choose`` before a round and reports
+with ``observe``; the costs are an injectable object (``RoundCosts``, or a test's own), so tests can force the
 switch. Batches (SpeculativeEngine.run) keep the fixed γ.
 
 Trees (methods tree, adt): k caps the tree's depth, D(k) is k draft levels, a round feeds
@@ -165,7 +165,7 @@ class LengthState:
 
     acceptance: Acceptance
     previous: int = -1           # the last round's choice (0: plain; -1: none yet)
-    deferred: bool = False       # the drafter is prefilled at the first drafted round
+    chose: bool = False          # this round's k was chosen (not the free first round)
     hist: list[int] = field(default_factory=list)   # [k]: rounds that chose k (0: plain)
     probes: int = 0
     stopped: int = 0             # rounds whose chain the draft's confidence ended short of k
@@ -333,8 +333,8 @@ class AutoGamma:
         return k
 
     def prefill_overhead(self, state: DecodeState) -> float:
-        """While a request's draft is not prefilled yet (``deferred``: drafting.length auto
-        prefills it at the first drafted round), drafting in this request costs that
+        """While a request's draft is not prefilled yet (``state.draft_deferred``: the round
+        policy prefills it at the first drafted round), drafting in this request costs that
         prefill too (the last one timed), spread over the tokens the request has left: its
         token budget, or fewer where this process's requests have been shorter (their
         decayed mean length, while this one has not outrun it). Once prefilled, that cost
@@ -342,8 +342,7 @@ class AutoGamma:
         request it drafts in for rounds that gain a few per cent (the useless draft,
         drafting from a request's second token, agrees now and then: its rounds priced a
         few per cent over a plain step)."""
-        ls: LengthState = state.length
-        if not ls.deferred or self.draft_prefill_s <= 0.0:
+        if not state.draft_deferred or self.draft_prefill_s <= 0.0:
             return 0.0
         done = len(state.tokens)
         left = state.request.max_new_tokens - done

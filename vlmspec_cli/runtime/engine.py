@@ -28,11 +28,11 @@ import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length
 from vlmspec_cli.runtime.draft import Draft, Drafter, TargetFeed, commit
-from vlmspec_cli.runtime.draft_length import AutoGamma
 from vlmspec_cli.runtime.models import LoadedModel
 from vlmspec_cli.runtime.ragged import RaggedCache
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.request import DecodeState, Request, TargetFeatures, make_generators
+from vlmspec_cli.runtime.round_policy import FixedLength, RoundRecord
 from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.runtime.tree import attention_for
 from vlmspec_cli.runtime.trunk import SegmentedCache
@@ -78,11 +78,18 @@ class SpeculativeEngine:
         self.relax: Relaxation | None = None
         # CPU threads for the prefill and for the rounds (runtime/threads.py); none: as set
         self.threads = ThreadPlan()
-        # drafting.length: auto (draft_length.py): γ chosen per round up to ``gamma``, and
-        # plain target steps while drafting does not pay; None: every round drafts γ
-        self.length: AutoGamma | None = None
+        # the round policy (round_policy.py): how many proposals a round drafts per row
+        # (drafting.length fixed: its budget, up to ``gamma``; auto: chosen per round, and
+        # plain target steps while drafting does not pay) and when the drafter is prefilled
+        self.use_policy(FixedLength())
 
     # -- one request -----------------------------------------------------------------
+    def use_policy(self, policy: FixedLength) -> None:
+        """The round policy (round_policy.py): k per row each round, and when the drafter
+        is prefilled."""
+        policy.bind(self.drafter, self._prefill_draft)
+        self.policy = policy
+
     def start(self, request: Request) -> DecodeState:
         """Prefill target and drafter; the target's prefill logits give the first token's
         distribution (kept as ``target_next_logits``, consumed by the first round)."""
@@ -106,143 +113,86 @@ class SpeculativeEngine:
                       state)
 
     def _prefill(self, request: Request) -> DecodeState:
-        lm = self.target
+        """The request's prefill: the target's, and the drafter's when the policy says."""
         state = self._new_state(request)
-        if self.length is not None:
-            self.length.start(state)
-            # a drafter that can is prefilled at this request's first drafted round, if any:
-            # the first round when drafting pays, never when this request decodes plain
-            # (a draft dearer than the target, e.g. a 4-bit copy of it on a CPU, paid its
-            # prefill for nothing in every request that started with drafting on)
-            state.length.deferred = self.drafter.late_prefill
         t0 = time.perf_counter()
+        self.policy.prefill(state, lambda: self._prefill_target(state))
+        state.stats.prefill_s = time.perf_counter() - t0
+        return state
+
+    def _prefill_target(self, state: DecodeState) -> None:
+        """The target's prefill over the request's prompt and media: its cache, the first
+        token's logits and, for a hidden-state drafter, the prompt's features."""
         if self.runs_target:
             # a self-speculative drafter shares layers with the target and runs its
-            # prefill itself (setting target_cache and target_next_logits)
+            # prefill itself (setting target_cache and target_next_logits) with its own
             self.drafter.prefill(state)
-            state.stats.prefill_s = time.perf_counter() - t0
-            return state
+            return
+        lm, request = self.target, state.request
         videos = {"videos": request.videos} if request.videos else {}
         inputs = lm.adapter.encode(lm, state.prompt, request.images or None, **videos)
-        deferred = state.length is not None and state.length.deferred
-        # the process's first request drafts its first round whatever it costs (nothing is
-        # measured yet): its drafter is prefilled now, timed against the target's prefill
-        # (AutoGamma.dear: a draft whose prefill is the dearer starts with one proposal)
-        measure = deferred and self.length.measures_prefill
-        if measure:
-            deferred = state.length.deferred = False
-        if not (deferred and self.length.off):   # (off: this request likely decodes plain)
-            self.drafter.prepare(state)   # e.g. start the captioner alongside the prefill
         state.target_cache = lm.adapter.new_cache(lm)
         if self.hidden_layer is None:
             state.target_next_logits = lm.adapter.prefill(lm, inputs, state.target_cache)[0]
-        else:
-            logits, hidden = lm.adapter.prefill_hidden(lm, inputs, state.target_cache,
-                                                       self.hidden_layer)
-            ids = inputs["input_ids"][0]
-            state.target_next_logits = logits[0]
-            pos = inputs.get("position_ids")     # (3, 1, L): M-RoPE families
-            state.features = TargetFeatures(hidden[0], 0, ids, lm.adapter.visual_mask(lm, ids),
-                                            None if pos is None or pos.dim() != 3 else pos[:, 0])
-        if not deferred:
-            t1 = time.perf_counter()
-            self.drafter.prefill(state)
-            if measure:
-                self.length.note_prefill(time.perf_counter() - t1, t1 - t0)
-        state.stats.prefill_s = time.perf_counter() - t0
-        return state
+            return
+        logits, hidden = lm.adapter.prefill_hidden(lm, inputs, state.target_cache,
+                                                   self.hidden_layer)
+        ids = inputs["input_ids"][0]
+        state.target_next_logits = logits[0]
+        pos = inputs.get("position_ids")     # (3, 1, L): M-RoPE families
+        state.features = TargetFeatures(hidden[0], 0, ids, lm.adapter.visual_mask(lm, ids),
+                                        None if pos is None or pos.dim() != 3 else pos[:, 0])
+
+    def _prefill_draft(self, state: DecodeState, late: bool) -> float:
+        """Prefill the drafter for ``state`` (the round policy decides when); seconds taken.
+        ``late``: the rounds have begun, so this one forward over the prompt's rows runs at
+        the prefill's thread count, not the rounds' (a late prefill at one thread was the
+        larger part of a useless draft's probes)."""
+        if self.runs_target:   # prefilled with the target (``_prefill_target``)
+            return 0.0
+        if late:
+            self.threads.enter("prefill")
+        t0 = time.perf_counter()
+        self.drafter.prefill(state)
+        seconds = time.perf_counter() - t0
+        if late:
+            self.threads.enter("decode", cache_length(state.target_cache))
+        return seconds
 
     def step(self, state: DecodeState) -> None:
         """One round for a request decoded alone."""
         self.step_rows([state])
 
     def step_rows(self, states: list[DecodeState]) -> None:
-        """One draft → verify → accept round for every row (the module's docstring states
-        the maths): a request decoded alone, or the rows of a batch (``run``)."""
+        """One draft → verify → accept round for every row: a request decoded alone, or the
+        rows of a batch (``run``). The module's docstring states the maths."""
         # at most remaining - 1 proposals a row: the target always adds one token of its own
         budgets = [min(self.gamma, st.request.max_new_tokens - len(st.tokens) - 1) for st in states]
-        # drafting.length auto chooses k ≤ budget from this request's acceptance and this
-        # process's round costs (0: a plain target step), but for a request's first round,
-        # which is free (``free_first``); fixed: k = budget
-        auto = [self.length is not None and not self.free_first(st) for st in states]
-        ks = [self.length.choose(st, n) if chooses and n > 0
-              else (0 if self.length is not None else max(n, 0))
-              for st, n, chooses in zip(states, budgets, auto)]
         t0 = time.perf_counter()
-        off = [self._late_prefill(st, k) for st, k in zip(states, ks)]
-        # a request alone may end its chain short of k by the draft's confidence (a
-        # drafter that reads it: draft_stop.py; the rule is built for no other)
-        stops = (self.length is not None and len(states) == 1
-                 and self.drafter.reads_confidence)
-        for st, k in zip(states, ks):
-            st.draft_stop = self.length.stop_rule(st, k) if stops else None
-        # 1. the drafter proposes x_1..x_n (n ≤ k) per row: a chain or a tree, as data
-        proposals = (self.drafter.propose_rows(states, ks) if any(ks)
-                     else [Draft([]) for _ in states])
-        levels = [p.levels for p in proposals]   # the drafting steps taken, before the cut
-        cut = [p.cut_at(self.eos_ids) for p in proposals]   # nothing follows an EOS
-        # a chain ended short of k by its confidence: the confidence in the first proposal
-        # it drafted and did not propose (unless an EOS cut it before), for the acceptance
-        ended = [(getattr(p, "dropped", None) if len(c) == len(p) else None,
-                  getattr(p, "stopped", False)) for p, c in zip(proposals, cut)]
-        proposals = cut
+        ks = self.policy.plan(states, budgets)    # k_b ≤ budget_b per row (0: a plain step)
+        # 1. the drafter proposes x_1..x_n (n ≤ k) per row, a chain or a tree, as data;
+        #    nothing follows an EOS
+        drafted = self.drafter.propose_rows(states, ks) if any(ks) else [Draft([]) for _ in states]
+        proposals = [p.cut_at(self.eos_ids) for p in drafted]
         t1 = time.perf_counter()
         # 2. one target forward over every row's pending token and proposals, at the
         #    positions and with the visibility each proposal's shape needs: p_1..p_{n+1}
         feeds = [p.target_feed(st) for p, st in zip(proposals, states)]
         outs = self._target_forward(states, feeds)
         drops: list[int] | None = None if self.rows is None else []
-        for (st, proposal, feed, out, k, drafter_off, drafted_levels, (dropped, stopped),
-             chose) in zip(states, proposals, feeds, outs, ks, off, levels, ended, auto):
-            # 3. verify.py decides: x_1..x_m accepted (p/q ratio tests), one token of the
-            #    target's added (from p, or the residual norm(max(0, p - q)) after a rejection)
+        for st, k, proposal, feed, out in zip(states, ks, proposals, feeds, outs):
+            # 3. verify.py: x_i kept with probability min(1, p_i(x_i) / q_i(x_i)) (T = 0:
+            #    while x_i = argmax p_i), then one token of the target's: from p_{m+1} after
+            #    a full acceptance, else from the residual norm(max(0, p_{m+1} − q_{m+1}))
             verdict = proposal.judge(st, out, self.sampling, self.relax)
             # 4. commit: caches cut back to the accepted prefix, tokens appended, stats
-            commit(st, verdict, _NO_DRAFTER if drafter_off else self.drafter, self.eos_ids, drops)
-            if chose:   # the round's costs and acceptance, for the next k
-                # (acceptance by position: a tree's depth drafted, not its nodes)
-                self.length.observe(st, k, levels=drafted_levels, fed=len(feed.ids),
-                                    drafted=verdict.depth, accepted=len(verdict.accepted),
-                                    draft_s=t1 - t0, verify_s=time.perf_counter() - t1,
-                                    dropped=dropped, stopped=stopped)
+            commit(st, verdict, self.drafter, self.eos_ids, drops)
+            self.policy.observe(st, RoundRecord(
+                k, proposal.levels, len(feed.ids), verdict.depth, len(verdict.accepted),
+                t1 - t0, time.perf_counter() - t1, proposal.dropped, proposal.stopped))
         if self.rows is not None:     # a batch's rows share their caches: cut back at once
             self.rows.rollback(drops)
         self.drafter.end_round(states)
-
-    def free_first(self, state: DecodeState) -> bool:
-        """Under ``drafting.length: auto``, a request's first round drafts nothing, and the
-        policy (draft_length.py) neither chooses nor observes it: its token comes from the
-        prefill's logits (the target's distribution after the prompt, already computed),
-        with no forward, and drafting starts from it in the next round. A first round that
-        drafted would check its first proposal against those same logits and feed the
-        target the proposals alone. When that proposal is wrong, the round's whole forward
-        bought one token, the one the prefill had given (by hand, a useless draft drafting
-        a request's first round: 14.3 + 9.5 ms for its first two tokens, target-only 0.1 +
-        9.7 ms). When it is right, the round emits what the free token and a round one
-        proposal shorter emit: the same forward width and draft steps (the draft reads the
-        first token where it would have guessed it). So the free round is never worse. At
-        T > 0 the first token is drawn from the prefill's distribution, the target's law (a
-        drafted first round's token, accepted or drawn from the residual, follows the same
-        law; a given seed's sample may differ). A fixed length drafts every round."""
-        return self.length is not None and state.target_next_logits is not None
-
-    def _late_prefill(self, state: DecodeState, k: int) -> bool:
-        """Whether the request's drafter is still off this round: its prefill was deferred
-        (drafting.length auto, drafting off as the request started) and the round drafts
-        nothing; a round that drafts prefills it first (it catches up on the tokens)."""
-        if state.length is None or not state.length.deferred:
-            return False
-        if k > 0:
-            # a prefill, at the prefill's thread count (one forward over the prompt's rows,
-            # large enough for every free core; at the rounds' one thread a bad draft's
-            # probe, most of them in a new request, prefilled in 6.0 ms against 4.1 by hand)
-            self.threads.enter("prefill")
-            t0 = time.perf_counter()
-            self.drafter.prefill(state)
-            self.length.note_prefill(time.perf_counter() - t0)
-            self.threads.enter("decode", cache_length(state.target_cache))
-            state.length.deferred = False
-        return state.length.deferred
 
     def _target_forward(self, states: list[DecodeState],
                         feeds: list[TargetFeed]) -> list[torch.Tensor | None]:
@@ -280,10 +230,9 @@ class SpeculativeEngine:
     def finish(self, state: DecodeState) -> None:
         """After the last round (or a prefill timed alone): the drafter's record, and the
         target cache's buffers back to its pool, for the next request to decode in."""
-        if state.length is None or not state.length.deferred:   # (never prefilled: no record)
+        if not state.draft_deferred:   # (never prefilled: no record)
             self.drafter.finish(state)
-        if self.length is not None:
-            self.length.finish(state)
+        self.policy.finish(state)
         if isinstance(state.target_cache, (StaticKVCache, SegmentedCache)):
             state.target_cache.recycle()
 
@@ -388,9 +337,6 @@ class _Row:
 
 _END = object()
 T = TypeVar("T")
-
-# what a round commits to while the drafter's prefill is deferred (it drafts nothing)
-_NO_DRAFTER = Drafter()
 
 
 def eos_token_ids(lm: LoadedModel) -> set[int]:

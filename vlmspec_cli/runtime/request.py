@@ -71,6 +71,9 @@ class DecodeState:
     drafter_state: Any = None
     features: TargetFeatures | None = None  # the last target forward's hidden states
     length: Any = None                      # drafting.length auto: draft_length.LengthState
+    # the drafter's prefill waits for the request's first drafted round (the round policy's
+    # choice, round_policy.py): until then nothing of the drafter runs for this request
+    draft_deferred: bool = False
     # this round's draft_stop.ChainStop (drafting.length auto, a request alone): where a
     # drafter that reads its own confidence may end its chain; None: draft all k
     draft_stop: Any = None

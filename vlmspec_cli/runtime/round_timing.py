@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from vlmspec_cli.runtime.latency import synchronize
+from vlmspec_cli.runtime.round_policy import FixedLength
 from vlmspec_cli.runtime.stats import SpecStats
 
 
@@ -69,7 +70,8 @@ def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
     draft shorter, or not at all)."""
     device = engine.target.device
     drafter = engine.drafter
-    length, engine.length = engine.length, None
+    policy = engine.policy
+    engine.use_policy(FixedLength())
     propose_rows = drafter.propose_rows
     times = RoundTimes()
     last = {"ms": 0.0, "drafted": 0, "levels": 0}
@@ -112,5 +114,5 @@ def time_rounds(engine, requests: list, warmup: int = 1) -> RoundTimes:
             times.outputs.append(list(state.tokens))
     finally:
         del drafter.propose_rows   # the class's own method again
-        engine.length = length
+        engine.use_policy(policy)
     return times

@@ -1,0 +1,154 @@
+"""The round policy: how many proposals each row's round drafts, and when the drafter is
+prefilled. The engine (engine.py) asks it two things a round — ``plan`` (k per row) and
+``observe`` (a ``RoundRecord``: what the round did) — and hands it each request's start
+(``prefill``) and end (``finish``).
+
+Two policies, one per ``drafting.length``:
+
+- ``FixedLength`` (``fixed``): every round drafts its budget (γ, less near the token
+  limit); the drafter is prefilled with the target.
+- ``AutoLength`` (``auto``): the length model of draft_length.py (``AutoGamma``: Eq. 1'
+  online) chooses k per round, 0 while drafting does not pay; a drafter that can wait
+  (``Drafter.late_prefill``) is prefilled at its request's first drafted round, if any; a
+  drafter that reads its own confidence (``Drafter.reads_confidence``) gets the rule that
+  may end its chain short of k (``DecodeState.draft_stop``, draft_stop.py).
+
+Lossless either way: k is decided before the round from earlier rounds only, and every
+token emitted is still the target's (verify.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from vlmspec_cli.runtime.draft import Drafter
+from vlmspec_cli.runtime.draft_length import AutoGamma
+from vlmspec_cli.runtime.request import DecodeState
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What one row's round did: it chose ``k``, drafted ``levels`` positions (a chain's
+    length, a tree's depth; before an EOS cut) in ``draft_s`` (the choice and a late prefill
+    included), fed the target ``fed`` tokens, verified ``drafted`` positions deep and kept
+    ``accepted``, verifying and committing in ``verify_s``. ``dropped``: the draft's
+    confidence in the first proposal it drafted and did not propose (a chain its confidence
+    ended), else None; ``stopped``: that chain ended short of k."""
+
+    k: int
+    levels: int
+    fed: int
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+    dropped: float | None = None
+    stopped: bool = False
+
+
+# prefills the drafter for a request (at the prefill's thread count when the rounds have
+# begun: ``late``); returns the seconds it took. The engine's: it knows the threads.
+PrefillDraft = Callable[[DecodeState, bool], float]
+
+
+class FixedLength:
+    """``drafting.length: fixed``: every round drafts its budget; the drafter is prefilled
+    with the target, before the first round."""
+
+    def __init__(self) -> None:
+        self.drafter = Drafter()
+        self.prefill_draft: PrefillDraft = lambda state, late: 0.0
+
+    def bind(self, drafter: Drafter, prefill_draft: PrefillDraft) -> None:
+        """The engine's drafter, and how the engine prefills it."""
+        self.drafter, self.prefill_draft = drafter, prefill_draft
+
+    def prefill(self, state: DecodeState, prefill_target: Callable[[], None]) -> None:
+        """A request's prefill: the drafter's work that overlaps the target's (``prepare``),
+        the target's (``prefill_target``), then the drafter's."""
+        self.drafter.prepare(state)
+        prefill_target()
+        self.prefill_draft(state, False)
+
+    def plan(self, states: list[DecodeState], budgets: list[int]) -> list[int]:
+        """The proposals each row drafts this round, k_b ≤ budgets[b] (0: a plain step)."""
+        return [max(n, 0) for n in budgets]
+
+    def observe(self, state: DecodeState, record: RoundRecord) -> None:
+        """What a row's round did (after its commit)."""
+
+    def finish(self, state: DecodeState) -> None:
+        """After a request's last round."""
+
+
+class AutoLength(FixedLength):
+    """``drafting.length: auto``: ``auto`` (draft_length.AutoGamma) chooses each round's k
+    from this request's acceptance and this process's round costs, and owns when a drafter
+    that can wait is prefilled."""
+
+    def __init__(self, auto: AutoGamma) -> None:
+        super().__init__()
+        self.auto = auto
+
+    def prefill(self, state: DecodeState, prefill_target: Callable[[], None]) -> None:
+        """A drafter that can wait is prefilled at the request's first drafted round, if any
+        (``state.draft_deferred``): never when the request decodes plain (a draft dearer
+        than the target, e.g. a 4-bit copy of it on a CPU, paid its prefill for nothing in
+        every request that started with drafting on). But the process's first request drafts
+        its first drafted round whatever it costs (nothing is measured yet): its drafter is
+        prefilled now, timed against the target's prefill (``AutoGamma.dear``: a draft whose
+        prefill is the dearer starts with one proposal)."""
+        auto = self.auto
+        auto.start(state)
+        measure = self.drafter.late_prefill and auto.measures_prefill
+        state.draft_deferred = self.drafter.late_prefill and not measure
+        t0 = time.perf_counter()
+        if not (state.draft_deferred and auto.off):   # (off: this request likely decodes plain)
+            self.drafter.prepare(state)   # e.g. start the captioner alongside the prefill
+        prefill_target()
+        target_s = time.perf_counter() - t0
+        if not state.draft_deferred:
+            draft_s = self.prefill_draft(state, False)
+            if measure:
+                auto.note_prefill(draft_s, target_s)
+
+    def plan(self, states: list[DecodeState], budgets: list[int]) -> list[int]:
+        """k per row from ``AutoGamma.choose``, but for a request's first round, which is
+        free: its token comes from the prefill's logits (the target's distribution after the
+        prompt, already computed), with no forward, and drafting starts from it in the next
+        round. A first round that drafted would check its first proposal against those same
+        logits; when that proposal is wrong the round's whole forward buys the one token the
+        prefill had given, and when it is right the round emits what the free token and a
+        round one proposal shorter emit, for the same forward width and draft steps: the
+        free round is never worse. At T > 0 the first token is drawn from the prefill's
+        distribution, the target's law. The free round is neither chosen nor observed.
+        A row that drafts while its drafter waits is prefilled first (it catches up on the
+        tokens decoded without it)."""
+        ks = []
+        for state, budget in zip(states, budgets):
+            state.length.chose = state.target_next_logits is None
+            ks.append(self.auto.choose(state, budget) if state.length.chose and budget > 0 else 0)
+        for state, k in zip(states, ks):
+            if k > 0 and state.draft_deferred:
+                self.auto.note_prefill(self.prefill_draft(state, True))
+                state.draft_deferred = False
+        # a request alone may end its chain short of k by the draft's confidence (a drafter
+        # that reads it; the rule is built for no other)
+        stops = len(states) == 1 and self.drafter.reads_confidence
+        for state, k in zip(states, ks):
+            state.draft_stop = self.auto.stop_rule(state, k) if stops else None
+        return ks
+
+    def observe(self, state: DecodeState, record: RoundRecord) -> None:
+        """The round's costs and acceptance, for the next k (acceptance by position: a
+        tree's depth drafted, not its nodes)."""
+        if state.length.chose:
+            r = record
+            self.auto.observe(state, r.k, levels=r.levels, fed=r.fed, drafted=r.drafted,
+                              accepted=r.accepted, draft_s=r.draft_s, verify_s=r.verify_s,
+                              dropped=r.dropped, stopped=r.stopped)
+
+    def finish(self, state: DecodeState) -> None:
+        self.auto.finish(state)
