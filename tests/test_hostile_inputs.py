@@ -413,3 +413,13 @@ def test_utf8_text_options_still_count_as_paths_for_recipe_state_checks():
     from vlmspec_cli.cli.recipe_paths import path_params
 
     assert "prompts" in path_params(generate_image) and "prompt" in path_params(caption)
+
+
+@pytest.mark.parametrize("command", ["caption", "describe-video"])
+def test_a_closed_stdin_fails_its_item_in_one_line(command):
+    """``vlmspec caption - <&-``: Python starts with no sys.stdin; it ended in "TypeError: can
+    only join an iterable". Now '-' is an input that failed, named with the reason."""
+    proc = vlmspec(command, "-", "--max-new-tokens", "4", "-q", stdin=None,
+                   preexec_fn=lambda: os.close(0))
+    assert proc.returncode == 1, proc.stderr
+    assert error_lines(proc.stderr) == ["error: -: stdin is closed: there is nothing to read for '-'"]

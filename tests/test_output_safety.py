@@ -157,6 +157,33 @@ def test_an_output_is_never_an_input(tmp_path, image, no_models, monkeypatch):
     assert snapshot(tmp_path) == before
 
 
+def test_an_output_is_never_a_profile_the_run_reads(tmp_path, image, no_models, monkeypatch):
+    """--out (and --trace) never name the profile in use or a file it includes, empty or
+    not (an empty profile is valid YAML: records appended to it broke the next -p)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.yaml").write_text("")
+    (tmp_path / "q.yaml").write_text("include: inc.yaml\n")
+    (tmp_path / "inc.yaml").write_text("")
+    before = snapshot(tmp_path)
+    for args in (["-p", "p.yaml", "--out", "p.yaml"], ["-p", "q.yaml", "--out", "./inc.yaml"],
+                 ["-p", "q.yaml", "--out", str(tmp_path / "q.yaml")],
+                 ["-p", "q.yaml", "--trace", "inc.yaml", "-m", "tabed"]):
+        res = run(["caption", "h.png", *args, *FAST])
+        assert res.exit_code == 2, (args, res.output)
+        (line,) = error_lines(res.stderr)
+        assert "is also the profile or a file it includes" in line, line
+    assert snapshot(tmp_path) == before
+
+
+def test_a_fifo_no_process_reads_is_refused_not_waited_on(tmp_path, image, no_models, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "ff")
+    res = run(["caption", "h.png", "--out", "ff", *FAST])
+    assert res.exit_code == 2
+    (line,) = error_lines(res.stderr)
+    assert line == "error: ff: a FIFO that no process reads; start its reader first, or choose a file"
+
+
 def test_bench_never_writes_its_workload_or_images(tmp_path, image, no_models, monkeypatch):
     """Not the DATASET, not an image a sample reads (--out or --plot, even with --force), and
     --plot and --out never one file; refused before any model loads."""

@@ -114,7 +114,7 @@ def bench(dataset, methods, categories, limit, batch_size, profile, sets, max_ne
                 + ", ".join(plan.label(m) for m in plan.methods))
     emit = stdout_guard(lambda r: click.echo(json_line(r)) if as_json else None,
                         None if out is None else f"its records to --out {out} only")
-    with (records_sink(out, inputs) as (sink, _trace),
+    with (records_sink(out, inputs, prof=prof) as (sink, _trace),
           exit_130_on_interrupt(sink, emit) as counted):
         run = _run(plan, sink, counted, quiet)
         records = _all_records(plan, sink, run)

@@ -184,17 +184,32 @@ def decode_options(noun: str, column: str):
     return decorate
 
 
+def profile_files(prof) -> list[str]:
+    """The files ``prof`` was read from: its own and every file it includes (none for the
+    built-in defaults), so no output of the run is written into one of them."""
+    from vlmspec_cli.profile import ProfileError
+    from vlmspec_cli.profile.loader import include_chain
+
+    if prof is None or prof.source == "<defaults>":
+        return []
+    try:
+        return [str(p) for p in include_chain(prof.source)]
+    except ProfileError:   # (it loaded a moment ago; changed since: its own file at least)
+        return [prof.source]
+
+
 @contextlib.contextmanager
-def records_sink(out: str | None, inputs: list[str], trace: str | None = None):
+def records_sink(out: str | None, inputs: list[str], trace: str | None = None, prof=None):
     """The --out and --trace sinks (None where not given), checked, locked and repaired
     before any model loads -- exit 2 with one line when vlmspec must not or cannot write
-    one (tasks/sink.py), its repair notes shown now -- and closed however the run ends.
-    An output error during the batch (disk full) exits 2 too."""
+    one (tasks/sink.py): never one of ``inputs`` or of the files profile ``prof`` was read
+    from, empty or not; its repair notes shown now -- and closed however the run ends. An
+    output error during the batch (disk full) exits 2 too."""
     from vlmspec_cli import ui
     from vlmspec_cli.tasks.sink import OutputError, open_outputs
 
     try:
-        sinks = open_outputs(out, inputs, trace)
+        sinks = open_outputs(out, inputs, trace, profile_files(prof))
     except OutputError as exc:
         fail(str(exc))
     try:

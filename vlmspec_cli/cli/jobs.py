@@ -35,7 +35,7 @@ def run_job_command(prof, items, *, noun: str, out: str | None, as_json: bool, c
     if not quiet:
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
                 + draft_summary(prof) + about)
-    with (records_sink(out, input_files(items), trace) as (sink, trace_sink),
+    with (records_sink(out, input_files(items), trace, prof) as (sink, trace_sink),
           exit_130_on_interrupt(sink, record_printer(as_json, sink)) as emit):
         session = None
         if remote is None:

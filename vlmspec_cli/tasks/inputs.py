@@ -156,6 +156,9 @@ def _checked_name(item: InputItem) -> InputItem:
 def _stdin_items(stream, exts: tuple[str, ...], image_ok: bool) -> Iterable[InputItem]:
     """The items ``-`` stands for: one image (its bytes on stdin), or a path per line
     (read bounded: text_lists.py); an error item for what cannot be read."""
+    if stream is None:   # started with stdin closed (``<&-``): Python gives no stream
+        yield InputItem(STDIN, "stdin is closed: there is nothing to read for '-'")
+        return
     kind, value = sniff_stdin(stream, MAX_IMAGE_BYTES if image_ok else None)
     if kind == "image":
         yield InputItem(STDIN, data=value)

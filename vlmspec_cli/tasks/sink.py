@@ -153,12 +153,20 @@ class JsonlSink:
             raise OutputError(f"{self.path}: is a directory, not a file")
         self.stream = st is not None and not stat.S_ISREG(st.st_mode)
         flags = os.O_WRONLY if self.stream else os.O_RDWR | os.O_CREAT
+        # a FIFO is opened without waiting: with no reader the open would block for ever
+        fifo = st is not None and stat.S_ISFIFO(st.st_mode)
         try:
             if st is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, flags | os.O_APPEND | _O_CLOEXEC, 0o666)
+            fd = os.open(self.path, flags | os.O_APPEND | _O_CLOEXEC
+                         | (os.O_NONBLOCK if fifo else 0), 0o666)
         except OSError as exc:
+            if fifo and exc.errno == errno.ENXIO:
+                raise OutputError(f"{self.path}: a FIFO that no process reads; start its "
+                                  "reader first, or choose a file") from None
             raise OutputError(f"{self.path}: cannot open it for writing: {_strerror(exc)}") from None
+        if fifo:   # writes wait for the reader as a pipe's do
+            os.set_blocking(fd, True)
         if not self.stream:
             try:
                 self._lock(fd)
@@ -367,8 +375,9 @@ def _is_stream(path: str) -> bool:
         return False
 
 
-def check_not_an_input(out: str, inputs: Iterable[str]) -> None:
-    """Raise OutputError when ``out`` is one of ``inputs`` (by resolved path or inode)."""
+def check_not_an_input(out: str, inputs: Iterable[str], what: str = "an input") -> None:
+    """Raise OutputError when ``out`` is one of ``inputs`` (by resolved path or inode);
+    ``what`` names them in the message."""
     if _is_stream(out):
         return  # /dev/null, a pipe: writing it destroys nothing
     try:
@@ -377,22 +386,25 @@ def check_not_an_input(out: str, inputs: Iterable[str]) -> None:
         out_stat = None
     for name in inputs:
         if same_file(out, name, out_stat):
-            raise OutputError(f"{out}: is also an input ({name}); vlmspec never writes to "
+            raise OutputError(f"{out}: is also {what} ({name}); vlmspec never writes to "
                               "its inputs: choose another output file")
 
 
 def open_outputs(out: str | None, inputs: Iterable[str] = (), trace: str | None = None,
+                 profile_files: Iterable[str] = (),
                  ) -> tuple[JsonlSink | None, JsonlSink | None]:
     """The results sink for ``out`` and the trace sink for ``trace`` (None where not
-    given), checked, locked and repaired: call before loading any model and close them
-    when the run ends. Raises OutputError with the line to show."""
-    inputs = list(inputs)
+    given), checked (neither is one of ``inputs`` nor of the ``profile_files`` the run
+    read its settings from), locked and repaired: call before loading any model and close
+    them when the run ends. Raises OutputError with the line to show."""
+    inputs, profile_files = list(inputs), list(profile_files)
     if out and trace and not _is_stream(out) and same_file(trace, out):
         raise OutputError(f"{trace}: --trace and --out name the same file; give each its own")
     opened: list[JsonlSink] = []
     try:
         for path, kind, durable in ((out, RESULTS, True), (trace, TRACE, False)):
             if path:
+                check_not_an_input(path, profile_files, "the profile or a file it includes")
                 check_not_an_input(path, inputs)
                 opened.append(JsonlSink(path, kind, durable).open())
             else:
