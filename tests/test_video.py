@@ -175,6 +175,24 @@ def test_cli_every_container_and_a_frame_folder(clips, tmp_path):
     assert all(world.parse_description(r["output"]) for r in records)
 
 
+def test_compare_with_a_failing_input_first_decodes_the_rest(clips, tmp_path):
+    """describe-video DIR1 DIR2 --compare, DIR1's frames of different sizes: it ended in a
+    traceback from --compare's warm-up and no record for either folder. Now DIR1 fails alone,
+    in one line, and DIR2 is decoded and compared."""
+    _, _, folder, _ = clips
+    mixed = videofiles.write_frame_folder(tmp_path / "mixed", videofiles.indexed_frames(3, 32)
+                                          + videofiles.indexed_frames(1, (40, 24)))
+    res = run(["describe-video", str(mixed), str(folder), "--compare", "--json", "--frames", "4",
+               *FAST])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    errors = [l for l in res.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "frames differ in size" in errors[0], res.stderr
+    records = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [r["input"] for r in records] == [str(mixed), str(folder)]
+    assert records[0]["error"] and records[1]["error"] is None
+    assert records[1]["compare"]["identical"] is True
+
+
 def test_cli_bad_files_fail_alone(clips, tmp_path):
     d, paths, _, _ = clips
     bad = {
@@ -262,3 +280,25 @@ def test_cli_subprocess_fps_compare(clips):
     record = json.loads(proc.stdout)
     assert record["compare"]["identical"] is True
     assert record["videos"][0]["frames"] == 6      # 3 s at 2 fps
+
+
+def test_compare_warm_up_moves_past_a_request_that_fails_to_decode():
+    """--compare's warm-up decodes the first request that builds; one whose decode raises
+    (media its model cannot take) is that input's failure, reported by the timed loop: the
+    warm-up goes on to the next instead of ending the batch."""
+    from types import SimpleNamespace
+
+    from vlmspec_cli.tasks.jobs import warm_up_compare
+
+    bad, good = (Request([Message("user", t)], max_new_tokens=20) for t in ("bad", "good"))
+    warmed = []
+
+    def generate(request):
+        if request.messages[0].text == "bad":
+            raise ValueError("all input arrays must have the same shape")
+        warmed.append(request.max_new_tokens)
+
+    engine = SimpleNamespace(generate=generate, drafter=SimpleNamespace(captioner=None))
+    session = SimpleNamespace(engine=engine, baseline_engine=lambda: engine)
+    warm_up_compare(session, [lambda: bad, lambda: good])
+    assert warmed == [8, 8]      # the good request, short, with the method and target-only

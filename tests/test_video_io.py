@@ -273,6 +273,14 @@ def test_folder_max_pixels_and_mixed_formats(tmp_path):
     assert all(im.mode == "RGB" for im in clip.frames)
 
 
+def test_folder_of_frames_of_different_sizes_is_refused_naming_both(tmp_path):
+    folder = write_frame_folder(tmp_path / "mixed", indexed_frames(3, 32) + indexed_frames(1, (40, 24)))
+    with pytest.raises(VideoError) as info:
+        read_video(folder, frames=2)     # frame4 is not even sampled: a video has one size
+    assert str(info.value) == (f"{folder}: frames differ in size: frame1.png is 32x32, frame4.png "
+                               "is 40x24 (a folder of frames is one video, of one size)")
+
+
 def test_folder_with_broken_image(tmp_path):
     folder = write_frame_folder(tmp_path / "broken", indexed_frames(5))
     (folder / "frame3.png").write_bytes(b"this is not a png")

@@ -178,17 +178,18 @@ def warm_up_compare(session, requests: Iterable[Callable[[], Request]]) -> None:
     that builds, with the method and with target-only. Each side's first decode pays
     one-time start-up costs (allocations, kernel set-up), and the method decodes each input
     first, so without this the first timed input charged them to speculation alone.
-    ``requests`` yields request makers that raise for bad inputs (the timed loop reports
-    those); a drafter's caption cache is emptied again, so no timed input finds its
+    ``requests`` yields request makers that raise for bad inputs, and a request can fail
+    to decode (media its model cannot take): the timed loop reports those, and the warm-up
+    moves on to the next; a drafter's caption cache is emptied again, so no timed input finds its
     captions made."""
     for make in requests:
         try:
             request = make()
-        except Exception:
+            short = dataclasses.replace(request, max_new_tokens=min(request.max_new_tokens, 8))
+            session.engine.generate(short)
+            session.baseline_engine().generate(short)
+        except Exception:   # this input's own failure: its job reports it; warm on the next
             continue
-        short = dataclasses.replace(request, max_new_tokens=min(request.max_new_tokens, 8))
-        session.engine.generate(short)
-        session.baseline_engine().generate(short)
         captioner = session.engine.drafter.captioner   # (declared on every method)
         if captioner is not None:
             captioner.forget()

@@ -32,9 +32,9 @@ upright. Errors from FFmpeg (``av.error.FFmpegError``) are turned into
 
 A directory is a folder of frames: files with ``FRAME_SUFFIXES`` (dotfiles
 skipped), natural sort by name, timestamps ``i / folder_fps``. Every file's
-header is checked (cheap, ``Image.open``); only the sampled frames are fully
-decoded, and a file that fails either step is reported with the folder's path
-and the file's name.
+header is checked (cheap, ``Image.open``), and every frame must have the first's
+size; only the sampled frames are fully decoded, and a file that fails either
+step is reported with the folder's path and the file's name.
 """
 
 from __future__ import annotations
@@ -405,13 +405,20 @@ def _read_folder(path: str, frames, fps, max_pixels, folder_fps, max_frames=None
     times = [i / folder_fps for i in range(len(names))]
     chosen = _plan(times, frames, fps)
     _check_plan(path, chosen, len(names), frames, fps, max_frames)
+    first: tuple[str, tuple[int, int]] | None = None   # a video has one frame size
     for name in names:  # header check of every file: cheap, catches non-images and empty files
         try:
             check_image_size(name, os.path.getsize(os.path.join(path, name)))
             with Image.open(os.path.join(path, name)) as im:
-                problem = dimension_problem(*im.size)   # before PIL's own bomb check
+                size = im.size
+                problem = dimension_problem(*size)   # before PIL's own bomb check
             if problem:
                 raise VideoError(path, f"frame {name}: {problem}")
+            first = first or (name, size)
+            if size != first[1]:
+                raise VideoError(path, f"frames differ in size: {first[0]} is "
+                                       f"{first[1][0]}x{first[1][1]}, {name} is {size[0]}x{size[1]} "
+                                       "(a folder of frames is one video, of one size)")
         except InputError as exc:
             raise VideoError(path, f"unreadable frame {name} ({exc.reason})") from None
         except VideoError:
