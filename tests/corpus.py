@@ -433,4 +433,11 @@ def make_bad_profiles(root: Path) -> dict[str, tuple[Path, Path, str]]:
     add("huge.yaml", b"# " + b"x" * (2 * 1024 ** 2) + b"\nname: huge\n", "over the 1.0 MiB")
     (root / "includer.yaml").write_bytes(b"include: latin1.yaml\nname: x\n")
     cases["includer.yaml"] = (root / "includer.yaml", root / "latin1.yaml", "not UTF-8 text")
+    add("duplicate-key.yaml", b"method: tree\nname: x\nmethod: chain\n",
+        "duplicate key 'method' (first on line 1)")
+    # a file that is no profile, included: refused without echoing its text (a secret)
+    (root / "passwd").write_bytes(b"root:$6$secret-hash:20228:0:99999:7::\n")
+    (root / "includes-passwd.yaml").write_bytes(b"include: passwd\nname: x\n")
+    cases["includes-passwd.yaml"] = (root / "includes-passwd.yaml", root / "passwd",
+                                     "unknown key, not shown: it is no key name")
     return cases

@@ -65,6 +65,7 @@ def test_bad_profile_files_are_one_line_errors(bad):
         proc = vlmspec("profiles", str(path))
         line = one_error_line(proc.stderr)
         assert proc.returncode == 2 and f"{named}: " in line and why in line, (case, line)
+        assert "secret" not in line, line        # a file that is no profile is not echoed
     assert md5s(root) == before
 
 

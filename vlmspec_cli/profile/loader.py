@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -88,8 +89,16 @@ def _leaf_type(parts: list[str]):
 
 
 # ---------------------------------------------------------------- validation
+# what an unknown key is shown as; anything else (a file that is no profile, ``include:
+# /etc/shadow``, whose first line became a key) is not echoed
+_KEY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
 def _unknown_key(cls, key, prefix: str, source: str) -> ProfileError:
     valid = list(_yaml_fields(cls))
+    if not _KEY_NAME.fullmatch(str(key)):
+        return ProfileError(f"{source}: unknown key, not shown: it is no key name "
+                            f"({len(str(key))} characters); is this file a vlmspec profile?")
     msg = f"{source}: unknown key '{_join(prefix, key)}'"
     hint = did_you_mean(key, valid, show=lambda k: f"'{_join(prefix, k)}'")
     if hint:

@@ -127,12 +127,36 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
     return f"invalid YAML: {exc}"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
+    silently: a profile's second ``method:`` overrode the first unseen)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}   # key -> the line it is first on
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":   # ``<<: *anchor``: merged
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:   # an unhashable key: the base constructor says so
+                    break
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key '{key}' (first on line {first})",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def load_text(text: str) -> Any:
-    """``yaml.safe_load(text)`` once :func:`check_events` passed; every failure is a
-    YamlFileError (syntax errors say where)."""
+    """The YAML document in ``text`` (safe types only) once :func:`check_events` passed; a
+    key given twice in one mapping is an error; every failure is a YamlFileError (syntax
+    errors say where)."""
     try:
         check_events(text)
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise YamlFileError(_yaml_error(exc)) from None
     except ValueError as exc:  # e.g. an integer of more digits than int() converts
