@@ -346,3 +346,26 @@ def test_conversations_without_an_id_resume_however_their_lines_move(tmp_path: P
     chat.write_text("# a comment\n\n" + "".join(json.dumps(c) + "\n" for c in reversed(convs)))
     assert _chat_run(chat, out) == []
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_chat_file_bounds_a_long_line_too_many_lines_and_a_huge_file(tmp_path: Path, monkeypatch) -> None:
+    """A --chat file is read bounded: a line past MAX_CHAT_LINE fails alone, the line past
+    MAX_CONVERSATIONS is one error and nothing after it is read, a file past MAX_CHAT_BYTES
+    is refused unread (a million-line file planned a million items at 2 GB)."""
+    import vlmspec_cli.tasks.chat as chat
+
+    monkeypatch.setattr(chat, "MAX_CHAT_LINE", 200)
+    monkeypatch.setattr(chat, "MAX_CONVERSATIONS", 3)
+    f = _write(tmp_path / "c.jsonl", [GOOD, {"messages": [_user("x" * 300)]}, GOOD, "# c", GOOD,
+                                      GOOD, GOOD])
+    out = read_chat_file(str(f))
+    assert [type(o).__name__ for o in out] == ["Conversation", "ChatLineError", "Conversation",
+                                              "ChatLineError"]
+    assert out[1].reason == "line 2: longer than 200 characters; not read"
+    assert out[3].reason == ("line 5: more than 3 conversations in one file; this line and the "
+                             "rest are not read (split the file)")
+    monkeypatch.setattr(chat, "MAX_CHAT_BYTES", 100)
+    with pytest.raises(InputError) as ei:
+        read_chat_file(str(f))
+    assert ei.value.reason == (f"is {f.stat().st_size} bytes, more than the 100 bytes a --chat "
+                               "file may be; not read (split it)")

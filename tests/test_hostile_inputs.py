@@ -132,6 +132,23 @@ def test_endless_stdin_is_read_bounded(images, unit, reason):
     assert stream.read_bytes <= 65 * MiB
 
 
+def test_yes_on_stdin_stops_at_the_line_cap_with_one_stat_per_distinct_line(images, monkeypatch):
+    """``yes | vlmspec caption -``: 64 MiB of "y" lines took 17 minutes of --dry-run (a stat
+    per line). Now the list stops at a million lines, and a line equal to the one before is
+    dropped before any stat (it is a duplicate)."""
+    import vlmspec_cli.tasks.inputs as inputs
+
+    stats = []
+    real = inputs._expand_one
+    monkeypatch.setattr(inputs, "_expand_one", lambda arg, exts: stats.append(arg) or real(arg, exts))
+    stream = Endless(b"y\n")
+    res = run(["caption", str(images[0]), "-", "--json", *FAST], input=stream)
+    assert res.exit_code == 1, res.output
+    assert error_lines(res.stderr) == ["error: y: no such file or directory",
+                                       "error: -: stdin: more than 1,000,000 lines; the rest is not read"]
+    assert stats == [str(images[0]), "y"] and stream.read_bytes <= 3 * MiB
+
+
 def test_a_videos_bytes_on_stdin_are_named_so_by_describe_video():
     """cat clip.mp4 | vlmspec describe-video -: it said "stdin holds an image's bytes", and
     random bytes "... (or one image's bytes)", which describe-video does not take."""
@@ -348,7 +365,8 @@ def test_image_placeholder_in_the_prompt_is_refused_up_front(images, tmp_path):
 
 
 def test_huge_prompt_is_refused_before_it_is_tokenized(images, tmp_path, monkeypatch):
-    """A 50 MB prompt was tokenized (7.6 GB, 48 s) before the length check."""
+    """A 50 MB prompt was tokenized (7.6 GB, 48 s) before the length check (a --chat line
+    is now at most 1,048,576 characters: the largest prompt that reaches the check)."""
     from vlmspec_cli.runtime import limits
 
     counted = limits.prompt_tokens
@@ -360,11 +378,11 @@ def test_huge_prompt_is_refused_before_it_is_tokenized(images, tmp_path, monkeyp
     chat = tmp_path / "chat.jsonl"
     chat.write_text("".join(json.dumps({"id": key, "messages": [
         {"role": "user", "text": text, "images": [str(images[0])]}]}) + "\n"
-        for key, text in (("huge", "word " * 1_000_000), ("short", "what colour?"))))
+        for key, text in (("huge", "word " * 200_000), ("short", "what colour?"))))
     res = run(["caption", "--chat", str(chat), "--json", *FAST])
     assert res.exit_code == 1, res.output
     huge, short = records(res.stdout)
-    assert huge["error"].startswith("prompt is 5,000,000 characters: at least ")
+    assert huge["error"].startswith("prompt is 1,000,000 characters: at least ")
     assert huge["error"].endswith("> 1,024 positions of the target (not tokenized)")
     assert short["error"] is None
 

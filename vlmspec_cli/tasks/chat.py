@@ -44,12 +44,18 @@ from PIL import Image
 from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.tasks.json_line import JsonLineError, parse_json_line
 from vlmspec_cli.tasks.inputs import (MAX_IMAGE_BYTES, InputError, load_image, name_problem,
-                                      read_regular_file, shown_name)
+                                      read_regular_file, shown_name, size_text,
+                                      stat_regular)
 
 __all__ = ["ChatTurn", "Conversation", "ChatLineError", "read_chat_file", "load_conversation_images",
            "parse_messages", "fs_name", "conversation_digest"]
 
 ROLES = ("user", "assistant")
+# the bounds of a --chat file: its size (a larger one is refused unread), one conversation's
+# line, and the conversations read from one file (past it: one error, the rest not read)
+MAX_CHAT_BYTES = 64 * 1024 ** 2
+MAX_CHAT_LINE = 1024 ** 2          # characters
+MAX_CONVERSATIONS = 100_000
 CONVERSATION_KEYS = ("id", "messages")
 MESSAGE_KEYS = ("role", "text", "images")
 # Common spellings from other chat formats that difflib would not find.
@@ -187,6 +193,10 @@ def parse_messages(messages: Any, base_dir: str) -> list[ChatTurn]:
 
 
 def _read_text(path: str) -> str:
+    size = stat_regular(path).st_size
+    if size > MAX_CHAT_BYTES:
+        raise InputError(path, f"is {size_text(size)}, more than the {size_text(MAX_CHAT_BYTES)} "
+                               "a --chat file may be; not read (split it)")
     # a binary file fails on its first KB, not after being read whole
     data = read_regular_file(path, check_head=_not_utf8)
     try:
@@ -206,9 +216,11 @@ def _not_utf8(head: bytes) -> str | None:
 def read_chat_file(path: str) -> list[Conversation | ChatLineError]:
     """Parse a conversation JSONL file; results in file order.
 
-    Never raises for a bad line (it becomes a :class:`ChatLineError`); raises
-    :class:`InputError` when the file is missing, a directory, unreadable,
-    empty, not UTF-8, or holds only blank and comment lines.  Images are not
+    Never raises for a bad line (it becomes a :class:`ChatLineError`, as does a line
+    longer than MAX_CHAT_LINE characters, and the line past MAX_CONVERSATIONS, after which
+    nothing is read); raises :class:`InputError` when the file is missing, a directory,
+    unreadable, empty, larger than MAX_CHAT_BYTES (unread), not UTF-8, or holds only
+    blank and comment lines.  Images are not
     opened here (see :func:`load_conversation_images`).
     """
     path = os.fspath(path)
@@ -219,11 +231,22 @@ def read_chat_file(path: str) -> list[Conversation | ChatLineError]:
     first_line: dict[str, int] = {}
     # split on "\n" only: str.splitlines() would also split at U+2028 etc.,
     # which JSON allows unescaped inside strings
+    read = 0
     for n, raw in enumerate(text.split("\n"), 1):
         s = raw.strip()
         if not s or s.startswith("#"):
             continue
         key = f"{name}:{n}"
+        read += 1
+        if read > MAX_CONVERSATIONS:
+            out.append(ChatLineError(line=n, key=key, reason=(
+                f"line {n}: more than {MAX_CONVERSATIONS:,} conversations in one file; this "
+                "line and the rest are not read (split the file)")))
+            break
+        if len(raw) > MAX_CHAT_LINE:
+            out.append(ChatLineError(line=n, key=key, reason=(
+                f"line {n}: longer than {MAX_CHAT_LINE:,} characters; not read")))
+            continue
         try:
             try:  # parse the raw line so error columns match the file
                 conv = parse_json_line(raw)

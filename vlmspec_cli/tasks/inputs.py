@@ -35,6 +35,7 @@ __all__ = [
     "read_stdin_paths",
     "load_image",
     "check_image_size",
+    "size_text",
     "name_problem",
     "shown_name",
     "utf8_name",
@@ -167,10 +168,14 @@ def _stdin_items(stream, exts: tuple[str, ...], image_ok: bool) -> Iterable[Inpu
         yield InputItem(STDIN, value)
         return
     try:
+        previous = None
         for n, raw, problem in bounded_lines(value, MAX_PATH_LINE):
             if problem is not None:
                 yield InputItem(f"{STDIN}:{n}", problem)
                 continue
+            if raw == previous:   # the same path again (``yes |``): dropped as a duplicate
+                continue          # would be, without a stat for each
+            previous = raw
             line = os.fsdecode(raw).strip()   # undecodable bytes kept: the name's own
             if not line or line.startswith("#"):
                 continue
@@ -420,7 +425,7 @@ def stat_regular(path: str) -> os.stat_result:
     return st
 
 
-def _size_text(n: int) -> str:
+def size_text(n: int) -> str:
     for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
@@ -431,8 +436,8 @@ def check_image_size(path: str, size: int, max_bytes: int = MAX_IMAGE_BYTES) -> 
     """InputError when a file of ``size`` bytes is too big to be an image input (its
     bytes are never read)."""
     if size > max_bytes:
-        raise InputError(path, f"{REASON_TOO_LARGE} (the file is {_size_text(size)}, more than "
-                               f"the {_size_text(max_bytes)} an image file may be; not read)")
+        raise InputError(path, f"{REASON_TOO_LARGE} (the file is {size_text(size)}, more than "
+                               f"the {size_text(max_bytes)} an image file may be; not read)")
 
 
 def read_regular_file(path: str, check_head: Callable[[bytes], str | None] | None = None) -> bytes:

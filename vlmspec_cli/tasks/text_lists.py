@@ -4,7 +4,7 @@ prompts of ``generate-image --prompts-file``.
 Whatever is behind the stream (``/dev/zero``, a 50 MB line, a FIFO, an image piped by
 mistake), memory stays bounded: a line is read up to ``max_line`` bytes (a longer one is
 skipped to its end in chunks and reported as that line's error), the whole list up to
-``MAX_LIST_BYTES`` (:class:`ListTooLong` past it), and stdin is sniffed first: an image's
+``MAX_LIST_BYTES`` and ``MAX_LIST_LINES`` (:class:`ListTooLong` past either), and stdin is sniffed first: an image's
 bytes (``cat img.png | vlmspec caption -``) are one image, read up to the image cap, and
 other binary data is refused after its first 4 KiB. Lines come back as bytes; the callers
 decode them (file names with ``os.fsdecode``, prompts as strict UTF-8). No click or rich.
@@ -20,7 +20,8 @@ from typing import BinaryIO, Iterator
 from vlmspec_cli.tasks.image_header import looks_like_image_magic
 
 MiB = 1024 ** 2
-MAX_LIST_BYTES = 64 * MiB        # a list of paths or prompts: ~ a million lines
+MAX_LIST_BYTES = 64 * MiB        # a list of paths or prompts
+MAX_LIST_LINES = 1_000_000       # ... and its lines (each one a stat at least: time)
 MAX_PATH_LINE = 4096             # PATH_MAX on Linux
 MAX_PROMPT_LINE = 1 * MiB        # one prompt line (still checked against the positions)
 SNIFF_BYTES = 4096
@@ -34,11 +35,13 @@ class ListFileError(Exception):
     """A list file cannot be read at all (``str()``: the reason, without the name)."""
 
 
-def bounded_lines(fh: BinaryIO, max_line: int,
-                  max_total: int = MAX_LIST_BYTES) -> Iterator[tuple[int, bytes | None, str | None]]:
+def bounded_lines(fh: BinaryIO, max_line: int, max_total: int = MAX_LIST_BYTES,
+                  max_lines: int = MAX_LIST_LINES,
+                  ) -> Iterator[tuple[int, bytes | None, str | None]]:
     """``(line number, line without its newline, None)`` for each line of the binary
     stream ``fh``, or ``(n, None, reason)`` for a line longer than ``max_line`` bytes
-    (skipped to its end in 64 KiB chunks). Raises ListTooLong past ``max_total`` bytes."""
+    (skipped to its end in 64 KiB chunks). Raises ListTooLong past ``max_total`` bytes or
+    ``max_lines`` lines."""
     total, n = 0, 0
     too_long = f"more than {_size(max_total)} of lines; the rest is not read"
     while True:
@@ -46,6 +49,8 @@ def bounded_lines(fh: BinaryIO, max_line: int,
         if not raw:
             return
         n += 1
+        if n > max_lines:
+            raise ListTooLong(f"more than {max_lines:,} lines; the rest is not read")
         total += len(raw)
         if total > max_total:
             raise ListTooLong(too_long)
@@ -156,5 +161,5 @@ def open_list_file(path: str) -> BinaryIO:
         raise ListFileError(f"cannot read ({getattr(exc, 'strerror', None) or exc})") from None
 
 
-__all__ = ["MAX_LIST_BYTES", "MAX_PATH_LINE", "MAX_PROMPT_LINE", "ListFileError",
+__all__ = ["MAX_LIST_BYTES", "MAX_LIST_LINES", "MAX_PATH_LINE", "MAX_PROMPT_LINE", "ListFileError",
            "ListTooLong", "binary_stream", "bounded_lines", "open_list_file", "sniff_stdin"]
