@@ -466,3 +466,32 @@ def test_recipe_state_never_overwrites_a_file_that_is_not_one(tmp_path, monkeypa
     res = run(["run", "r.yaml", "--state", "ok.json"])
     assert res.exit_code == 0 and "1" in json.loads((tmp_path / "ok.json").read_text())["steps"]
 
+
+
+@pytest.mark.parametrize("stop", ["Terminated", "KeyboardInterrupt"])
+def test_a_stop_swallowed_in_a_finalizer_is_delivered_again(stop, monkeypatch):
+    """SIGTERM landing while Python ran a ``__del__`` was swallowed there ("Exception ignored
+    in ...") and the run went on to exit 0, once in six tries at start-up. The unraisable
+    hook now raises the stop again, as its signal, in the code that runs next."""
+    import signal
+
+    from vlmspec_cli.cli.common import Terminated, stop_on_sigterm
+
+    exc = Terminated if stop == "Terminated" else KeyboardInterrupt
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    try:
+        stop_on_sigterm()
+
+        class Finalized:
+            def __del__(self):
+                raise exc()
+
+        with pytest.raises(exc) as caught:
+            Finalized()              # __del__ runs now; its exception reaches the hook
+            for _ in range(500):     # the signal comes a moment later, its handler raises
+                time.sleep(0.01)
+        assert type(caught.value) is exc
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)

@@ -236,10 +236,31 @@ def _terminate(signum, frame) -> None:
 
 def stop_on_sigterm() -> None:
     """SIGTERM stops a command as Ctrl-C does, not silently mid-write (the process's entry
-    point installs it; its default would end the process with no word of what was saved)."""
+    point installs it; its default would end the process with no word of what was saved).
+    A stop raised while Python runs a finalizer (``__del__``, a weakref callback) is
+    swallowed there ("Exception ignored in ..."): once in six tries at start-up the run
+    then went on to exit 0. The unraisable hook delivers such a stop again, as a signal,
+    to the code that runs next."""
     import signal
 
     signal.signal(signal.SIGTERM, _terminate)
+    sys.unraisablehook = _stops_delivered_again(sys.unraisablehook)
+
+
+def _stops_delivered_again(hook):
+    import signal
+    import threading
+
+    def unraisable(info) -> None:
+        if isinstance(info.exc_value, KeyboardInterrupt):
+            stop = signal.SIGTERM if isinstance(info.exc_value, Terminated) else signal.SIGINT
+            # sent from another thread a moment later: raised here, in the hook, it would be
+            # swallowed again; the main thread's handler raises it once the finalizer is done
+            threading.Timer(0.01, os.kill, (os.getpid(), stop)).start()
+            return
+        hook(info)
+
+    return unraisable
 
 
 def stop_code(exc: BaseException) -> int:
