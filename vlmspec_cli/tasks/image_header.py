@@ -17,6 +17,7 @@ rich or torch.
 from __future__ import annotations
 
 import codecs
+import re
 import warnings
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -55,6 +56,16 @@ class ImageRefused(Exception):
 
 class HeaderTooLong(Exception):
     """The decoder read more than the header budget before it knew what the file is."""
+
+
+def bomb_problem(exc: Exception, max_pixels: int = MAX_IMAGE_PIXELS) -> str:
+    """vlmspec's reason for an image PIL refused as a decompression bomb (declared past twice
+    its own bound, so its width and height never reached ``dimension_problem``): the pixel
+    count PIL's message gives, in vlmspec's words."""
+    found = re.search(r"Image size \((\d+) pixels\)", str(exc))
+    size = f"{int(found.group(1)) / 1e6:.1f} M pixels, " if found else ""
+    return (f"image too large ({size}more than the {max_pixels / 1e6:.1f} M vlmspec decodes; "
+            "not decoded)")
 
 
 def header_problem(head: bytes) -> str | None:
@@ -215,7 +226,7 @@ def open_header(fh, head: bytes) -> Image.Image:
         kind = REASON_TRUNCATED if looks_like_image_magic(head) else REASON_UNRECOGNIZED
         raise ImageRefused(f"{kind} ({e}; the rest is not read)") from None
     except Image.DecompressionBombError as e:
-        raise ImageRefused(f"{REASON_TOO_LARGE} ({e})") from None
+        raise ImageRefused(bomb_problem(e)) from None
     except UnidentifiedImageError:
         # Only sniff for text when PIL cannot identify the bytes, so text-based
         # image formats that PIL reads (e.g. ASCII PPM) still load.
@@ -234,7 +245,7 @@ def decode_pixels(im: Image.Image) -> None:
     try:
         im.load()
     except Image.DecompressionBombError as e:
-        raise ImageRefused(f"{REASON_TOO_LARGE} ({e})") from None
+        raise ImageRefused(bomb_problem(e)) from None
     except MemoryError:
         raise ImageRefused(f"{REASON_TOO_LARGE} (out of memory)") from None
     except Exception as e:  # OSError, SyntaxError, ValueError, zlib.error, EOFError, ...

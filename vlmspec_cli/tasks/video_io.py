@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vlmspec_cli.tasks.image_header import dimension_problem
+from vlmspec_cli.tasks.image_header import bomb_problem, dimension_problem
 from vlmspec_cli.tasks.inputs import InputError, check_image_size, stat_regular
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".gif", ".avi", ".mov")
@@ -423,9 +423,8 @@ def _read_folder(path: str, frames, fps, max_pixels, folder_fps, max_frames=None
             raise VideoError(path, f"unreadable frame {name} ({exc.reason})") from None
         except VideoError:
             raise
-        except Image.DecompressionBombError:   # declared past twice PIL's bound: not opened
-            raise VideoError(path, f"frame {name}: image too large (more than "
-                                   f"{2 * Image.MAX_IMAGE_PIXELS / 1e6:.0f} M pixels; not decoded)") from None
+        except Image.DecompressionBombError as exc:   # past twice PIL's bound: not opened
+            raise VideoError(path, f"frame {name}: {bomb_problem(exc)}") from None
         except Exception as exc:
             raise bad(name, exc) from None
     images = []
