@@ -369,10 +369,10 @@ def _fast_path(profile, lm: LoadedModel, role: str) -> None:
 def _prepare_target(profile, target: LoadedModel) -> None:
     """What the task needs of the target: videos read, or images generated (with the
     profile's guidance)."""
-    if profile.task == "video" and not getattr(target.adapter, "takes_videos", False):
+    if profile.task == "video" and not target.adapter.takes_videos:
         from vlmspec_cli.runtime.adapters import adapters
 
-        video = sorted({t for a in adapters() if getattr(a, "takes_videos", False)
+        video = sorted({t for a in adapters() if a.takes_videos
                         for t in a.model_types})   # the families whose adapter reads videos
         raise ValueError(f"target '{target.name}' does not take videos (describe-video needs a "
                          f"model of a family that reads videos: model_type {', '.join(video)}; "
