@@ -21,7 +21,14 @@
    to its packaged folder): no command, task or method depends on training code;
 10. one drafter protocol: every class of the methods' package that proposes (defines
    ``propose`` or ``propose_rows``) derives from ``DraftingMethod``: no second hierarchy
-   for batches (as ``BatchDrafter`` was); the engine's one round serves 1..B rows.
+   for batches (as ``BatchDrafter`` was); the engine's one round serves 1..B rows;
+11. no vlmspec state stashed on other objects: outside the zoo, no module assigns an
+   attribute whose name starts with ``_`` to anything but ``self`` or ``cls``
+   (``lm._x = …``, ``tokenizer._y = …``), nor calls ``setattr`` on anything but them:
+   what is kept per model or per request is a declared field of vlmspec's own objects
+   (runtime/models.py ``LoadedModel.memo``, a cache's ``rope_delta``). The zoo (training
+   code no command imports, rule 9) builds transformers models and sets their own
+   switches before saving them.
 
 Imports count wherever they are (module level or inside a function), absolute or
 relative; ``import a.b.c`` and ``from a.b import c`` depend on the module a.b.c itself,
@@ -273,6 +280,31 @@ def floor_one_definitions(root: Path, package: str) -> list[str]:
     return sorted(out)
 
 
+def foreign_assignments(root: Path, package: str, skip: tuple[str, ...] = ()) -> list[str]:
+    """``file:line: source`` for every assignment of an attribute named ``_…`` to anything
+    but ``self``/``cls`` (``x._a = …``, ``x._a += …``, in tuple targets too) and every
+    ``setattr(x, …)`` with ``x`` not ``self``/``cls``, in the modules not under ``skip``."""
+    def own(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+    out = []
+    for name, path in modules(root, package).items():
+        if any(name == s or name.startswith(s + ".") for s in skip):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            found = [t for target in targets for t in ast.walk(target)
+                     if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store)
+                     and t.attr.startswith("_") and not own(t.value)]
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "setattr" and node.args and not own(node.args[0])):
+                found.append(node)
+            out += [f"{path.relative_to(root).as_posix()}:{t.lineno}: {ast.unparse(t)}"
+                    for t in found]
+    return sorted(out)
+
+
 def _listing(items) -> str:
     return "\n  " + "\n  ".join(items)
 
@@ -382,6 +414,12 @@ def test_floor_one_stands_alone_and_is_the_only_writer(graph):
     found = floor_one_definitions(ROOT, PACKAGE)
     assert not found, ("file-writing helpers defined outside vlmspec_cli/fileio.py:"
                        + _listing(found))
+
+
+def test_no_state_stashed_on_other_objects():
+    found = foreign_assignments(ROOT, PACKAGE, skip=(ZOO,))
+    assert not found, ("private attributes set on objects that are not the module's own (keep "
+                       "such state in a declared field of a vlmspec object):" + _listing(found))
 
 
 def test_the_allowlist_names_only_real_offenders(graph):
@@ -535,3 +573,24 @@ def test_method_comparisons_are_found(tmp_path):
     assert names == {"mine"}
     assert sorted(method_comparisons(tmp_path, "pkg", names)) == ["pkg/user.py:3", "pkg/user.py:4"]
 
+
+def test_foreign_assignments_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "a.py": ("class A:\n"
+                 "    def f(self, lm, tok):\n"
+                 "        self._ok = 1\n"
+                 "        lm._cache = {}\n"
+                 "        lm.model._x, y = 1, 2\n"
+                 "        tok._n += 1\n"
+                 "        lm.public = 2\n"
+                 "        setattr(self, 'x', 1)\n"
+                 "        setattr(lm, 'x', 1)\n"
+                 "        return lm._cache\n"),
+        "zoo/__init__.py": "",
+        "zoo/build.py": "def f(gc):\n    gc._from_model_config = False\n",
+    })
+    assert foreign_assignments(root, "pkg", skip=("pkg.zoo",)) == [
+        "pkg/a.py:4: lm._cache", "pkg/a.py:5: lm.model._x", "pkg/a.py:6: tok._n",
+        "pkg/a.py:9: setattr(lm, 'x', 1)"]
+    assert foreign_assignments(root, "pkg")[-1] == "pkg/zoo/build.py:2: gc._from_model_config"

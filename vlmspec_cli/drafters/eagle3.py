@@ -145,7 +145,7 @@ class Eagle3Drafter(HiddenDrafter):
         if f is None or f.ids is None:
             raise RuntimeError("eagle3 drafter: the engine gave no prefill hidden states")
         mrope = self.head.config.mrope_section is not None
-        delta = int(getattr(state.target_cache, "rope_delta", 0) or 0) if mrope else 0
+        delta = int(state.target_cache.rope_delta) if mrope else 0
         st = Eagle3State(self.head.new_cache(), prompt_len=len(f.ids),
                          first_logits=state.target_next_logits, delta=delta)
         rows = self._target_rows(f.hidden)
