@@ -28,7 +28,11 @@
    what is kept per model or per request is a declared field of vlmspec's own objects
    (runtime/models.py ``LoadedModel.memo``, a cache's ``rope_delta``). The zoo (training
    code no command imports, rule 9) builds transformers models and sets their own
-   switches before saving them.
+   switches before saving them;
+12. the method answers its γ: no module outside the methods' package and the profile's
+   (vlmspec_cli/drafters/, vlmspec_cli/profile/) reads ``….drafting.gamma``; every other
+   reader asks the method (``gamma(profile)``, ``round_width(profile)``), so a tree is
+   sized and timed by its own shape, not a chain's γ.
 
 Imports count wherever they are (module level or inside a function), absolute or
 relative; ``import a.b.c`` and ``from a.b import c`` depend on the module a.b.c itself,
@@ -305,6 +309,22 @@ def foreign_assignments(root: Path, package: str, skip: tuple[str, ...] = ()) ->
     return sorted(out)
 
 
+GAMMA_READERS = ("drafters", "profile")   # packages under PACKAGE that may read drafting.gamma
+
+
+def gamma_reads(root: Path, package: str, allowed: tuple[str, ...] = GAMMA_READERS) -> list[str]:
+    """``file:line`` of every ``X.drafting.gamma`` read outside the ``allowed`` packages."""
+    out = []
+    for path in modules(root, package).values():
+        if path.relative_to(root / package).parts[0] in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr == "gamma"
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "drafting"):
+                out.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+    return sorted(out)
+
+
 def _listing(items) -> str:
     return "\n  " + "\n  ".join(items)
 
@@ -420,6 +440,12 @@ def test_no_state_stashed_on_other_objects():
     found = foreign_assignments(ROOT, PACKAGE, skip=(ZOO,))
     assert not found, ("private attributes set on objects that are not the module's own (keep "
                        "such state in a declared field of a vlmspec object):" + _listing(found))
+
+
+def test_only_the_methods_read_drafting_gamma():
+    found = gamma_reads(ROOT, PACKAGE)
+    assert not found, ("drafting.gamma read outside drafters/ and profile/ (ask the method: "
+                       "gamma(profile), round_width(profile)):" + _listing(found))
 
 
 def test_the_allowlist_names_only_real_offenders(graph):
@@ -594,3 +620,14 @@ def test_foreign_assignments_are_found(tmp_path):
         "pkg/a.py:4: lm._cache", "pkg/a.py:5: lm.model._x", "pkg/a.py:6: tok._n",
         "pkg/a.py:9: setattr(lm, 'x', 1)"]
     assert foreign_assignments(root, "pkg")[-1] == "pkg/zoo/build.py:2: gc._from_model_config"
+
+
+def test_gamma_reads_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "drafters/__init__.py": "",
+        "drafters/chain.py": "def gamma(p):\n    return p.drafting.gamma\n",
+        "tasks.py": ("def f(p, s):\n    a = p.drafting.gamma + 1\n"
+                     "    b = s.profile.drafting.gamma\n    return p.gamma, p.drafting\n"),
+    })
+    assert gamma_reads(root, "pkg") == ["pkg/tasks.py:2", "pkg/tasks.py:3"]

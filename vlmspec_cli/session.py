@@ -333,7 +333,7 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     # (the captioner decodes with transformers' generate(), not the engine)
     for role, lm in (("target", target), ("draft", drafter.draft)):
         if lm is not None:
-            _fast_path(profile, lm, role)
+            _fast_path(profile, method, lm, role)
     engine.threads = thread_plan(profile)
     return Session(profile, target, drafter.draft, captioner, engine, sampling,
                    threads=engine.threads, method=method)
@@ -356,14 +356,13 @@ def thread_plan(profile) -> ThreadPlan:
                       long_context=r.long_context, auto=auto).with_defaults()
 
 
-def _fast_path(profile, lm: LoadedModel, role: str) -> None:
+def _fast_path(profile, method: type[DraftingMethod], lm: LoadedModel, role: str) -> None:
     """``runtime.fast_path`` for one model, its caches sized for the profile's requests
-    (max_new_tokens plus the largest round a method verifies) so none reallocates."""
+    (max_new_tokens plus the widest round the method feeds, and one spare) so none
+    reallocates."""
     use_fast_path(lm, profile.runtime.fast_path, role)
     if lm.fast is not None:
-        largest_round = max(profile.drafting.gamma, profile.tree.total_tokens,
-                            profile.adaptive_tree.max_depth * profile.adaptive_tree.max_top_k)
-        lm.fast.headroom = profile.generation.max_new_tokens + largest_round + 2
+        lm.fast.headroom = profile.generation.max_new_tokens + method.round_width(profile) + 1
 
 
 def _prepare_target(profile, target: LoadedModel) -> None:
