@@ -1,6 +1,8 @@
 """The package's structure rules, checked on the source with ``ast`` (nothing is imported):
 
-1. no import cycle between vlmspec_cli modules;
+1. no import cycle between vlmspec_cli modules, nor between its packages (every module
+   ``vlmspec_cli.X.Y…`` counted as ``vlmspec_cli.X``; a top-level module is its own node;
+   a package's ``__init__`` importing its own submodules is no edge);
 2. the runtime (vlmspec_cli/runtime/) imports nothing from drafters/, tasks/, the CLI
    (cli*.py), ui.py or the zoo's training code;
 3. no module over MAX_MODULE_LINES lines;
@@ -181,6 +183,21 @@ def _cycle_in(edges: dict[str, list[str]], group: set[str]) -> list[str]:
     raise AssertionError(f"{sorted(group)} is not strongly connected")
 
 
+def package_graph(graph: dict[str, set[str]], package: str = PACKAGE) -> dict[str, set[str]]:
+    """``graph`` collapsed to the package's top level: every module ``package.X.Y…`` is
+    ``package.X`` (a top-level module is its own node). Edges inside one node (a package's
+    ``__init__`` importing its own submodules, its modules importing each other) vanish."""
+    def top(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for a, bs in graph.items():
+        out.setdefault(top(a), set()).update(top(b) for b in bs)
+    for node, deps in out.items():
+        deps.discard(node)
+    return out
+
+
 def forbidden_imports(graph: dict[str, set[str]], importer: str, forbidden: tuple[str, ...]
                       ) -> set[tuple[str, str]]:
     """(module, imported) for each module at or under ``importer`` that imports a module at
@@ -338,6 +355,13 @@ def graph():
 def test_no_import_cycles(graph):
     cycles = find_cycles(graph, ignore=KNOWN_CYCLE_EDGES)
     assert not cycles, "import cycles in vlmspec_cli:" + _listing(" -> ".join(c) for c in cycles)
+
+
+def test_no_import_cycles_between_packages(graph):
+    cycles = find_cycles(package_graph(graph))
+    assert not cycles, ("import cycles between vlmspec_cli's packages (move what both need "
+                        "down to where both can import it):"
+                        + _listing(" -> ".join(c) for c in cycles))
 
 
 def test_runtime_imports_no_drafters_tasks_cli_ui_or_zoo(graph):
@@ -631,3 +655,23 @@ def test_gamma_reads_are_found(tmp_path):
                      "    b = s.profile.drafting.gamma\n    return p.gamma, p.drafting\n"),
     })
     assert gamma_reads(root, "pkg") == ["pkg/tasks.py:2", "pkg/tasks.py:3"]
+
+
+def test_package_cycles_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "session.py": "def f():\n    from pkg.tasks.space import X\n",
+        "plot.py": "",
+        "tasks/__init__.py": "from pkg.tasks import space\n",
+        "tasks/space.py": "X = 1\n",
+        "tasks/run.py": "from pkg.session import f\nfrom pkg import plot\n",
+        "runtime/__init__.py": "",
+        "runtime/a.py": "from pkg.runtime import b\n",
+        "runtime/b.py": "",
+    })
+    g = import_graph(root, "pkg")
+    assert find_cycles(g) == []                  # no cycle between modules
+    collapsed = package_graph(g, "pkg")
+    assert collapsed["pkg.tasks"] == {"pkg.session", "pkg.plot"}
+    assert collapsed["pkg.runtime"] == set()     # inside one package: no edge
+    assert find_cycles(collapsed) == [["pkg.session", "pkg.tasks", "pkg.session"]]

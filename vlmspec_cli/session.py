@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlmspec_cli.companions import SHIPPED_COMPANIONS
 from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime import limits
@@ -199,8 +200,6 @@ def _same_model(a: str, b: str) -> bool:
 
 def _trained_for(name: str | None) -> str | None:
     """The shipped target a shipped head or twig was trained on (None: not a shipped one)."""
-    from vlmspec_cli.tasks.calibrate_space import SHIPPED_COMPANIONS
-
     for target, kinds in SHIPPED_COMPANIONS.items():
         if name and any(_same_model(name, m) for models in kinds.values() for m in models):
             return target
@@ -208,8 +207,6 @@ def _trained_for(name: str | None) -> str | None:
 
 
 def _shipped_for(target: str) -> dict:
-    from vlmspec_cli.tasks.calibrate_space import SHIPPED_COMPANIONS
-
     return next((kinds for t, kinds in SHIPPED_COMPANIONS.items() if _same_model(t, target)), {})
 
 

@@ -174,7 +174,7 @@ class DraftingMethod(Drafter):
         """Dotted settings (besides ``method``) that run this method from ``profile``,
         written for another method: ``vlmspec bench`` runs every method from one profile.
         ``shipped``: the models shipped for the profile's target that this method loads
-        (tasks/calibrate_space.py SHIPPED_COMPANIONS: a hidden-state head, a twig)."""
+        (companions.py SHIPPED_COMPANIONS: a hidden-state head, a twig)."""
         return {}
 
     @classmethod

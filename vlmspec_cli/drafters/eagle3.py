@@ -96,8 +96,8 @@ class Eagle3Drafter(HiddenDrafter):
 
     @classmethod
     def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
-        """The EAGLE-3 head shipped for this target (tasks/calibrate_space.py
-        SHIPPED_COMPANIONS), as a chain: not the hidden head's settings it would inherit."""
+        """The EAGLE-3 head shipped for this target (companions.py SHIPPED_COMPANIONS), as
+        a chain: not the hidden head's settings it would inherit."""
         return {"eagle3.model": shipped[0], "eagle3.tree": False} if shipped else {}
 
     @classmethod
