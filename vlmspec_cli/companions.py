@@ -8,8 +8,9 @@ below both and imports nothing from the package.
 
 from __future__ import annotations
 
-# The shipped hidden-state heads, twigs and EAGLE-3 heads (by method), by the shipped target they were trained on
-# (their BUILD_REPORTs say so). A user's own are named with --hidden / --twig.
+# The shipped hidden-state heads, twigs and EAGLE-3 heads (by method), by the shipped target
+# they were trained on (their BUILD_REPORTs say so). A user's own are named with --hidden /
+# --twig.
 SHIPPED_COMPANIONS = {
     "zoo:tinyworld/llava-target-deep": {"hidden": ("zoo:tinyworld/llava-deep-hidden",),
                                         "twig": ("zoo:tinyworld/llava-deep-twig",),
