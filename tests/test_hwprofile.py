@@ -85,6 +85,7 @@ def test_profile_times_the_rounds_of_every_method(args, method):
     own = method_class(method)   # a tree's γ is its depth, its round its nodes + 1
     assert data["measurements"]["gamma"] == own.gamma(named)
     assert str(own.round_width(named)) in data["measurements"]["target_verify_ms"]["32"]
+    assert data["measurements"].get("round_width", own.gamma(named) + 1) == own.round_width(named)
     # per round, drafting per level ≤ drafting (≥ 1 level), so their medians are ordered too;
     # equal only if no round drafted more than one level
     assert 0 < r["draft_ms_per_level"] < r["draft_ms_per_round"]

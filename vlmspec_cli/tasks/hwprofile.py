@@ -132,7 +132,6 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
     else:
         tables, prompt_len, s0 = text_tables(session, contexts, verify_tokens, batches, warmup,
                                              repeats, progress)
-    prefill = tables.prefill_ms
     t_p = tables.target_ms(s0, 1)
     t_verify = tables.target_ms(s0, width)   # a round as the method feeds it (chain: γ + 1)
     t_q = tables.draft_step_ms[rows][s0] if draft is not None else None
@@ -159,7 +158,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
         "target_ms": round(t_p, 4),
         "target_verify_ms": round(t_verify, 4),
         "draft_ms": round(t_q, 4) if t_q is not None else None,
-        "prefill_ms": round(prefill, 4),
+        "prefill_ms": round(tables.prefill_ms, 4),
         **compiled,
         "threads": by_threads["best"] if by_threads else None,
         "prefill_threads": by_threads["best_prefill"] if by_threads else None,
@@ -167,6 +166,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
             "profile": profile.name, "target": profile.target.model, "draft": profile.draft.model,
             "method": profile.method, "gamma": gamma, "draft_rows": rows, "prompt_tokens": prompt_len,
             "warmup": warmup, "repeats": repeats,
+            **({"round_width": width} if width != gamma + 1 else {}),   # a tree's round
             "target_verify_ms": {s: {k: round(v, 4) for k, v in row.items()}
                                  for s, row in tables.target_verify_ms.items()},
             "draft_step_ms": {b: {s: round(v, 4) for s, v in row.items()}
