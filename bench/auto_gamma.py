@@ -11,7 +11,7 @@ median, min and max over the rounds, and tokens/s.
 Cases: ``demo`` (the default profile at fixed γ in ``--gammas`` and at
 ``drafting.length=auto`` with each ceiling in ``--ceilings``), ``mixed`` (the same
 configurations on one conversation file mixing the demo's scenes captioned, crops of real
-photos captioned (bench/load.py's ``photo_set``, ``--mixed-photos`` of them, from
+photos captioned (bench/benchlib.py's ``photo_set``, ``--mixed-photos`` of them, from
 ``--photos-from``) and the questions of examples/mmspec/ asked about their images
 (``--mixed-chats`` of them), shuffled with a fixed seed: one process decodes them all, so
 what it learns of one kind of input meets the next; ``vlmspec caption --chat FILE
@@ -42,19 +42,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def bad_draft(path: Path) -> Path:
-    """The default's draft with its decoder layers drawn at random (seed 1234)."""
-    sys.path.insert(0, str(ROOT))
-    from vlmspec_cli.zoo.scrambled import scrambled_draft
-
-    return scrambled_draft(path, "llava-deep-draft", seed=1234)
-
-
 def mixed_set(args, folder: Path) -> Path:
     """The ``mixed`` case's conversation file: each line one input, its id naming its kind
     (``demo-``, ``photo-``, ``chat-``), in a seeded shuffle."""
     sys.path.insert(0, str(ROOT / "bench"))
-    from load import photo_set   # (bench/load.py imports this module: imported late)
+    from benchlib import photo_set   # (it imports torch: only for the cases that use it)
 
     convs = [{"id": f"demo-{f.stem}", "messages": [
         {"role": "user", "text": "describe the image.", "images": [str(f)]}]}
@@ -87,6 +79,8 @@ def configs(args, folder: Path) -> dict[str, dict[str, list[str]]]:
         cases["mixed"] = ({f"γ={g}": chat + fixed(g) for g in gammas}
                           | {f"auto ≤{c}": chat + auto(c) for c in ceilings})
     if "bad" in args.cases:
+        from benchlib import bad_draft
+
         draft = ["--set", f"draft.model={bad_draft(Path(args.bad_draft))}"]
         cases["bad"] = {"γ=7": draft + fixed(7), "γ=1": draft + fixed(1),
                         **{f"auto ≤{c}": draft + auto(c) for c in ceilings}}

@@ -357,7 +357,7 @@ def demo_set(folder: Path) -> Path:
 def other_set(args, folder: Path) -> Path:
     """Other crops (seed 99), the chats mixed_set leaves out, the scenes asked another
     question; shuffled with another seed."""
-    from load import photo_set
+    from benchlib import photo_set
 
     photos = photo_set(Path(args.photos_from), folder / "other-photos", args.other_photos, seed=99)
     ask = lambda kind, name, text, image: {"id": f"{kind}-{name}", "messages": [   # noqa: E731

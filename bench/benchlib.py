@@ -1,6 +1,6 @@
 """What the bench scripts share: the machine a run was on, the CPU time the hypervisor took
-from it, a median step time, a speedup's confidence interval over passes, and plain/markdown
-tables.
+from it, a median step time, a speedup's confidence interval over passes, plain/markdown
+tables, and the workloads several of them build (photo crops, a draft redrawn at random).
 (They run as scripts, so this directory is on sys.path.)"""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import os
 import platform
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -146,3 +147,35 @@ def thread_plan_for(threads: int | None, profile):
 def with_plan(machine: dict, plan) -> dict:
     """machine_info with the thread plan the run used instead of the count at its end."""
     return dict(machine, threads=plan.describe() or machine["threads"])
+
+
+# ---------------------------------------------------------------------------- workloads
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bad_draft(path: Path) -> Path:
+    """The default's draft with its decoder layers drawn at random (seed 1234)."""
+    sys.path.insert(0, str(ROOT))
+    from vlmspec_cli.zoo.scrambled import scrambled_draft
+
+    return scrambled_draft(path, "llava-deep-draft", seed=1234)
+
+
+def photo_set(src: Path, out: Path, n: int, seed: int = 34) -> Path:
+    """``n`` crops of the sample photos: squares and 4:3 boxes of 25-100% of the shorter
+    side at seeded places, rescaled to 96-448 px wide (the adapter resizes them again)."""
+    from PIL import Image
+
+    photos = [Image.open(src / name).convert("RGB") for name in ("china.jpg", "flower.jpg")]
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        im = photos[i % len(photos)]
+        w, h = im.size
+        side = int(min(w, h) * rng.uniform(0.25, 1.0))
+        bw, bh = (side, side) if rng.random() < 0.5 else (min(w, side * 4 // 3), side)
+        x, y = rng.randrange(0, w - bw + 1), rng.randrange(0, h - bh + 1)
+        width = rng.choice((96, 160, 224, 320, 448))
+        crop = im.crop((x, y, x + bw, y + bh)).resize((width, max(1, width * bh // bw)))
+        crop.save(out / f"photo{i:02d}.png")
+    return out

@@ -182,7 +182,7 @@ def qwen_target(device, dtype, tiny: bool, headroom: int, max_visual_tokens: int
     settings = dict(lm.adapter.vision_defaults)
     settings.update(max_pixels=max_visual_tokens * 28 * 28, min_pixels=56 * 56, patch=14,
                     temporal=2, merge=2)
-    lm._qwen_vision = settings   # the adapter's cache of the vision settings
+    lm.memo["qwen_vision"] = settings   # the adapter's cache of the vision settings
     return lm
 
 

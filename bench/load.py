@@ -10,7 +10,7 @@ process: both sides of a row's ratio see the same conditions):
   of scikit-learn; nothing of it is imported) cut into ``--photos`` crops at seeded sizes
   and places and rescaled, written into a temporary folder;
 - ``bad``: the demo with a draft whose decoder layers are redrawn at random
-  (bench/auto_gamma.py's ``bad_draft``): τ ≈ 1, drafting never pays;
+  (bench/benchlib.py's ``bad_draft``): τ ≈ 1, drafting never pays;
 - ``video``: ``vlmspec describe-video examples/videos/ --compare`` (its default profile);
 - ``control``: the demo with ``--set method=none``: target-only against target-only, an
   A/A row. Its ratio is 1 but for the machine's noise, so beside the same competitors it
@@ -62,7 +62,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import shlex
 import subprocess
 import sys
@@ -73,8 +72,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from auto_gamma import bad_draft  # noqa: E402 (this directory is on sys.path)
-from benchlib import relative_ci, speedup_ci, stolen_s  # noqa: E402
+from benchlib import bad_draft, photo_set, relative_ci, speedup_ci, stolen_s  # noqa: E402
 
 SPIN = "import time\nend = time.monotonic() + {s}\nx = 0\nwhile time.monotonic() < end:\n    x += 1\n"
 BUILT_IN = ("demo", "photos", "bad", "video", "control")   # workloads; other names: profiles
@@ -82,26 +80,6 @@ VARIANTS = {"default": [], "fixed": ["--set", "drafting.length=fixed"],
             "auto": ["--set", "drafting.length=auto"],
             "tree-fixed": ["--set", "method=tree", "--set", "drafting.length=fixed"],
             "tree-auto": ["--set", "method=tree", "--set", "drafting.length=auto"]}
-
-
-def photo_set(src: Path, out: Path, n: int, seed: int = 34) -> Path:
-    """``n`` crops of the sample photos: squares and 4:3 boxes of 25-100% of the shorter
-    side at seeded places, rescaled to 96-448 px wide (the adapter resizes them again)."""
-    from PIL import Image
-
-    photos = [Image.open(src / name).convert("RGB") for name in ("china.jpg", "flower.jpg")]
-    rng = random.Random(seed)
-    out.mkdir(parents=True, exist_ok=True)
-    for i in range(n):
-        im = photos[i % len(photos)]
-        w, h = im.size
-        side = int(min(w, h) * rng.uniform(0.25, 1.0))
-        bw, bh = (side, side) if rng.random() < 0.5 else (min(w, side * 4 // 3), side)
-        x, y = rng.randrange(0, w - bw + 1), rng.randrange(0, h - bh + 1)
-        width = rng.choice((96, 160, 224, 320, 448))
-        crop = im.crop((x, y, x + bw, y + bh)).resize((width, max(1, width * bh // bw)))
-        crop.save(out / f"photo{i:02d}.png")
-    return out
 
 
 def commands(args, photos: Path | None) -> dict[str, list[str]]:

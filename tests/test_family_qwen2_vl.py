@@ -110,7 +110,8 @@ def test_twig_layer_skip_equals_target_only(models):
         res = session.engine.generate(req)
         assert res.tokens == baseline.generate(req).tokens
         drafted += res.state.stats.num_draft_tokens
-    assert type(res.state.target_cache).__name__ == ("SegmentedCache" if fast == "auto" else "DynamicCache")
+    # off: transformers' cache as the adapter makes it (a DynamicCache with the rope offset)
+    assert type(res.state.target_cache).__name__ == ("SegmentedCache" if fast == "auto" else "MRopeCache")
     assert drafted > 0
 
 

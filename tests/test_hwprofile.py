@@ -15,6 +15,7 @@ from PIL import Image
 from corpus import make_broken_model_dir, write_foreign_yaml, write_user_notes
 
 from vlmspec_cli.cli import cli
+from vlmspec_cli.drafters import method_class
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.latency import eq1_speedup, remarks, LatencyTables
 
@@ -80,8 +81,11 @@ def test_profile_times_the_rounds_of_every_method(args, method):
     assert r["method"] == method and 0 < r["rounds_drafting"] <= r["rounds"]
     assert r["draft_ms_per_round"] > 0 and r["verify_ms_per_round"] > 0
     assert 1 <= r["levels_per_round"] <= data["measurements"]["gamma"]   # ≤ γ, or the tree's depth
-    named = load_profile(args[1] if args[:1] == ["-p"] else None)
-    assert data["measurements"]["gamma"] == named.drafting.gamma
+    named = load_profile(args[1] if args[:1] == ["-p"] else None, [f"method={method}"])
+    own = method_class(method)   # a tree's γ is its depth, its round its nodes + 1
+    assert data["measurements"]["gamma"] == own.gamma(named)
+    assert str(own.round_width(named)) in data["measurements"]["target_verify_ms"]["32"]
+    assert data["measurements"].get("round_width", own.gamma(named) + 1) == own.round_width(named)
     # per round, drafting per level ≤ drafting (≥ 1 level), so their medians are ordered too;
     # equal only if no round drafted more than one level
     assert 0 < r["draft_ms_per_level"] < r["draft_ms_per_round"]

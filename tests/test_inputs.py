@@ -19,7 +19,6 @@ from vlmspec_cli.tasks.inputs import (
     InputItem,
     expand_inputs,
     load_image,
-    read_stdin_paths,
 )
 
 
@@ -165,11 +164,6 @@ def test_stdin_comments_blanks_and_order(tree):
     assert errors["missing.png"] == "no such file or directory"
     # case-insensitive extension, but the glob itself is case-sensitive: C.JPG is not *.jpg
     assert errors["shots/*.jpg"].startswith("no ")
-
-
-def test_read_stdin_paths():
-    assert read_stdin_paths(io.StringIO("a\n\n # c\n#x\n b \n")) == ["a", "b"]
-    assert read_stdin_paths(["x\n", "  \n", "y"]) == ["x", "y"]
 
 
 def test_dedupe_keeps_first_occurrence(tree):

@@ -1,6 +1,8 @@
 """The package's structure rules, checked on the source with ``ast`` (nothing is imported):
 
-1. no import cycle between vlmspec_cli modules;
+1. no import cycle between vlmspec_cli modules, nor between its packages (every module
+   ``vlmspec_cli.X.Y…`` counted as ``vlmspec_cli.X``; a top-level module is its own node;
+   a package's ``__init__`` importing its own submodules is no edge);
 2. the runtime (vlmspec_cli/runtime/) imports nothing from drafters/, tasks/, the CLI
    (cli*.py), ui.py or the zoo's training code;
 3. no module over MAX_MODULE_LINES lines;
@@ -19,12 +21,23 @@
 9. the zoo (vlmspec_cli/zoo/: the tinyworld models' training code) is imported only by
    the zoo itself and by ``zoo:`` name resolution (runtime/models.py, which maps a name
    to its packaged folder): no command, task or method depends on training code;
-11. the round on one screen: the engine's round (``SpeculativeEngine.step_rows``) is at most
-   ROUND_LINES lines, and the engine module probes nothing (no ``getattr``/``hasattr``):
-   what a proposal, a drafter or the round policy tells it is declared on their types;
 10. one drafter protocol: every class of the methods' package that proposes (defines
    ``propose`` or ``propose_rows``) derives from ``DraftingMethod``: no second hierarchy
-   for batches (as ``BatchDrafter`` was); the engine's one round serves 1..B rows.
+   for batches (as ``BatchDrafter`` was); the engine's one round serves 1..B rows;
+11. no vlmspec state stashed on other objects: outside the zoo, no module assigns an
+   attribute whose name starts with ``_`` to anything but ``self`` or ``cls``
+   (``lm._x = …``, ``tokenizer._y = …``), nor calls ``setattr`` on anything but them:
+   what is kept per model or per request is a declared field of vlmspec's own objects
+   (runtime/models.py ``LoadedModel.memo``, a cache's ``rope_delta``). The zoo (training
+   code no command imports, rule 9) builds transformers models and sets their own
+   switches before saving them;
+12. the method answers its γ: no module outside the methods' package and the profile's
+   (vlmspec_cli/drafters/, vlmspec_cli/profile/) reads ``….drafting.gamma``; every other
+   reader asks the method (``gamma(profile)``, ``round_width(profile)``), so a tree is
+   sized and timed by its own shape, not a chain's γ;
+13. the round on one screen: the engine's round (``SpeculativeEngine.step_rows``) is at most
+   ROUND_LINES lines, and the engine module probes nothing (no ``getattr``/``hasattr``):
+   what a proposal, a drafter or the round policy tells it is declared on their types.
 
 Imports count wherever they are (module level or inside a function), absolute or
 relative; ``import a.b.c`` and ``from a.b import c`` depend on the module a.b.c itself,
@@ -173,6 +186,21 @@ def _cycle_in(edges: dict[str, list[str]], group: set[str]) -> list[str]:
     raise AssertionError(f"{sorted(group)} is not strongly connected")
 
 
+def package_graph(graph: dict[str, set[str]], package: str = PACKAGE) -> dict[str, set[str]]:
+    """``graph`` collapsed to the package's top level: every module ``package.X.Y…`` is
+    ``package.X`` (a top-level module is its own node). Edges inside one node (a package's
+    ``__init__`` importing its own submodules, its modules importing each other) vanish."""
+    def top(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for a, bs in graph.items():
+        out.setdefault(top(a), set()).update(top(b) for b in bs)
+    for node, deps in out.items():
+        deps.discard(node)
+    return out
+
+
 def forbidden_imports(graph: dict[str, set[str]], importer: str, forbidden: tuple[str, ...]
                       ) -> set[tuple[str, str]]:
     """(module, imported) for each module at or under ``importer`` that imports a module at
@@ -276,6 +304,47 @@ def floor_one_definitions(root: Path, package: str) -> list[str]:
     return sorted(out)
 
 
+def foreign_assignments(root: Path, package: str, skip: tuple[str, ...] = ()) -> list[str]:
+    """``file:line: source`` for every assignment of an attribute named ``_…`` to anything
+    but ``self``/``cls`` (``x._a = …``, ``x._a += …``, in tuple targets too) and every
+    ``setattr(x, …)`` with ``x`` not ``self``/``cls``, in the modules not under ``skip``."""
+    def own(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+    out = []
+    for name, path in modules(root, package).items():
+        if any(name == s or name.startswith(s + ".") for s in skip):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            found = [t for target in targets for t in ast.walk(target)
+                     if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store)
+                     and t.attr.startswith("_") and not own(t.value)]
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "setattr" and node.args and not own(node.args[0])):
+                found.append(node)
+            out += [f"{path.relative_to(root).as_posix()}:{t.lineno}: {ast.unparse(t)}"
+                    for t in found]
+    return sorted(out)
+
+
+GAMMA_READERS = ("drafters", "profile")   # packages under PACKAGE that may read drafting.gamma
+
+
+def gamma_reads(root: Path, package: str, allowed: tuple[str, ...] = GAMMA_READERS) -> list[str]:
+    """``file:line`` of every ``X.drafting.gamma`` read outside the ``allowed`` packages."""
+    out = []
+    for path in modules(root, package).values():
+        if path.relative_to(root / package).parts[0] in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr == "gamma"
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "drafting"):
+                out.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+    return sorted(out)
+
+
 def _listing(items) -> str:
     return "\n  " + "\n  ".join(items)
 
@@ -289,6 +358,13 @@ def graph():
 def test_no_import_cycles(graph):
     cycles = find_cycles(graph, ignore=KNOWN_CYCLE_EDGES)
     assert not cycles, "import cycles in vlmspec_cli:" + _listing(" -> ".join(c) for c in cycles)
+
+
+def test_no_import_cycles_between_packages(graph):
+    cycles = find_cycles(package_graph(graph))
+    assert not cycles, ("import cycles between vlmspec_cli's packages (move what both need "
+                        "down to where both can import it):"
+                        + _listing(" -> ".join(c) for c in cycles))
 
 
 def test_runtime_imports_no_drafters_tasks_cli_ui_or_zoo(graph):
@@ -385,6 +461,18 @@ def test_floor_one_stands_alone_and_is_the_only_writer(graph):
     found = floor_one_definitions(ROOT, PACKAGE)
     assert not found, ("file-writing helpers defined outside vlmspec_cli/fileio.py:"
                        + _listing(found))
+
+
+def test_no_state_stashed_on_other_objects():
+    found = foreign_assignments(ROOT, PACKAGE, skip=(ZOO,))
+    assert not found, ("private attributes set on objects that are not the module's own (keep "
+                       "such state in a declared field of a vlmspec object):" + _listing(found))
+
+
+def test_only_the_methods_read_drafting_gamma():
+    found = gamma_reads(ROOT, PACKAGE)
+    assert not found, ("drafting.gamma read outside drafters/ and profile/ (ask the method: "
+                       "gamma(profile), round_width(profile)):" + _listing(found))
 
 
 def test_the_allowlist_names_only_real_offenders(graph):
@@ -578,3 +666,56 @@ def test_round_checks_catch_a_long_round_and_a_probe(tmp_path):
                     + "        x = 1\n" * 30 + "        return getattr(p, 'dropped', None)\n")
     assert function_lines(path, "SpeculativeEngine", "step_rows") == 32
     assert probes(path) == ["33: getattr(p, 'dropped', None)"]
+
+
+def test_foreign_assignments_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "a.py": ("class A:\n"
+                 "    def f(self, lm, tok):\n"
+                 "        self._ok = 1\n"
+                 "        lm._cache = {}\n"
+                 "        lm.model._x, y = 1, 2\n"
+                 "        tok._n += 1\n"
+                 "        lm.public = 2\n"
+                 "        setattr(self, 'x', 1)\n"
+                 "        setattr(lm, 'x', 1)\n"
+                 "        return lm._cache\n"),
+        "zoo/__init__.py": "",
+        "zoo/build.py": "def f(gc):\n    gc._from_model_config = False\n",
+    })
+    assert foreign_assignments(root, "pkg", skip=("pkg.zoo",)) == [
+        "pkg/a.py:4: lm._cache", "pkg/a.py:5: lm.model._x", "pkg/a.py:6: tok._n",
+        "pkg/a.py:9: setattr(lm, 'x', 1)"]
+    assert foreign_assignments(root, "pkg")[-1] == "pkg/zoo/build.py:2: gc._from_model_config"
+
+
+def test_gamma_reads_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "drafters/__init__.py": "",
+        "drafters/chain.py": "def gamma(p):\n    return p.drafting.gamma\n",
+        "tasks.py": ("def f(p, s):\n    a = p.drafting.gamma + 1\n"
+                     "    b = s.profile.drafting.gamma\n    return p.gamma, p.drafting\n"),
+    })
+    assert gamma_reads(root, "pkg") == ["pkg/tasks.py:2", "pkg/tasks.py:3"]
+
+
+def test_package_cycles_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "session.py": "def f():\n    from pkg.tasks.space import X\n",
+        "plot.py": "",
+        "tasks/__init__.py": "from pkg.tasks import space\n",
+        "tasks/space.py": "X = 1\n",
+        "tasks/run.py": "from pkg.session import f\nfrom pkg import plot\n",
+        "runtime/__init__.py": "",
+        "runtime/a.py": "from pkg.runtime import b\n",
+        "runtime/b.py": "",
+    })
+    g = import_graph(root, "pkg")
+    assert find_cycles(g) == []                  # no cycle between modules
+    collapsed = package_graph(g, "pkg")
+    assert collapsed["pkg.tasks"] == {"pkg.session", "pkg.plot"}
+    assert collapsed["pkg.runtime"] == set()     # inside one package: no edge
+    assert find_cycles(collapsed) == [["pkg.session", "pkg.tasks", "pkg.session"]]

@@ -10,9 +10,10 @@ import pytest
 from PIL import Image
 
 from corpus import write_foreign_json, write_foreign_yaml, write_user_notes
+from vlmspec_cli.png_mark import mark_png
 from vlmspec_cli.profile import include_chain
-from vlmspec_cli.tasks.output_files import (OutputRefused, is_own_png, is_profile, mark_png,
-                                            png_text, refusal, write_checked)
+from vlmspec_cli.tasks.output_files import (OutputRefused, is_own_png, is_profile, png_text,
+                                            refusal, write_checked)
 
 PNG = dict(ours=is_own_png, what="PNG image vlmspec wrote")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from PIL import Image, ImageDraw, ImageFont
 
 from vlmspec_cli.fileio import atomic_write_bytes
-from vlmspec_cli.tasks.output_files import mark_png
+from vlmspec_cli.png_mark import mark_png
 
 PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40),
            (148, 103, 189), (140, 86, 75), (227, 119, 194), (23, 190, 207)]

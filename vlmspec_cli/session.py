@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlmspec_cli.companions import SHIPPED_COMPANIONS
 from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime import limits
@@ -200,8 +201,6 @@ def _same_model(a: str, b: str) -> bool:
 
 def _trained_for(name: str | None) -> str | None:
     """The shipped target a shipped head or twig was trained on (None: not a shipped one)."""
-    from vlmspec_cli.tasks.calibrate_space import SHIPPED_COMPANIONS
-
     for target, kinds in SHIPPED_COMPANIONS.items():
         if name and any(_same_model(name, m) for models in kinds.values() for m in models):
             return target
@@ -209,8 +208,6 @@ def _trained_for(name: str | None) -> str | None:
 
 
 def _shipped_for(target: str) -> dict:
-    from vlmspec_cli.tasks.calibrate_space import SHIPPED_COMPANIONS
-
     return next((kinds for t, kinds in SHIPPED_COMPANIONS.items() if _same_model(t, target)), {})
 
 
@@ -335,7 +332,7 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     # (the captioner decodes with transformers' generate(), not the engine)
     for role, lm in (("target", target), ("draft", drafter.draft)):
         if lm is not None:
-            _fast_path(profile, lm, role)
+            _fast_path(profile, method, lm, role)
     engine.threads = thread_plan(profile)
     return Session(profile, target, drafter.draft, captioner, engine, sampling,
                    threads=engine.threads, method=method)
@@ -358,23 +355,22 @@ def thread_plan(profile) -> ThreadPlan:
                       long_context=r.long_context, auto=auto).with_defaults()
 
 
-def _fast_path(profile, lm: LoadedModel, role: str) -> None:
+def _fast_path(profile, method: type[DraftingMethod], lm: LoadedModel, role: str) -> None:
     """``runtime.fast_path`` for one model, its caches sized for the profile's requests
-    (max_new_tokens plus the largest round a method verifies) so none reallocates."""
+    (max_new_tokens plus the widest round the method feeds, and one spare) so none
+    reallocates."""
     use_fast_path(lm, profile.runtime.fast_path, role)
     if lm.fast is not None:
-        largest_round = max(profile.drafting.gamma, profile.tree.total_tokens,
-                            profile.adaptive_tree.max_depth * profile.adaptive_tree.max_top_k)
-        lm.fast.headroom = profile.generation.max_new_tokens + largest_round + 2
+        lm.fast.headroom = profile.generation.max_new_tokens + method.round_width(profile) + 1
 
 
 def _prepare_target(profile, target: LoadedModel) -> None:
     """What the task needs of the target: videos read, or images generated (with the
     profile's guidance)."""
-    if profile.task == "video" and not getattr(target.adapter, "takes_videos", False):
+    if profile.task == "video" and not target.adapter.takes_videos:
         from vlmspec_cli.runtime.adapters import adapters
 
-        video = sorted({t for a in adapters() if getattr(a, "takes_videos", False)
+        video = sorted({t for a in adapters() if a.takes_videos
                         for t in a.model_types})   # the families whose adapter reads videos
         raise ValueError(f"target '{target.name}' does not take videos (describe-video needs a "
                          f"model of a family that reads videos: model_type {', '.join(video)}; "

@@ -292,7 +292,8 @@ def latency_table(hardware: dict) -> None:
                                               f"{hardware['prefill_threads']} prefilling")
     table.add_row("prefill (sample request)", f"{hardware['prefill_ms']:.2f} ms")
     table.add_row("target step T_p", f"{hardware['target_ms']:.3f} ms")
-    table.add_row(f"target verify T_p(γ+1={m['gamma'] + 1})", f"{hardware['target_verify_ms']:.3f} ms")
+    verified = f"round={m['round_width']}" if "round_width" in m else f"γ+1={m['gamma'] + 1}"
+    table.add_row(f"target verify T_p({verified})", f"{hardware['target_verify_ms']:.3f} ms")
     if hardware.get("draft_ms") is not None:
         table.add_row("draft step T_q", f"{hardware['draft_ms']:.3f} ms")
         table.add_row("latency ratio T_q/T_p", f"{hardware['latency_ratio']:.3f}")
@@ -302,7 +303,7 @@ def latency_table(hardware: dict) -> None:
             table.add_row("draft step T_q, compiled", f"{hardware['compiled_draft_ms']:.3f} ms")
         table.add_row("compile warm-up", f"{hardware['compile_warmup_s']:.1f} s")
     if m.get("verify_over_step") is not None:
-        table.add_row("T_p(γ+1) / T_p(1)", f"{m['verify_over_step']:.2f}")
+        table.add_row(f"T_p({verified.split('=')[0]}) / T_p(1)", f"{m['verify_over_step']:.2f}")
     r = m.get("rounds") or {}
     if r.get("rounds_drafting"):
         table.add_row(f"{r['method']} rounds (sample requests)",

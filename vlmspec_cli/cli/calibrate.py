@@ -42,6 +42,13 @@ deterministic (the latency model then comes from it instead of a fresh measureme
 """
 
 
+def _gammas(gammas: list[int], method, base) -> list[int]:
+    """The γ values the chain probes replay: --gammas, and the profile's own γ where its
+    method drafts chains of γ (its answer; a tree's depth is no chain's length)."""
+    own = {method.gamma(base)} if method.own_probe(base)[0] else set()
+    return sorted(set(gammas) | own)
+
+
 @click.command("calibrate", epilog=EPILOG_CALIBRATE)
 @click.argument("samples", nargs=-1, metavar="SAMPLES...")
 @profile_option()
@@ -124,10 +131,10 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
         fail(str(exc))
     for line in filter(None, (note, hardware_mismatch(base))):   # a hardware profile's too
         ui.warning(line)
-    gamma_list = sorted(set(gammas) | {base.drafting.gamma})  # the profile's own γ too
     with ui.Status(quiet, "calibrate:") as status:
-        result = calibrate(base, requests, gammas=gamma_list, captioner_ok=note is None,
-                           hidden=heads, twigs=twigs, top=top, budget_s=budget, margin=margin,
+        result = calibrate(base, requests, gammas=_gammas(gammas, session.method, base),
+                           captioner_ok=note is None, hidden=heads, twigs=twigs, top=top,
+                           budget_s=budget, margin=margin,
                            progress=status.update, session=session)
     winner = result.winner
     prediction = result.prediction_errors()

@@ -13,10 +13,14 @@ classmethods that need no model:
 - ``models(profile)`` and ``from_profile(profile, target, sampling, trace)``: what it
   loads next to the loaded target, and building itself;
 - ``gamma(profile)``: the most tokens one round can accept (the engine's γ), the one
-  answer every record, summary and warm-up uses (with ``drafting.length: auto`` the
-  ceiling of the γ chosen per round); ``draft_length(profile)``: "auto" when its rounds'
-  γ is chosen per round (runtime/draft_length.py; a tree's depth), "fixed" otherwise
-  (batches, no drafting, the hidden-state heads' trees);
+  answer every record, summary, warm-up and hardware profile uses (with
+  ``drafting.length: auto`` the ceiling of the γ chosen per round); nothing outside this
+  package and the profile reads ``drafting.gamma`` itself (tests/test_structure.py);
+  ``round_width(profile)``: the most tokens one round feeds the target (γ + 1 for a
+  chain, a tree's nodes + 1), what caches are sized for and a verify step is timed at;
+  ``draft_length(profile)``: "auto" when its rounds' γ is chosen per round
+  (runtime/draft_length.py; a tree's depth), "fixed" otherwise (batches, no drafting,
+  the hidden-state heads' trees);
 - ``describe(profile)`` and ``label(profile)``: the line the CLI prints before decoding
   and the method's name with its shape in a summary;
 - ``record_fields(profile, task)``: what a record says of its settings;
@@ -89,6 +93,13 @@ class DraftingMethod(Drafter):
     def gamma(cls, profile) -> int:
         return profile.drafting.gamma
 
+    @classmethod
+    def round_width(cls, profile) -> int:
+        """The most tokens one round feeds the target (the session sizes the caches for it,
+        ``vlmspec profile`` times the verify step at it): the pending token and up to γ
+        proposals for a chain."""
+        return cls.gamma(profile) + 1
+
     def position_readers(self, profile) -> list[tuple[str, object]]:
         """The separate draft reads the target's positions when it is fed the multimodal
         prompt or an image grid; a text, caption or pooled draft reads its own sequence."""
@@ -141,8 +152,8 @@ class DraftingMethod(Drafter):
     def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
         """The steps its decoding runs, for ``runtime.compile``'s warm-up (Session.warm_up):
         (model role, rows up to, mask kind, rows of the batch or None for the model's
-        own). A chain verifies γ + 1 rows; its draft decodes one."""
-        return [("target", cls.gamma(profile) + 1, "causal", None), ("draft", 2, "causal", None)]
+        own). A chain verifies its round's width (γ + 1) rows; its draft decodes one."""
+        return [("target", cls.round_width(profile), "causal", None), ("draft", 2, "causal", None)]
 
     @classmethod
     def plain_draft_steps(cls, profile) -> bool:
@@ -163,7 +174,7 @@ class DraftingMethod(Drafter):
         """Dotted settings (besides ``method``) that run this method from ``profile``,
         written for another method: ``vlmspec bench`` runs every method from one profile.
         ``shipped``: the models shipped for the profile's target that this method loads
-        (tasks/calibrate_space.py SHIPPED_COMPANIONS: a hidden-state head, a twig)."""
+        (companions.py SHIPPED_COMPANIONS: a hidden-state head, a twig)."""
         return {}
 
     @classmethod

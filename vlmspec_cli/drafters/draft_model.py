@@ -97,13 +97,13 @@ def fit_vocab(draft: LoadedModel, vocab_size: int) -> None:
 
 
 def check_image_model(lm: LoadedModel, role: str) -> None:
-    if not getattr(lm.adapter, "generates_images", False):
+    if not lm.adapter.generates_images:
         raise ValueError(f"{role} model '{lm.name}' does not generate images (generate-image "
                          "needs a Janus or Emu3 model, e.g. zoo:tinyworld/janus-target)")
 
 
 def _check_video_draft(target: LoadedModel, draft: LoadedModel) -> None:
-    if not getattr(draft.adapter, "takes_videos", False):
+    if not draft.adapter.takes_videos:
         raise ValueError(f"drafting input 'multimodal' on a video needs a draft that reads "
                          f"videos; '{draft.name}' does not (use drafting.inputs: [text] or "
                          "method hidden)")

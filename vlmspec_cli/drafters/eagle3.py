@@ -96,8 +96,8 @@ class Eagle3Drafter(HiddenDrafter):
 
     @classmethod
     def beside(cls, profile, shipped: tuple[str, ...] = ()) -> dict:
-        """The EAGLE-3 head shipped for this target (tasks/calibrate_space.py
-        SHIPPED_COMPANIONS), as a chain: not the hidden head's settings it would inherit."""
+        """The EAGLE-3 head shipped for this target (companions.py SHIPPED_COMPANIONS), as
+        a chain: not the hidden head's settings it would inherit."""
         return {"eagle3.model": shipped[0], "eagle3.tree": False} if shipped else {}
 
     @classmethod
@@ -145,7 +145,7 @@ class Eagle3Drafter(HiddenDrafter):
         if f is None or f.ids is None:
             raise RuntimeError("eagle3 drafter: the engine gave no prefill hidden states")
         mrope = self.head.config.mrope_section is not None
-        delta = int(getattr(state.target_cache, "rope_delta", 0) or 0) if mrope else 0
+        delta = int(state.target_cache.rope_delta) if mrope else 0
         st = Eagle3State(self.head.new_cache(), prompt_len=len(f.ids),
                          first_logits=state.target_next_logits, delta=delta)
         rows = self._target_rows(f.hidden)

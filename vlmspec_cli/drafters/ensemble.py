@@ -132,7 +132,7 @@ class EnsembleDrafter(DraftingMethod):
     def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
         rows = len(profile.drafting.inputs)
         draft = ("draft", 2, "padded", rows) if rows > 1 else ("draft", 2, "causal", None)
-        return [("target", cls.gamma(profile) + 1, "causal", None), draft]
+        return [("target", cls.round_width(profile), "causal", None), draft]
 
     @classmethod
     def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:

@@ -147,6 +147,12 @@ class HiddenDrafter(DraftingMethod):
         return profile.tree.depth if cls.settings(profile).tree else profile.drafting.gamma
 
     @classmethod
+    def round_width(cls, profile) -> int:
+        if not cls.settings(profile).tree:
+            return super().round_width(profile)
+        return profile.tree.total_tokens + 1   # the pending token and the tree's nodes
+
+    @classmethod
     def draft_length(cls, profile) -> str:
         return "fixed" if cls.settings(profile).tree else super().draft_length(profile)
 
@@ -164,9 +170,8 @@ class HiddenDrafter(DraftingMethod):
     @classmethod
     def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
         if not cls.settings(profile).tree:
-            return [("target", cls.gamma(profile) + 1, "causal", None)]
-        return [("target", 1, "causal", None),
-                ("target", profile.tree.total_tokens + 1, "tree", None)]
+            return [("target", cls.round_width(profile), "causal", None)]
+        return [("target", 1, "causal", None), ("target", cls.round_width(profile), "tree", None)]
 
     @classmethod
     def own_probe(cls, profile) -> tuple[bool, int, tuple[int, int, int] | None]:

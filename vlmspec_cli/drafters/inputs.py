@@ -31,7 +31,7 @@ def check_inputs(inputs: list[str], draft, captioner) -> None:
             raise ValueError(f"unknown drafting input '{name}' (choose from {DRAFTING_INPUTS})")
         if name == "pooled" and not draft.adapter.takes_images or (
                 name == "multimodal" and not (draft.adapter.takes_images
-                                              or getattr(draft.adapter, "takes_videos", False))):
+                                              or draft.adapter.takes_videos)):
             raise ValueError(f"drafting input '{name}' needs a draft that reads images; "
                              f"'{draft.name}' is text-only (use 'text' or 'caption')")
         if name == "caption" and captioner is None:
@@ -49,8 +49,8 @@ def check_family(inputs: list[str], adapter, name: str) -> None:
     pools."""
     if adapter is None:
         return
-    family = getattr(adapter, "family", None) or "its family"
-    if "pooled" in inputs and getattr(adapter, "pool_refusal", None):
+    family = adapter.family or "its family"
+    if "pooled" in inputs and adapter.pool_refusal:
         raise ValueError(f"draft '{name}' cannot be drafted through input pooled, which averages "
                          f"a square patch grid: it is {adapter.pool_refusal} (use inputs "
                          "multimodal, text or caption)")

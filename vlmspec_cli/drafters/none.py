@@ -28,8 +28,12 @@ class NoDrafter(DraftingMethod):
                                            "draft_length": cls.draft_length(profile)}
 
     @classmethod
+    def round_width(cls, profile) -> int:
+        return 1   # one token a step
+
+    @classmethod
     def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
-        return [("target", 1, "causal", None)]   # one token a step
+        return [("target", cls.round_width(profile), "causal", None)]
 
     @classmethod
     def from_profile(cls, profile, target, sampling, trace=None) -> "NoDrafter":

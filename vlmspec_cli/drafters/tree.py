@@ -86,9 +86,13 @@ class TreeDrafter(DraftingMethod):
         return profile.tree.total_tokens, profile.tree.top_k
 
     @classmethod
+    def round_width(cls, profile) -> int:
+        return cls.tree_size(profile)[0] + 1   # the pending token and the tree's nodes
+
+    @classmethod
     def compile_plan(cls, profile) -> list[tuple[str, int, str, int | None]]:
-        nodes, frontier = cls.tree_size(profile)
-        return [("target", 1, "causal", None), ("target", nodes + 1, "tree", None),
+        frontier = cls.tree_size(profile)[1]
+        return [("target", 1, "causal", None), ("target", cls.round_width(profile), "tree", None),
                 ("draft", 2, "causal", None), ("draft", frontier, "tree", None)]
 
     @classmethod

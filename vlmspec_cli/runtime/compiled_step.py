@@ -57,9 +57,11 @@ def _allow_recompiles(limit: int = 64) -> None:
     eight per function would fall back to eager silently."""
     import torch._dynamo
 
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(limit, getattr(torch._dynamo.config, name)))
+    config = torch._dynamo.config   # the limit's name as this torch spells it (both in 2.x)
+    if hasattr(config, "recompile_limit"):
+        config.recompile_limit = max(limit, config.recompile_limit)
+    if hasattr(config, "cache_size_limit"):
+        config.cache_size_limit = max(limit, config.cache_size_limit)
 
 
 class CompiledSteps:

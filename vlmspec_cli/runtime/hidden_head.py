@@ -60,17 +60,15 @@ class HiddenHeadConfig(PretrainedConfig):
         super().__init__(**kwargs)
 
     def layer_config(self) -> LlamaConfig:
-        config = LlamaConfig(
+        # an additive float mask is always passed for more than one row (trunk.chunk_mask
+        # or a tree mask), which sdpa and eager both honour
+        return LlamaConfig(
             hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
             rms_norm_eps=self.rms_norm_eps, max_position_embeddings=self.max_position_embeddings,
             rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            vocab_size=max(self.vocab_size, 1))
-        # an additive float mask is always passed for more than one row (trunk.chunk_mask
-        # or a tree mask), which sdpa and eager both honour
-        config._attn_implementation = "sdpa"
-        return config
+            vocab_size=max(self.vocab_size, 1), attn_implementation="sdpa")
 
 
 class HiddenDraftHead(PreTrainedModel):

@@ -85,16 +85,14 @@ def check_text(lm, messages: list[Message]) -> None:
                                        "image; rephrase it without that text")
 
 
-def max_token_chars(tokenizer) -> int:
-    """The characters of the longest token (added tokens included), cached on the tokenizer:
-    no token covers more of a text, so a text of C characters is >= C / this many tokens."""
-    cached = getattr(tokenizer, "_vlmspec_max_token_chars", None)
+def max_token_chars(lm) -> int:
+    """The characters of the longest token of ``lm``'s tokenizer (added tokens included),
+    kept in ``lm.memo``: no token covers more of a text, so a text of C characters is
+    >= C / this many tokens."""
+    cached = lm.memo.get("max_token_chars")
     if cached is None:
-        cached = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
-        try:
-            tokenizer._vlmspec_max_token_chars = cached
-        except AttributeError:
-            pass
+        cached = max((len(t) for t in lm.tokenizer.get_vocab()), default=1) or 1
+        lm.memo["max_token_chars"] = cached
     return cached
 
 
@@ -103,7 +101,7 @@ def _check_chars(lm, messages: list[Message], new: int, limit: tuple[str, int],
     """Refuse, without tokenizing, a text whose characters alone need more than twice the
     tokens the positions hold (one that is nearer is tokenized, for the exact count)."""
     chars = sum(len(m.text) for m in messages)
-    least = -(-chars // max_token_chars(lm.tokenizer))
+    least = -(-chars // max_token_chars(lm))
     role, positions = limit
     if least + new > 2 * positions:
         added = (f"max_new_tokens {new:,}" if generated == "max_new_tokens"

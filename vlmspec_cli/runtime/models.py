@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,10 @@ class LoadedModel:
     fast: Any = None
     fast_off_reason: str | None = None   # why not, when the fast path was asked for
     role: str = "target"   # what it was loaded as ("draft": its fast path runs packed layers)
+    # what is read once per model and kept, by name: its family adapter's settings (read
+    # from the model's processor configs), the tokenizer's longest token (runtime/limits.py);
+    # vlmspec's own, never set as attributes of transformers' objects
+    memo: dict[str, Any] = field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:

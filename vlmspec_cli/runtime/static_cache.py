@@ -60,6 +60,9 @@ class StaticKVCache:
         self.headroom = headroom
         self.pool = pool
         self.recycled = False
+        # 3-D rope families (adapters/qwen2_vl.py): a later token at 1-D position p sits at
+        # p + rope_delta, the offset the request's prefill gave (0 for every other family)
+        self.rope_delta = 0
 
     @property
     def capacity(self) -> int:

@@ -22,13 +22,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
+from vlmspec_cli.companions import SHIPPED_COMPANIONS
 from vlmspec_cli.drafters import method_class
 from vlmspec_cli.profile import profile_to_dict, with_settings
 from vlmspec_cli.runtime.limits import PromptError
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.stats import SpecStats
 from vlmspec_cli.session import ModelLoadError, SessionError, validate_method
-from vlmspec_cli.tasks.calibrate_space import SHIPPED_COMPANIONS
 from vlmspec_cli.tasks.caption import output_settings
 from vlmspec_cli.tasks.inputs import InputError, load_image, utf8_name
 from vlmspec_cli.tasks.mmspec import BenchSample, SampleError

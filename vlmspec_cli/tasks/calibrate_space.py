@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vlmspec_cli.companions import SHIPPED_COMPANIONS
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS, letters
 
 # (depth, top_k, total_tokens)
@@ -39,20 +40,6 @@ IMAGE_TREE_SHAPES = ((8, 1, 8), (4, 4, 16), (6, 4, 32), (5, 8, 48))
 ADT_BOUNDS = ((6, 6), (8, 10))          # (max_depth, max_top_k)
 ADT_BETAS = (0.5, 1.0, 2.0)
 TWIG_THRESHOLDS = (0.0, 0.3, 0.6, 0.8)
-
-# The shipped hidden-state heads, twigs and EAGLE-3 heads (by method), by the shipped target they were trained on
-# (their BUILD_REPORTs say so). A user's own are named with --hidden / --twig.
-SHIPPED_COMPANIONS = {
-    "zoo:tinyworld/llava-target-deep": {"hidden": ("zoo:tinyworld/llava-deep-hidden",),
-                                        "twig": ("zoo:tinyworld/llava-deep-twig",),
-                                        "eagle3": ("zoo:tinyworld/llava-deep-eagle3",)},
-    "zoo:tinyworld/llava-target": {"hidden": ("zoo:tinyworld/llava-hidden",),
-                                   "twig": ("zoo:tinyworld/llava-twig",)},
-    "zoo:tinyworld/qwen-video-target-deep": {"hidden": ("zoo:tinyworld/qwen-video-deep-hidden",),
-                                             "eagle3": ("zoo:tinyworld/qwen-video-deep-eagle3",)},
-    "zoo:tinyworld/qwen-video-target": {"hidden": ("zoo:tinyworld/qwen-video-hidden",)},
-}
-
 
 @dataclass(frozen=True)
 class Probe:

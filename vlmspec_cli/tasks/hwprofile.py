@@ -115,7 +115,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
     (``frames``)."""
     profile = session.profile
     target, draft = session.target, session.draft
-    gamma = profile.drafting.gamma
+    gamma, width = session.method.gamma(profile), session.method.round_width(profile)
     rows = draft_rows(profile)
     if profile.task == "image":   # guided two-row forwards of image tokens
         from vlmspec_cli.tasks.hwprofile_image import image_request, image_tables
@@ -132,9 +132,8 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
     else:
         tables, prompt_len, s0 = text_tables(session, contexts, verify_tokens, batches, warmup,
                                              repeats, progress)
-    prefill = tables.prefill_ms
     t_p = tables.target_ms(s0, 1)
-    t_verify = tables.target_ms(s0, gamma + 1)  # pending token + γ proposals, as the engine feeds
+    t_verify = tables.target_ms(s0, width)   # a round as the method feeds it (chain: γ + 1)
     t_q = tables.draft_step_ms[rows][s0] if draft is not None else None
     ratio = t_q / t_p if t_q is not None else None
     rounds = measure_rounds(session, t_p, make_request, progress)
@@ -159,7 +158,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
         "target_ms": round(t_p, 4),
         "target_verify_ms": round(t_verify, 4),
         "draft_ms": round(t_q, 4) if t_q is not None else None,
-        "prefill_ms": round(prefill, 4),
+        "prefill_ms": round(tables.prefill_ms, 4),
         **compiled,
         "threads": by_threads["best"] if by_threads else None,
         "prefill_threads": by_threads["best_prefill"] if by_threads else None,
@@ -167,6 +166,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
             "profile": profile.name, "target": profile.target.model, "draft": profile.draft.model,
             "method": profile.method, "gamma": gamma, "draft_rows": rows, "prompt_tokens": prompt_len,
             "warmup": warmup, "repeats": repeats,
+            **({"round_width": width} if width != gamma + 1 else {}),   # a tree's round
             "target_verify_ms": {s: {k: round(v, 4) for k, v in row.items()}
                                  for s, row in tables.target_verify_ms.items()},
             "draft_step_ms": {b: {s: round(v, 4) for s, v in row.items()}
@@ -175,7 +175,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
                                 for b, row in tables.target_batch_ms.items()},
             "remarks": remarks(tables),
             "expected_speedup": expected,
-            # T_p(γ+1)/T_p(1): what verifying a round costs in target steps
+            # T_p(round width)/T_p(1): what verifying a round costs in target steps
             "verify_over_step": round(t_verify / t_p, 4),
             "rounds": rounds,
             **({"frames": by_frames} if by_frames is not None else {}),
@@ -249,7 +249,7 @@ def text_tables(session, contexts: list[int] | None, verify_tokens: list[int] | 
                         repeats)
     contexts = context_lengths(target, prompt_len, contexts)
     verify_tokens = sorted(set(verify_tokens or [1, 2, 4, 8, 16, 32, 64])
-                           | {1, profile.drafting.gamma + 1})
+                           | {1, session.method.round_width(profile)})
     batches = sorted(set(batches or [1, 2, 3, 4]) | {draft_rows(profile)})
     tables = measure_tables(target, session.draft, contexts, verify_tokens, batches, warmup,
                             repeats, progress)

@@ -46,10 +46,11 @@ def time_guided_extend(lm, k: int, warmup: int, repeats: int) -> tuple[int, floa
 
 def image_tables(session, warmup: int, repeats: int,
                  progress: Callable[[str], None] | None = None) -> LatencyTables:
-    """T_p(k) for k in NODES (and γ+1), the draft's guided step, the target's prefill."""
+    """T_p(k) for k in NODES (and the method's round width), the draft's guided step, the
+    target's prefill."""
     target, draft = session.target, session.draft
     tables = LatencyTables()
-    ks = sorted(set(NODES) | {session.profile.drafting.gamma + 1})
+    ks = sorted(set(NODES) | {session.method.round_width(session.profile)})
     for k in ks:
         if progress:
             progress(f"target: guided forward of {k} image tokens")

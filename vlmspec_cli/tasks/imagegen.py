@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 
 from vlmspec_cli.fileio import write_new
+from vlmspec_cli.png_mark import mark_png
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.tasks.inputs import InputError
 from vlmspec_cli.tasks.jobs import SKIP, BatchSummary, JobEvents, failure_reason, run_jobs
-from vlmspec_cli.tasks.output_files import (OWN_PNG, OutputRefused, is_own_png, mark_png,
-                                            png_text, refusal)
+from vlmspec_cli.tasks.output_files import OWN_PNG, OutputRefused, is_own_png, png_text, refusal
 from vlmspec_cli.tasks.records import SCHEMA
 
 TASK = "image"
@@ -202,7 +202,7 @@ JOB_TEXT = "vlmspec-job"    # the PNG text chunk holding what the image was gene
 
 
 def png_bytes(image, identity: dict | None = None) -> bytes:
-    """``image`` as a PNG vlmspec owns (output_files.mark_png), with ``identity`` (what
+    """``image`` as a PNG vlmspec owns (png_mark.mark_png), with ``identity`` (what
     decides its pixels: :func:`image_identity`) in its JOB_TEXT chunk."""
     buf = io.BytesIO()
     image.save(buf, format="PNG")

@@ -32,7 +32,6 @@ __all__ = [
     "InputItem",
     "InputError",
     "expand_inputs",
-    "read_stdin_paths",
     "load_image",
     "check_image_size",
     "size_text",
@@ -187,17 +186,6 @@ def _stdin_items(stream, exts: tuple[str, ...], image_ok: bool) -> Iterable[Inpu
         yield InputItem(STDIN, f"stdin: {exc}")
     except OSError as exc:
         yield InputItem(STDIN, f"cannot read stdin ({exc.strerror or exc})")
-
-
-def read_stdin_paths(stream: TextIO | Iterable[str]) -> list[str]:
-    """Newline-separated paths: stripped, blank lines and ``#`` comments skipped."""
-    out: list[str] = []
-    for line in stream:
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
-        out.append(s)
-    return out
 
 
 def _has_ext(name: str, exts: tuple[str, ...]) -> bool:

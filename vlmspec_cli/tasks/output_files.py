@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from pathlib import Path
 from typing import Callable, Iterable
 
 from vlmspec_cli.fileio import same_file, write_new
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+from vlmspec_cli.png_mark import PNG_MARK, PNG_SIGNATURE
 MAX_OWN_BYTES = 1 << 20    # a profile or state file is a few KB; a bigger one is not ours
 
 
@@ -91,28 +89,11 @@ def write_checked(path: str | os.PathLike, data: bytes, label: str | None = None
 
 
 # Every PNG vlmspec writes (images, heatmaps, plots) says so in a tEXt chunk, Software =
-# PNG_MARK, and only such a PNG is "ours" to replace with --force: a person's photo named
-# as a --plot or an image's file is a PNG too (a PNG signature alone let `profile --plot
-# photo.png --force` replace it, saying it was an earlier plot).
-PNG_MARK = "vlmspec"
+# PNG_MARK (png_mark.py mark_png), and only such a PNG is "ours" to replace with --force: a
+# person's photo named as a --plot or an image's file is a PNG too (a PNG signature alone
+# let `profile --plot photo.png --force` replace it, saying it was an earlier plot).
 _PNG_TEXT_BYTES = 8 << 20    # a text chunk vlmspec writes (a prompt of 1 MiB, escaped) is under this
 _PNG_CHUNKS = 64             # chunks read looking for the text, before the image data
-
-
-def _png_chunk(kind: bytes, data: bytes) -> bytes:
-    return (struct.pack(">I", len(data)) + kind + data
-            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
-
-
-def mark_png(data: bytes, **text: str) -> bytes:
-    """``data`` (a PNG as PIL writes it, IHDR first) with tEXt chunks after its header:
-    Software = PNG_MARK, then ``text`` (ASCII keys and values)."""
-    if not data.startswith(PNG_SIGNATURE) or data[12:16] != b"IHDR":
-        raise ValueError("not a PNG")
-    end = 8 + 8 + struct.unpack(">I", data[8:12])[0] + 4    # signature, IHDR, its CRC
-    chunks = b"".join(_png_chunk(b"tEXt", k.encode("ascii") + b"\0" + v.encode("ascii"))
-                      for k, v in {"Software": PNG_MARK, **text}.items())
-    return data[:end] + chunks + data[end:]
 
 
 def png_text(path: Path) -> dict[str, str] | None:

@@ -29,10 +29,14 @@ class ModelAdapter:
     model_types: tuple[str, ...] = ()
     model_class: Any = None
     takes_images: bool = False
+    takes_videos: bool = False   # encode reads videos (describe-video's targets, a video draft)
+    generates_images: bool = False   # decodes image tokens (generate-image: guided.py)
     embeds_images: bool = True   # prompt_embeds can put image features in place (a draft's M input)
     splits_layers: bool = True   # its layers may run in parts (the twig's trunk, runtime/trunk.py)
     quant_skip_modules: tuple[str, ...] = ("lm_head",)   # kept unquantized (bitsandbytes)
     decode_rows: int = 1   # rows one request decodes (the image model: cond + uncond)
+    family: str | None = None          # how refusals name the family (None: "its family")
+    pool_refusal: str | None = None    # why pooled drafting (input P) cannot serve it, or None
 
     def supports(self, config) -> bool:
         return config.model_type in self.model_types

@@ -141,7 +141,7 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
         proc = getattr(lm.processor, "image_processor", None)
         if proc is not None and type(proc).__name__.startswith("LlavaOnevision"):
             return proc
-        cached = getattr(lm, "_onevision_images", None)
+        cached = lm.memo.get("onevision_images")
         if cached is None:
             from transformers import LlavaOnevisionImageProcessorPil
 
@@ -152,7 +152,7 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
             except OSError as exc:
                 raise ValueError(f"model '{lm.name}' has no image processor config "
                                  f"(preprocessor_config.json) to turn images into inputs: {exc}") from None
-            lm._onevision_images = cached
+            lm.memo["onevision_images"] = cached
         return cached
 
     def image_inputs(self, lm, images: list) -> dict[str, torch.Tensor]:

@@ -55,7 +55,7 @@ class Mistral3Adapter(LlavaAdapter):
         """Tokens, merged-patch size and the PIL image processor, read once per model.
         The processor's patch and merge sizes must be the model's (else the prompt would
         hold a different number of image tokens than the tower gives features)."""
-        cached = getattr(lm, "_mistral3", None)
+        cached = lm.memo.get("mistral3")
         if cached is not None:
             return cached
         from transformers import PixtralImageProcessorPil
@@ -81,7 +81,7 @@ class Mistral3Adapter(LlavaAdapter):
         if missing:
             raise ValueError(f"model '{lm.name}': its tokenizer has no {missing[0]} token")
         settings["ids"] = dict(zip(_TOKENS, ids))
-        lm._mistral3 = settings
+        lm.memo["mistral3"] = settings
         return settings
 
     def image_token(self, lm) -> str:

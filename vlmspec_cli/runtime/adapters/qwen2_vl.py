@@ -14,7 +14,8 @@ Positions are 3-D (M-RoPE). HF keeps the offset between text positions and cache
 (``rope_deltas``) on the model object between calls; here every forward gets explicit
 positions instead: the prompt's come from ``get_rope_index``, and later tokens (decoding,
 chains, trees) sit at their 1-D position + that offset, expanded to (3, B, n). The offset
-travels with the request's cache (``cache.rope_delta``), so requests never share it.
+travels with the request's cache (``cache.rope_delta``, a field of vlmspec's caches: the
+fast path's StaticKVCache, or the ``MRopeCache`` below), so requests never share it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+from transformers import (DynamicCache, Qwen2_5_VLForConditionalGeneration,
+                          Qwen2VLForConditionalGeneration)
 
 from vlmspec_cli.runtime.adapters.base import ModelAdapter, cache_length
 from vlmspec_cli.runtime.video_patches import patchify, resize_frames, smart_resize, video_token_count
@@ -32,6 +34,13 @@ from vlmspec_cli.runtime.video_patches import patchify, resize_frames, smart_res
 _DEFAULTS = {"image_mean": [0.48145466, 0.4578275, 0.40821073],
              "image_std": [0.26862954, 0.26130258, 0.27577711],
              "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280}
+
+
+class MRopeCache(DynamicCache):
+    """A transformers cache of one request with 3-D positions, with the offset its prefill
+    gave: a later token at 1-D position p sits at p + ``rope_delta``."""
+
+    rope_delta: int = 0
 
 
 class Qwen25VLAdapter(ModelAdapter):
@@ -64,7 +73,7 @@ class Qwen25VLAdapter(ModelAdapter):
         return visual | (ids == image) if image is not None else visual
 
     def _vision_settings(self, lm) -> dict:
-        cached = getattr(lm, "_qwen_vision", None)
+        cached = lm.memo.get("qwen_vision")
         if cached is not None:
             return cached
         settings = dict(self.vision_defaults)
@@ -83,7 +92,7 @@ class Qwen25VLAdapter(ModelAdapter):
         vision = lm.model.config.vision_config
         settings.update(patch=int(vision.patch_size), temporal=int(vision.temporal_patch_size),
                         merge=int(vision.spatial_merge_size))
-        lm._qwen_vision = settings
+        lm.memo["qwen_vision"] = settings
         return settings
 
     def video_tokens(self, lm, clip) -> int:
@@ -187,6 +196,13 @@ class Qwen25VLAdapter(ModelAdapter):
         return super().prompt_embeds(lm, prompt, None, pool)
 
     # -- forwards: explicit 3-D positions ------------------------------------------------
+    def new_cache(self, lm, static: bool = True):
+        """As every family's, each with a place for the prompt's rope offset: the fast
+        path's StaticKVCache has one, a transformers cache is an ``MRopeCache``."""
+        if static and lm.fast is not None:
+            return lm.fast.new_cache()
+        return MRopeCache(config=lm.model.config)
+
     def _prefill_inputs(self, inputs: dict, cache) -> dict:
         inputs = dict(inputs)
         delta = inputs.pop("rope_deltas", None)    # None: a text-only embeds prefill
@@ -199,7 +215,7 @@ class Qwen25VLAdapter(ModelAdapter):
         if positions is None:
             start = cache_length(cache)
             positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
-        positions = positions + getattr(cache, "rope_delta", 0)
+        positions = positions + cache.rope_delta
         extra["position_ids"] = positions[None].expand(3, *positions.shape)
         return extra
 

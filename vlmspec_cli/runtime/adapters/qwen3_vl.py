@@ -89,7 +89,7 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
 
     # -- videos ---------------------------------------------------------------------------
     def _video_settings(self, lm) -> dict:
-        cached = getattr(lm, "_qwen3_video", None)
+        cached = lm.memo.get("qwen3_video")
         if cached is not None:
             return cached
         settings = json.loads(json.dumps(_VIDEO_DEFAULTS))
@@ -106,7 +106,7 @@ class Qwen3VLAdapter(Qwen25VLAdapter):
             pass
         image = self._vision_settings(lm)
         settings.update(patch=image["patch"], temporal=image["temporal"], merge=image["merge"])
-        lm._qwen3_video = settings
+        lm.memo["qwen3_video"] = settings
         return settings
 
     def _video_size(self, lm, clip) -> tuple[int, int]:
