@@ -77,7 +77,7 @@ class ConfidenceRecorder:
 
 def record(out: str, cli_args: list[str], random_k: bool) -> None:
     from vlmspec_cli.drafters.chain import ChainDrafter
-    from vlmspec_cli.runtime import draft_length, engine
+    from vlmspec_cli.runtime.length import draft_length, engine
 
     rounds: dict[int, tuple[object, list]] = {}
     commit = engine.commit
@@ -275,12 +275,13 @@ class Replay:
         """The shipped AutoGamma (one per process, as the engine's); ``stop``: its chains
         ended by the draft's recorded confidences (draft_stop.py), as the chain drafter
         does with ``state.draft_stop``."""
-        from vlmspec_cli.runtime.draft_length import AutoGamma
+        from vlmspec_cli.runtime.length.draft_length import AutoGamma
 
         policy = AutoGamma(ceiling)
 
         def for_request(rid):
-            state = types.SimpleNamespace(length=None, stats=types.SimpleNamespace())
+            state = types.SimpleNamespace(length=None, draft_deferred=False,
+                                          stats=types.SimpleNamespace())
             policy.start(state)
 
             def observe(k, n, verified, levels, dropped):
@@ -301,7 +302,7 @@ class Replay:
         this set's own acceptance (the rounds of γ = ceiling, every request pooled: known
         only in hindsight) and these costs: what a policy that knew the set's rates, and
         no request's, would fix."""
-        from vlmspec_cli.runtime.draft_length import Acceptance, expected_tokens
+        from vlmspec_cli.runtime.length.draft_length import Acceptance, expected_tokens
 
         seen = Acceptance(1.0)
         for m in self.marks.values():

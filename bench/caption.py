@@ -32,11 +32,11 @@ from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.drafters.inputs import input_prompt  # noqa: E402
 from vlmspec_cli.profile import ProfileError, load_profile  # noqa: E402
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache  # noqa: E402
-from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
-from vlmspec_cli.runtime.models import ModelLoadError, check_compatible, load_model  # noqa: E402
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine  # noqa: E402
+from vlmspec_cli.runtime.models.loading import ModelLoadError, check_compatible, load_model  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
 from vlmspec_cli.runtime.stats import SpecStats  # noqa: E402
-from vlmspec_cli.runtime.verify import SamplingParams  # noqa: E402
+from vlmspec_cli.runtime.round.verify import SamplingParams  # noqa: E402
 from vlmspec_cli.session import SessionError, build_session  # noqa: E402
 from vlmspec_cli.zoo import world  # noqa: E402
 

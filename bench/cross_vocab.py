@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from benchlib import machine_info, print_table  # noqa: E402  (bench/benchlib.py)
 from test_cross_vocab import reversed_draft  # noqa: E402  (the builder the tests use)
 from vlmspec_cli.profile import load_profile  # noqa: E402
-from vlmspec_cli.runtime.models import ZOO_ROOT  # noqa: E402
+from vlmspec_cli.runtime.models.loading import ZOO_ROOT  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
 from vlmspec_cli.session import build_session  # noqa: E402
 from vlmspec_cli.zoo import world  # noqa: E402

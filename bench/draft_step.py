@@ -1,4 +1,4 @@
-"""A draft's decoding step on packed layers against the eager fast path (runtime/packed_layers.py).
+"""A draft's decoding step on packed layers against the eager fast path (runtime/fast/packed_layers.py).
 
 Loads the default profile's draft (or ``--profile``'s), prefills one demo scene's prompt
 into two caches, and times ``--steps`` one-token steps of each decoder, interleaved in
@@ -38,7 +38,7 @@ def main() -> None:
     from PIL import Image
 
     from vlmspec_cli.profile import load_profile
-    from vlmspec_cli.runtime.fast_decoder import FastDecoder
+    from vlmspec_cli.runtime.fast.fast_decoder import FastDecoder
     from vlmspec_cli.runtime.request import Message, Request
     from vlmspec_cli.session import build_session
 

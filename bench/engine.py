@@ -2,8 +2,8 @@
 
 For each method (target-only, chain M, chain T, TABED MT, draft tree, twig) and each path
 (``runtime.fast_path: off`` = transformers' forward over a DynamicCache, ``on`` = the
-static-cache fast path, runtime/fast_decoder.py, ``compiled`` = the fast path with
-``runtime.compile: on``, runtime/compiled_step.py), greedy, on the same fresh tinyworld
+static-cache fast path, runtime/fast/fast_decoder.py, ``compiled`` = the fast path with
+``runtime.compile: on``, runtime/fast/compiled_step.py), greedy, on the same fresh tinyworld
 scenes, interleaved per input so load drift hits every row alike; plus HF ``generate()``
 and HF assisted generation (the draft as assistant, constant γ).
 

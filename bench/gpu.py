@@ -11,7 +11,7 @@ each, through vlmspec's own runtime (family adapters, fast path, engine):
     EAGLE-3-shaped step);
   - prefill at 576 and 2,880 visual tokens;
   - the engine's overhead per round: a round's measured time minus its forwards
-    (γ·T_q + T_p(γ+1)), from real rounds of the engine (runtime/round_timing.py);
+    (γ·T_q + T_p(γ+1)), from real rounds of the engine (runtime/round/round_timing.py);
   - target-only ms per token: vlmspec's engine against transformers' generate();
   - CUDA graphs on vs off (runtime.compile: torch.compile mode="reduce-overhead") for
     T_p(1), T_p(8) and T_q, with the compile time, as far as the time budget allows;
@@ -44,12 +44,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import gpu_models as gm  # noqa: E402
 from benchlib import machine_info, print_table  # noqa: E402
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
-from vlmspec_cli.runtime.compiled_step import CompiledSteps, set_compiled  # noqa: E402
-from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
-from vlmspec_cli.runtime.latency import median_ms, time_feed  # noqa: E402
+from vlmspec_cli.runtime.fast.compiled_step import CompiledSteps, set_compiled  # noqa: E402
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine  # noqa: E402
+from vlmspec_cli.runtime.fast.latency import median_ms, time_feed  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
-from vlmspec_cli.runtime.round_timing import time_rounds  # noqa: E402
-from vlmspec_cli.runtime.verify import SamplingParams  # noqa: E402
+from vlmspec_cli.runtime.round.round_timing import time_rounds  # noqa: E402
+from vlmspec_cli.runtime.round.verify import SamplingParams  # noqa: E402
 
 K_VALUES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 GAMMA = 5
@@ -402,7 +402,7 @@ def projections(report: dict) -> list[dict]:
     graphs = get("cuda_graphs", "target", "compiled_ms") or {}
     draft_graph = get("cuda_graphs", "draft", "compiled_ms")
     if all(isinstance(graphs.get(k), float) for k in (1, 8)) and isinstance(draft_graph, float):
-        # γ + 1 = 6 rows run in the bucket of 8 (runtime/compiled_step.py BUCKETS)
+        # γ + 1 = 6 rows run in the bucket of 8 (runtime/fast/compiled_step.py BUCKETS)
         add("LLaVA-1.5-7B + 68M chain (T), CUDA graphs", "tabed", GAMMA, draft_graph,
             {1: graphs[1], 8: graphs[8]}, 8, get("llava15_7b", "rounds", "overhead_ms_per_round"))
     tp = get("qwen25_vl_7b", "verify", "fast_ms")

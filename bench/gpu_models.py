@@ -24,8 +24,8 @@ from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, Lla
                           Qwen2_5_VLForConditionalGeneration)
 
 from vlmspec_cli.runtime.adapters import adapter_for
-from vlmspec_cli.runtime.hidden_head import HiddenDraftHead, HiddenHeadConfig
-from vlmspec_cli.runtime.models import LoadedModel, use_fast_path
+from vlmspec_cli.runtime.models.hidden_head import HiddenDraftHead, HiddenHeadConfig
+from vlmspec_cli.runtime.models.loading import LoadedModel, use_fast_path
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<image>", "<|image_pad|>", "<|video_pad|>",
             "<|vision_start|>", "<|vision_end|>", "<|im_start|>", "<|im_end|>"]

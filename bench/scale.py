@@ -41,10 +41,10 @@ from benchlib import machine_info, print_table  # noqa: E402
 from conftest import fresh_scenes  # noqa: E402  (tests/conftest.py: fresh tinyworld scenes)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.profile import ModelSpec  # noqa: E402
-from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
-from vlmspec_cli.runtime.models import load_model, use_fast_path  # noqa: E402
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine  # noqa: E402
+from vlmspec_cli.runtime.models.loading import load_model, use_fast_path  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
-from vlmspec_cli.runtime.verify import SamplingParams  # noqa: E402
+from vlmspec_cli.runtime.round.verify import SamplingParams  # noqa: E402
 from vlmspec_cli.zoo import world  # noqa: E402
 
 GREEDY = SamplingParams(0.0)

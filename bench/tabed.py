@@ -13,7 +13,7 @@ counts the ones that do not.
 Eq. 1 per row (the paper's headline model): speedup = τ / (γ·c + 1) with c = T_q(m)/T_p,
 T_p one target decoding step and T_q(m) one draft step over the m rows the method drafts
 with (1 for a single input, 2 for MT, 4 for MTCP), both measured here before the run
-(runtime/latency.py, at the 1st-turn prompt's length). Eq. 1 models neither prefill nor
+(runtime/fast/latency.py, at the 1st-turn prompt's length). Eq. 1 models neither prefill nor
 the captioner's caption, nor verification costing more than one step; measured ÷ Eq. 1
 shows how much of that model the engine reaches. The static ensembles (MT, MTCP: equal
 weights) are compared with the adaptive ones (MT*, MTCP*) column by column.
@@ -40,13 +40,13 @@ import transformers  # noqa: E402
 from benchlib import THREADS_HELP, machine_info, thread_plan_for, with_plan, print_table  # noqa: E402  (bench/benchlib.py)
 from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.profile import ProfileError, load_profile  # noqa: E402
-from vlmspec_cli.runtime.captioner import Captioner  # noqa: E402
-from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
-from vlmspec_cli.runtime.latency import measure_tables  # noqa: E402
-from vlmspec_cli.runtime.models import ModelLoadError, check_compatible, load_model  # noqa: E402
+from vlmspec_cli.runtime.models.captioner import Captioner  # noqa: E402
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine  # noqa: E402
+from vlmspec_cli.runtime.fast.latency import measure_tables  # noqa: E402
+from vlmspec_cli.runtime.models.loading import ModelLoadError, check_compatible, load_model  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
 from vlmspec_cli.runtime.stats import SpecStats  # noqa: E402
-from vlmspec_cli.runtime.verify import SamplingParams  # noqa: E402
+from vlmspec_cli.runtime.round.verify import SamplingParams  # noqa: E402
 from vlmspec_cli.zoo import world  # noqa: E402
 
 GREEDY = SamplingParams(0.0)

@@ -28,7 +28,7 @@ prompt, its cache cut back after each call); T_q is one draft step of the row's 
 on its own prefilled state (one token through the shared layers[:K] and the twig, or the
 target's head for layer-skip; the rows it wrote to the target's lower layers and to the
 twig's cache cut back after each call). Samples of T_p and T_q alternate, so load drift
-on the machine hits both alike. Eq. 1 (TABED; vlmspec_cli.runtime.latency.eq1_speedup)
+on the machine hits both alike. Eq. 1 (TABED; vlmspec_cli.runtime.fast.latency.eq1_speedup)
 then gives the expected decoding speedup τ / (n̄·c + 1), with the measured n̄ in place
 of γ (every drafted token costs one draft step) and T_p(n̄+1) ≈ T_p (Remark 1). It
 ignores the prefill and that verification skips layers[:K] for the drafted tokens, so
@@ -61,13 +61,13 @@ from vlmspec_cli.drafters import create_drafter  # noqa: E402
 from vlmspec_cli.drafters.twig import PrunePlan  # noqa: E402
 from vlmspec_cli.profile import ModelSpec, load_profile  # noqa: E402
 from vlmspec_cli.runtime.adapters.base import truncate_cache  # noqa: E402
-from vlmspec_cli.runtime.engine import SpeculativeEngine  # noqa: E402
-from vlmspec_cli.runtime.latency import eq1_speedup, synchronize  # noqa: E402
-from vlmspec_cli.runtime.models import ModelLoadError, load_model, load_twig  # noqa: E402
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine  # noqa: E402
+from vlmspec_cli.runtime.fast.latency import eq1_speedup, synchronize  # noqa: E402
+from vlmspec_cli.runtime.models.loading import ModelLoadError, load_model, load_twig  # noqa: E402
 from vlmspec_cli.runtime.request import Message, Request  # noqa: E402
 from vlmspec_cli.runtime.stats import SpecStats  # noqa: E402
-from vlmspec_cli.runtime.trunk import crop_layers  # noqa: E402
-from vlmspec_cli.runtime.verify import SamplingParams  # noqa: E402
+from vlmspec_cli.runtime.fast.trunk import crop_layers  # noqa: E402
+from vlmspec_cli.runtime.round.verify import SamplingParams  # noqa: E402
 from vlmspec_cli.zoo import world  # noqa: E402
 
 GREEDY = SamplingParams(0.0)

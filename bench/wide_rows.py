@@ -1,5 +1,5 @@
 """A target's verifications on its weights laid out (in, out) against its own modules
-(runtime/wide_rows.py), side by side in one process.
+(runtime/fast/wide_rows.py), side by side in one process.
 
 Loads the profile's session (default: the demo's), then
 

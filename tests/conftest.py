@@ -42,7 +42,7 @@ def _torch_threads():
 @pytest.fixture(scope="session")
 def zoo_target():
     from vlmspec_cli.profile import ModelSpec
-    from vlmspec_cli.runtime.models import load_model
+    from vlmspec_cli.runtime.models.loading import load_model
 
     return load_model(ModelSpec(model="zoo:tinyworld/llava-target", device="cpu"), "target")
 
@@ -50,7 +50,7 @@ def zoo_target():
 @pytest.fixture(scope="session")
 def zoo_draft():
     from vlmspec_cli.profile import ModelSpec
-    from vlmspec_cli.runtime.models import load_model
+    from vlmspec_cli.runtime.models.loading import load_model
 
     return load_model(ModelSpec(model="zoo:tinyworld/llava-draft", device="cpu"), "draft")
 
@@ -70,7 +70,7 @@ def fresh_scenes(n: int, seed: int):
 @pytest.fixture(scope="session")
 def zoo_captioner():
     from vlmspec_cli.profile import ModelSpec
-    from vlmspec_cli.runtime.captioner import Captioner
-    from vlmspec_cli.runtime.models import load_model
+    from vlmspec_cli.runtime.models.captioner import Captioner
+    from vlmspec_cli.runtime.models.loading import load_model
 
     return Captioner(load_model(ModelSpec(model="zoo:tinyworld/captioner", device="cpu"), "captioner"))

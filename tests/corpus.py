@@ -201,7 +201,7 @@ def make_pickle_only_model(root: Path, zoo: str = "tinyworld/llava-draft") -> Pa
     import torch
     from safetensors.torch import load_file
 
-    from vlmspec_cli.runtime.models import resolve_model_source
+    from vlmspec_cli.runtime.models.loading import resolve_model_source
 
     source = Path(resolve_model_source(f"zoo:{zoo}"))
     root = Path(root)
@@ -223,7 +223,7 @@ def make_broken_model_dir(root: Path) -> Path:
 def _model_copy(root: Path, zoo: str = "tinyworld/llava-draft") -> Path:
     import shutil
 
-    from vlmspec_cli.runtime.models import resolve_model_source
+    from vlmspec_cli.runtime.models.loading import resolve_model_source
 
     source = Path(resolve_model_source(f"zoo:{zoo}"))
     root = Path(root)

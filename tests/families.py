@@ -115,7 +115,7 @@ def hidden_head(folder: Path, target: Path, seed: int = 3, layer: int = -1) -> P
     the output the target's."""
     from transformers import AutoConfig
 
-    from vlmspec_cli.runtime.hidden_head import HiddenDraftHead, HiddenHeadConfig
+    from vlmspec_cli.runtime.models.hidden_head import HiddenDraftHead, HiddenHeadConfig
 
     config = AutoConfig.from_pretrained(target)
     text = config.get_text_config()
@@ -194,7 +194,7 @@ def check_offline_profile(profile: str, hub_id: str, folder: Path) -> None:
 def first_token_law(lm, messages, images, sampling) -> torch.Tensor:
     """The model's exact distribution of the first generated token (its prefill logits,
     warped by ``sampling``)."""
-    from vlmspec_cli.runtime.verify import probabilities
+    from vlmspec_cli.runtime.round.verify import probabilities
 
     prompt = lm.adapter.prompt_text(lm, messages)
     logits = lm.adapter.prefill(lm, lm.adapter.encode(lm, prompt, list(images) or None),

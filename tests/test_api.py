@@ -73,7 +73,7 @@ def test_a_users_transformers_model_drafted_by_a_method(pipe):
     the profile loads them."""
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-    from vlmspec_cli.runtime.models import resolve_model_source
+    from vlmspec_cli.runtime.models.loading import resolve_model_source
 
     source = resolve_model_source(pipe.profile.target.model)
     model = LlavaForConditionalGeneration.from_pretrained(source)

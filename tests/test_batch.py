@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from conftest import fresh_scenes
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
-from vlmspec_cli.runtime.engine import SpeculativeEngine
-from vlmspec_cli.runtime.ragged import RaggedCache
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine
+from vlmspec_cli.runtime.fast.ragged import RaggedCache
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.round.verify import SamplingParams
 from vlmspec_cli.zoo import world
 
 GREEDY = SamplingParams(0.0)
@@ -118,10 +118,10 @@ def test_a_request_that_fails_to_start_leaves_the_batch_going(zoo_target, zoo_dr
 def draft_on_path(request, zoo_draft):
     """The draft with the fast path off (DynamicCache rows), on (a StaticKVCache), and on
     with compiled steps (runtime.compile: padded rows, per-row positions)."""
-    from vlmspec_cli.runtime.models import use_fast_path
+    from vlmspec_cli.runtime.models.loading import use_fast_path
     use_fast_path(zoo_draft, "off" if request.param == "off" else "on")
     if request.param == "compiled":
-        from vlmspec_cli.runtime.compiled_step import set_compiled
+        from vlmspec_cli.runtime.fast.compiled_step import set_compiled
         set_compiled(zoo_draft.fast)
     yield zoo_draft
     use_fast_path(zoo_draft, "auto")

@@ -446,7 +446,7 @@ def test_calibrate_answers_none_when_target_only_is_fastest(setup, tmp_path):
     target named by its folder, not its zoo name: calibrate also tries the hidden-state
     head and the twig shipped for the zoo's target, which predict well and, when their
     probes started within the budget, could win.)"""
-    from vlmspec_cli.runtime.models import resolve_model_source
+    from vlmspec_cli.runtime.models.loading import resolve_model_source
 
     _, samples, _ = setup
     base = tmp_path / "bad.yaml"

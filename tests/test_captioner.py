@@ -12,8 +12,8 @@ from transformers import (BertTokenizerFast, BlipConfig, BlipForConditionalGener
 from conftest import fresh_scenes
 from vlmspec_cli.profile import ModelSpec
 from vlmspec_cli.runtime.adapters.image_to_text import ImageToTextAdapter
-from vlmspec_cli.runtime.captioner import Captioner, _echoed_prompt
-from vlmspec_cli.runtime.models import load_model
+from vlmspec_cli.runtime.models.captioner import Captioner, _echoed_prompt
+from vlmspec_cli.runtime.models.loading import load_model
 from vlmspec_cli.zoo import world
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "picture", "of", "red", "circle",

@@ -1,4 +1,4 @@
-"""``runtime.compile``: the fast path's steps through torch.compile (runtime/compiled_step.py)
+"""``runtime.compile``: the fast path's steps through torch.compile (runtime/fast/compiled_step.py)
 compute what the eager steps compute, decode the target's own tokens, compile once per
 bucket (not per round), and ``auto`` compiles only where a measurement says it pays.
 
@@ -15,11 +15,11 @@ from test_fast_path import small_tree
 from test_lossless import reference
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.profile import HardwareSpec, load_profile
-from vlmspec_cli.runtime.compiled_step import bucket_for, decide, draft_pays, set_compiled
-from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
-from vlmspec_cli.runtime.models import use_fast_path
+from vlmspec_cli.runtime.fast.compiled_step import bucket_for, decide, draft_pays, set_compiled
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
+from vlmspec_cli.runtime.models.loading import use_fast_path
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.round.verify import SamplingParams
 
 # `vlmspec profile` timed briefly on one thread (the thread search has its own test)
 QUICK = ("--repeats", "3", "--threads", "1")

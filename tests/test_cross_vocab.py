@@ -21,7 +21,7 @@ import torch
 
 from conftest import ROOT, fresh_scenes
 from vlmspec_cli.profile import load_profile
-from vlmspec_cli.runtime.models import ModelLoadError
+from vlmspec_cli.runtime.models.loading import ModelLoadError
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import build_session
 
@@ -187,7 +187,7 @@ def test_first_tokens_follow_the_target_distribution(drafts):
     against the target's exact distribution (from its prefill logits) (the test can fail: a uniform law over the same tokens is rejected)."""
     from scipy.stats import chisquare
 
-    from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+    from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
 
     session = _session(drafts["reversed"], "sampling.temperature=1.0")
     image = next(iter(fresh_scenes(1, seed=77)))[1]

@@ -1,4 +1,4 @@
-"""runtime/draft_cost.py: a draft that cannot pay, known before it runs (a CPU, a float draft
+"""runtime/length/draft_cost.py: a draft that cannot pay, known before it runs (a CPU, a float draft
 doing as many multiply-adds per token as the target), and AutoGamma.rule_out; as a user
 sees it, the default profile with its target as the draft."""
 
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import torch
 
-from vlmspec_cli.runtime.draft_cost import cannot_pay, multiply_adds
-from vlmspec_cli.runtime.draft_length import AutoGamma
+from vlmspec_cli.runtime.length.draft_cost import cannot_pay, multiply_adds
+from vlmspec_cli.runtime.length.draft_length import AutoGamma
 
 
 def _config(**over):
@@ -57,7 +57,8 @@ def test_the_target_as_its_own_draft_cannot_pay_on_a_cpu_only():
 def test_ruled_out_drafting_stays_off_and_says_why():
     policy = AutoGamma(5)
     policy.rule_out("too dear")
-    state = SimpleNamespace(length=None, tokens=[], stats=SimpleNamespace(draft_length=None))
+    state = SimpleNamespace(length=None, tokens=[], draft_deferred=False,
+                            stats=SimpleNamespace(draft_length=None))
     policy.start(state)
     assert policy.off and not policy.measures_prefill   # its prefill never runs
     for _ in range(200):                                # no probe, ever

@@ -1,4 +1,4 @@
-"""``drafting.length: auto`` (runtime/draft_length.py): γ chosen each round from the
+"""``drafting.length: auto`` (runtime/length/draft_length.py): γ chosen each round from the
 acceptance seen and the round costs measured, drafting off while it does not pay.
 
 The model's arithmetic is checked alone; the engine with auto γ is checked lossless at
@@ -24,16 +24,16 @@ from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter, method_class
 from vlmspec_cli.profile import ProfileError, load_profile
-from vlmspec_cli.runtime.draft_length import (PROBE_SHARE, RESUME, Acceptance, AutoGamma,
+from vlmspec_cli.runtime.length.draft_length import (PROBE_SHARE, RESUME, Acceptance, AutoGamma,
                                               expected_tokens)
-from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
-from vlmspec_cli.runtime.models import load_hidden_head
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
+from vlmspec_cli.runtime.models.loading import load_hidden_head
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.round_policy import AutoLength
-from vlmspec_cli.runtime.round_costs import EXPLORE_AFTER, LinearCost, RoundCosts
+from vlmspec_cli.runtime.round.round_policy import AutoLength
+from vlmspec_cli.runtime.length.round_costs import EXPLORE_AFTER, LinearCost, RoundCosts
 from vlmspec_cli.runtime.stats import SpecStats
 from vlmspec_cli.runtime.threads import ThreadPlan
-from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.round.verify import SamplingParams
 from vlmspec_cli.session import build_session
 
 GREEDY = SamplingParams(0.0)
@@ -422,7 +422,7 @@ def _drafter(kind, zoo_target, zoo_draft, sampling=GREEDY):
         head = load_hidden_head("zoo:tinyworld/llava-hidden", zoo_target)
         return create_drafter("hidden", target=zoo_target, head=head, sampling=sampling,
                               eos_ids=eos_token_ids(zoo_target))
-    from vlmspec_cli.runtime.models import load_twig
+    from vlmspec_cli.runtime.models.loading import load_twig
 
     twig = load_twig("zoo:tinyworld/llava-twig", zoo_target)
     return create_drafter("twig", target=zoo_target, sampling=sampling, twig=twig, threshold=0.0,
@@ -602,7 +602,7 @@ def test_round_timing_sets_an_auto_length_aside(zoo_target, zoo_draft, corpus):
     """`vlmspec profile` times the method's rounds: every round drafts the full γ even when
     the profile's auto length would decode plain (a draft as dear as 100 target steps),
     and the engine keeps its auto length afterwards."""
-    from vlmspec_cli.runtime.round_timing import time_rounds
+    from vlmspec_cli.runtime.round.round_timing import time_rounds
 
     engine = SpeculativeEngine(zoo_target, _drafter("chain", zoo_target, zoo_draft), 5, GREEDY)
     policy = use_auto(engine, AutoGamma(5, costs=Costs(100.0)))
@@ -646,7 +646,7 @@ def test_a_slope_under_two_standard_errors_is_taken_as_none(monkeypatch):
     """Descheduled rounds that fall on the larger sizes by chance make a slope of 1-3 ms a
     token at t = 1-1.5; shrunk only by b − se²/b it priced a token verified at 10 times its
     cost, and rounds drafted 1-3 proposals where 5 pay (the video row 1.37x)."""
-    from vlmspec_cli.runtime import round_costs
+    from vlmspec_cli.runtime.length import round_costs
 
     def slopes():
         line = LinearCost("flat")
@@ -665,7 +665,7 @@ def test_no_slope_from_a_line_through_two_rounds(monkeypatch):
     """Two rounds fit a line exactly (no residual: no error to shrink the slope by). The
     video's draft, beside two competitors: 1 position in 0.9 ms, then 5 descheduled in
     7.9 ms (2-3 ms undisturbed): 1.75 ms a position, and rounds drafted 3 where 5 pay."""
-    from vlmspec_cli.runtime import round_costs
+    from vlmspec_cli.runtime.length import round_costs
 
     def line():
         draft = LinearCost("proportional")
@@ -683,7 +683,7 @@ def test_drafting_goes_off_only_after_a_few_timed_rounds():
     """A process's first timed rounds decide nothing alone: on a busy machine one of them
     can take several times its cost. A draft step timed as dear as 3 target steps still
     drafts until MIN_TIMED rounds were timed, then goes off."""
-    from vlmspec_cli.runtime.draft_length import MIN_TIMED, WARMUP_ROUNDS
+    from vlmspec_cli.runtime.length.draft_length import MIN_TIMED, WARMUP_ROUNDS
 
     policy = AutoGamma(8)
     state = _state()
@@ -703,7 +703,7 @@ def test_a_draft_whose_prefill_is_dearer_drafts_one_and_goes_off_after_one_timed
     proposal while nothing is timed, and one timed round that does not pay switches it
     off (before MIN_TIMED: the prefill is the second witness); a cheaper prefill leaves
     the first round at the budget and MIN_TIMED as it was."""
-    from vlmspec_cli.runtime.draft_length import MIN_TIMED, WARMUP_ROUNDS
+    from vlmspec_cli.runtime.length.draft_length import MIN_TIMED, WARMUP_ROUNDS
 
     def rounds(ratio, n):
         policy = AutoGamma(8)

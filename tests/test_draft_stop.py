@@ -1,4 +1,4 @@
-"""A chain ended by the draft's confidence (runtime/draft_stop.py, ``drafting.length:
+"""A chain ended by the draft's confidence (runtime/length/draft_stop.py, ``drafting.length:
 auto``): the rule's arithmetic by hand, the acceptance it reports, and the engine with
 chains ended at every length (none proposed included) lossless at T = 0 (token for token
 against the target's greedy ``generate()``) and at T > 0 (chi-square against the target's
@@ -15,13 +15,13 @@ from test_draft_length import Costs, use_auto
 from test_lossless import reference
 from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F401 (fixture)
 from vlmspec_cli.drafters import create_drafter
-from vlmspec_cli.runtime import draft_stop
-from vlmspec_cli.runtime.draft_length import Acceptance, AutoGamma
-from vlmspec_cli.runtime.draft_stop import ChainStop
-from vlmspec_cli.runtime.engine import SpeculativeEngine
+from vlmspec_cli.runtime.length import draft_stop
+from vlmspec_cli.runtime.length.draft_length import Acceptance, AutoGamma
+from vlmspec_cli.runtime.length.draft_stop import ChainStop
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.round_costs import RoundCosts
-from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.length.round_costs import RoundCosts
+from vlmspec_cli.runtime.round.verify import SamplingParams
 
 MS = 1e-3
 

@@ -24,9 +24,9 @@ from test_family_qwen3_vl import qwen3_vl
 from test_lossless import reference
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
-from vlmspec_cli.runtime.eagle3_format import Eagle3FormatError, read_config, target_layers
-from vlmspec_cli.runtime.eagle3_head import load_head_dir
-from vlmspec_cli.runtime.verify import draft_vocab_logits, probabilities, SamplingParams
+from vlmspec_cli.runtime.models.eagle3_format import Eagle3FormatError, read_config, target_layers
+from vlmspec_cli.runtime.models.eagle3_head import load_head_dir
+from vlmspec_cli.runtime.round.verify import draft_vocab_logits, probabilities, SamplingParams
 from vlmspec_cli.session import build_session
 
 LLAVA = ROOT / "vlmspec_cli" / "zoo" / "weights" / "tinyworld" / "llava-target"
@@ -76,7 +76,7 @@ def test_auto_length_on_a_chain_with_drafting_off_and_on(targets):
     hidden.tree, is not the one that applies)."""
     from test_draft_length import Costs, use_auto
     from vlmspec_cli.drafters import method_class
-    from vlmspec_cli.runtime.draft_length import AutoGamma
+    from vlmspec_cli.runtime.length.draft_length import AutoGamma
 
     target, head = targets["llava"]
     sets = [f"target.model={target}", "method=eagle3", f"eagle3.model={head}", "drafting.length=auto"]
@@ -100,7 +100,7 @@ def test_every_path_hands_over_the_same_three_layers(targets):
     """The target's forwards hand the head low ⊕ mid ⊕ high, concatenated, alike through
     transformers, the fast path and the compiled step's graph (run eagerly here): at the
     prefill and at a later extend; and decoding with the fast path on or off is the same."""
-    from vlmspec_cli.runtime.compiled_step import CompiledSteps
+    from vlmspec_cli.runtime.fast.compiled_step import CompiledSteps
 
     target, head = targets["llava"]
     req = image_requests(IMAGES, max_new_tokens=12)[0]
@@ -142,7 +142,7 @@ def test_samples_follow_the_target_through_a_draft_vocabulary(tiny_target, tmp_p
     from test_sampling_lm import _assert_samples_follow_target
     from vlmspec_cli.drafters import create_drafter
     from vlmspec_cli.drafters.hidden import TreeSettings
-    from vlmspec_cli.runtime.engine import SpeculativeEngine
+    from vlmspec_cli.runtime.round.engine import SpeculativeEngine
 
     torch.set_num_threads(1)   # 1500 decodes of a 2-layer model: threads only contend
     path, target = tiny_target
@@ -300,7 +300,7 @@ def test_the_cli_refuses_it_before_decoding_in_one_line(tmp_path, key):
 
 
 def test_hostile_files_are_refused_by_the_bounded_checks(tmp_path):
-    """config.json and the safetensors headers go through runtime/weights_check.py as every
+    """config.json and the safetensors headers go through runtime/models/weights_check.py as every
     model's do: a header declaring 2**63 bytes, a config nested past Python's recursion
     limit, a config declaring a vocabulary of billions (before its t2d is sized): one line."""
     def hostile(name, change):

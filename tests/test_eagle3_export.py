@@ -15,8 +15,8 @@ from safetensors import safe_open
 
 from families import qwen2_5_vl
 from vlmspec_cli.profile import load_profile
-from vlmspec_cli.runtime.eagle3_format import check_head_dir
-from vlmspec_cli.runtime.eagle3_head import load_head_dir
+from vlmspec_cli.runtime.models.eagle3_format import check_head_dir
+from vlmspec_cli.runtime.models.eagle3_head import load_head_dir
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import build_session
 from vlmspec_cli.zoo.hidden import main
@@ -73,7 +73,7 @@ def _vllm_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """The shapes vLLM's Eagle3LlamaForCausalLM gives its parameters, from the config keys
     it reads (hidden_size, num_attention_heads, num_key_value_heads, head_dim,
     intermediate_size, target_hidden_size if present, draft_vocab_size): written here from
-    those keys, not from vlmspec's reader (runtime/eagle3_format.py)."""
+    those keys, not from vlmspec's reader (runtime/models/eagle3_format.py)."""
     h, i = config["hidden_size"], config["intermediate_size"]
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     hd = config.get("head_dim") or h // heads

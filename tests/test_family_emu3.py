@@ -21,7 +21,7 @@ from families import TOKENIZER_SOURCE
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
 from vlmspec_cli.session import build_session
 from vlmspec_cli.tasks.imagegen import ImageJob, image_request, render
 

@@ -150,7 +150,7 @@ def test_chat_template_read_from_the_checkout(models, tmp_path):
     import shutil
 
     from vlmspec_cli.profile import ModelSpec
-    from vlmspec_cli.runtime.models import load_model
+    from vlmspec_cli.runtime.models.loading import load_model
 
     folder = shutil.copytree(models[0], tmp_path / "checkout")
     template = (folder / "chat_template.jinja").read_text()

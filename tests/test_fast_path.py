@@ -1,4 +1,4 @@
-"""The static-cache fast path (runtime/fast_decoder.py) computes what transformers' forward
+"""The static-cache fast path (runtime/fast/fast_decoder.py) computes what transformers' forward
 computes: same logits for every kind of forward the engine makes (decoding steps, chain
 verification, padded ensemble rows, tree masks, hidden states, the image model's guided
 rows), same tokens end to end with the path on and off, and its cache rolls back like a
@@ -16,11 +16,11 @@ from test_lossless import reference
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.profile import ProfileError, load_profile
 from vlmspec_cli.runtime.adapters.base import keep_branch, truncate_cache
-from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
-from vlmspec_cli.runtime.models import ModelLoadError, use_fast_path
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
+from vlmspec_cli.runtime.models.loading import ModelLoadError, use_fast_path
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.static_cache import StaticKVCache
-from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.round.verify import SamplingParams
 
 GREEDY = SamplingParams(0.0)
 
@@ -234,7 +234,7 @@ def test_sessions_size_caches_so_none_reallocates(zoo_target):
 
 def test_fast_path_key_is_checked_and_on_refuses_a_model_it_cannot_take():
     from vlmspec_cli.profile import ModelSpec
-    from vlmspec_cli.runtime.models import load_model
+    from vlmspec_cli.runtime.models.loading import load_model
     with pytest.raises(ProfileError, match="runtime.fast_path"):
         load_profile("tinyworld-caption", ["runtime.fast_path=fast"])
     lm = load_model(ModelSpec(model="zoo:tinyworld/llava-draft", device="cpu"), "draft")
@@ -278,9 +278,9 @@ def test_draft_blocks_compute_what_their_transformers_forward_computes(zoo_targe
     from transformers import DynamicCache
 
     from vlmspec_cli.runtime.adapters.base import TextStack
-    from vlmspec_cli.runtime.fast_decoder import FastDecoder
-    from vlmspec_cli.runtime.models import load_hidden_head, load_twig
-    from vlmspec_cli.runtime.trunk import chunk_mask
+    from vlmspec_cli.runtime.fast.fast_decoder import FastDecoder
+    from vlmspec_cli.runtime.models.loading import load_hidden_head, load_twig
+    from vlmspec_cli.runtime.fast.trunk import chunk_mask
 
     torch.manual_seed(3)
     head = load_hidden_head("zoo:tinyworld/llava-hidden", zoo_target)
@@ -349,7 +349,7 @@ def test_the_engine_prefills_and_decodes_at_their_own_thread_counts(zoo_target, 
 def first_layer_watch(lm, record):
     """``record(x)`` before the target's first layer projects its queries from x: by the
     layer's own module (the prompt, plain steps) or its (in, out) copy (verifications on a
-    CPU, runtime/wide_rows.py)."""
+    CPU, runtime/fast/wide_rows.py)."""
     q_proj = lm.adapter.text_stack(lm).layers[0].self_attn.q_proj
     hook = q_proj.register_forward_pre_hook(lambda _m, args: record(args[0]))
     wide = lm.fast.wide[0][0] if lm.fast is not None and lm.fast.wide else None

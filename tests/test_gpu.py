@@ -177,8 +177,8 @@ def test_sampling_follows_the_target(tmp_path_factory, method):
     Llama pair of tests/test_sampling_lm.py, on this device in this dtype)."""
     from test_sampling_lm import _assert_samples_follow_target, _tiny_lm
     from vlmspec_cli.drafters import create_drafter
-    from vlmspec_cli.runtime.engine import SpeculativeEngine
-    from vlmspec_cli.runtime.verify import SamplingParams
+    from vlmspec_cli.runtime.round.engine import SpeculativeEngine
+    from vlmspec_cli.runtime.round.verify import SamplingParams
 
     root = tmp_path_factory.mktemp("pair")
     target = _tiny_lm(root / "t", 2, seed=0, device=DEVICE, dtype=DTYPE)

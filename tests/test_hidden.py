@@ -13,13 +13,13 @@ from test_lossless import reference
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.drafters.hidden import TreeSettings
 from vlmspec_cli.profile import load_profile
-from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
-from vlmspec_cli.runtime.hidden_head import prompt_pairs
-from vlmspec_cli.runtime.models import load_hidden_head, use_fast_path
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
+from vlmspec_cli.runtime.models.hidden_head import prompt_pairs
+from vlmspec_cli.runtime.models.loading import load_hidden_head, use_fast_path
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.session import SessionError, build_session
-from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.round.verify import SamplingParams
 from vlmspec_cli.zoo import world
 from vlmspec_cli.zoo.build import IMAGE_TOKENS
 
@@ -132,7 +132,7 @@ def test_hidden_profile_and_layer_key(zoo_target):
 
 
 def test_head_for_another_target_is_refused(zoo_target, zoo_head):
-    from vlmspec_cli.runtime.hidden_head import HiddenDraftHead, HiddenHeadConfig
+    from vlmspec_cli.runtime.models.hidden_head import HiddenDraftHead, HiddenHeadConfig
 
     wrong = HiddenDraftHead(HiddenHeadConfig(hidden_size=128, vocab_size=999))
     with pytest.raises(ValueError, match="vocabulary of 999"):

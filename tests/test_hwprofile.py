@@ -17,7 +17,7 @@ from corpus import make_broken_model_dir, write_foreign_yaml, write_user_notes
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import method_class
 from vlmspec_cli.profile import load_profile
-from vlmspec_cli.runtime.latency import eq1_speedup, remarks, LatencyTables
+from vlmspec_cli.runtime.fast.latency import eq1_speedup, remarks, LatencyTables
 
 # `vlmspec profile` timed briefly on one thread (the thread search has its own test)
 QUICK = ("--repeats", "3", "--threads", "1")

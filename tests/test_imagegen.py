@@ -439,7 +439,7 @@ def test_adt_auto_depth_equals_target_greedy(greedy_reference, costs):
     probes of one level: trees of depth 1 where the policy would go deeper)."""
     from test_draft_length import Costs, use_auto
 
-    from vlmspec_cli.runtime.draft_length import AutoGamma
+    from vlmspec_cli.runtime.length.draft_length import AutoGamma
 
     session = session_for("method=adt", "drafting.length=auto")
     engine = session.engine

@@ -306,9 +306,15 @@ def test_good_images_still_load_through_the_header_reader(tmp_path, spy):
 
 
 def test_binary_chat_file_fails_on_its_first_bytes(tmp_path, spy):
-    path = corpus.make_sparse_file(tmp_path / "chat.jsonl", 2 * corpus.GIB, b"\xff\xfe\x00\x81")
+    """Under the --chat cap (64 MiB) a binary file fails on its first bytes; past it, a file
+    is refused by its size, unread."""
+    path = corpus.make_sparse_file(tmp_path / "chat.jsonl", 48 * 1024 ** 2, b"\xff\xfe\x00\x81")
     with pytest.raises(InputError, match="not UTF-8 text"):
         read_chat_file(str(path))
+    assert spy.bytes <= 4096
+    huge = corpus.make_sparse_file(tmp_path / "huge.jsonl", 2 * corpus.GIB, b"\xff\xfe\x00\x81")
+    with pytest.raises(InputError, match="is 2.0 GiB, more than the 64.0 MiB a --chat file may be"):
+        read_chat_file(str(huge))
     assert spy.bytes <= 4096
 
 

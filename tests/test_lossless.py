@@ -10,9 +10,9 @@ import pytest
 
 from conftest import fresh_scenes
 from vlmspec_cli.drafters import create_drafter
-from vlmspec_cli.runtime.engine import SpeculativeEngine
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.round.verify import SamplingParams
 from vlmspec_cli.zoo import world
 
 MAX_NEW = 40

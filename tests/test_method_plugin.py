@@ -14,8 +14,8 @@ from conftest import ROOT
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import base
 from vlmspec_cli.drafters.base import DraftingMethod, register
-from vlmspec_cli.runtime.draft import Draft
-from vlmspec_cli.runtime.verify import point_mass
+from vlmspec_cli.runtime.round.draft import Draft
+from vlmspec_cli.runtime.round.verify import point_mass
 
 # `vlmspec profile` timed briefly on one thread (the thread search has its own test)
 QUICK = ("--repeats", "3", "--threads", "1")

@@ -14,7 +14,7 @@ from corpus import (CORRUPT_CONFIGS, CORRUPT_WEIGHTS, make_broken_model_dir,
                     make_corrupt_model, make_pickle_only_model)
 from vlmspec_cli.profile import ModelSpec
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
-from vlmspec_cli.runtime.models import (
+from vlmspec_cli.runtime.models.loading import (
     ModelLoadError,
     check_compatible,
     load_model,
@@ -127,7 +127,7 @@ def test_pickle_only_model_dir_is_refused_without_unpickling(tmp_path, monkeypat
 
 @pytest.mark.parametrize("kind,zoo", [("twig", "tinyworld/llava-twig"), ("hidden", "tinyworld/llava-hidden")])
 def test_pickle_only_twig_and_hidden_head_are_refused(zoo_target, tmp_path, monkeypatch, kind, zoo):
-    from vlmspec_cli.runtime.models import load_hidden_head, load_twig
+    from vlmspec_cli.runtime.models.loading import load_hidden_head, load_twig
 
     path = make_pickle_only_model(tmp_path / kind, zoo)
     _no_torch_load(monkeypatch)
@@ -181,7 +181,7 @@ def test_corrupt_safetensors_is_one_line_naming_the_file(tmp_path, case):
     """A safetensors header that lies (length 2**63, past the end, not JSON, offsets out of
     the file), a truncated or empty file, a link to a text file: "corrupt safetensors file:
     PATH: reason" from the check every model gets before any loads, not a SafetensorError."""
-    from vlmspec_cli.runtime.models import require_safetensors
+    from vlmspec_cli.runtime.models.loading import require_safetensors
 
     folder = make_corrupt_model(tmp_path / case, case)
     before = _md5s(folder)

@@ -1,4 +1,4 @@
-"""Packed draft layers (runtime/packed_layers.py): a draft's steps in fewer operators compute
+"""Packed draft layers (runtime/fast/packed_layers.py): a draft's steps in fewer operators compute
 what its eager layers compute (to float rounding) for every kind of forward a draft makes;
 only drafts are packed, never a target; a layer it does not know exactly keeps the eager
 path. Losslessness with packed drafts is what the rest of the suite checks end to end
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlmspec_cli.runtime.fast_decoder import FastDecoder
-from vlmspec_cli.runtime.packed_layers import pack_layers
+from vlmspec_cli.runtime.fast.fast_decoder import FastDecoder
+from vlmspec_cli.runtime.fast.packed_layers import pack_layers
 
 TOL = dict(atol=5e-5, rtol=1e-4)
 
@@ -62,8 +62,8 @@ def test_a_packed_draft_computes_what_its_eager_layers_compute(zoo_draft):
 def test_draft_blocks_without_a_model_are_packed_too(zoo_target):
     """The hidden-state head's and the twig's own layers (fast_decoder.follow_target)."""
     from vlmspec_cli.runtime.adapters.base import TextStack
-    from vlmspec_cli.runtime.fast_decoder import follow_target
-    from vlmspec_cli.runtime.models import load_hidden_head, load_twig
+    from vlmspec_cli.runtime.fast.fast_decoder import follow_target
+    from vlmspec_cli.runtime.models.loading import load_hidden_head, load_twig
 
     head = load_hidden_head("zoo:tinyworld/llava-hidden", zoo_target)
     twig = load_twig("zoo:tinyworld/llava-twig", zoo_target)
@@ -84,7 +84,7 @@ def test_draft_blocks_without_a_model_are_packed_too(zoo_target):
 def test_a_draft_stays_packed_when_its_fast_path_is_switched(zoo_draft):
     """A model remembers what it was loaded as: switching a draft's fast path off and on
     (tests, profiles that set it) gives it packed layers again."""
-    from vlmspec_cli.runtime.models import use_fast_path
+    from vlmspec_cli.runtime.models.loading import use_fast_path
 
     try:
         use_fast_path(zoo_draft, "off")

@@ -268,7 +268,7 @@ def test_model_paths_in_a_file_resolve_against_that_file(tmp_path, monkeypatch):
     """A ``*.model`` path written in a profile (or an included one) is read from that file's
     folder, as ``include:`` is; hub ids, zoo names, none and --set values (the current
     directory's) stay as given; a missing folder is "no such directory" before loading."""
-    from vlmspec_cli.runtime.models import ModelLoadError, require_safetensors
+    from vlmspec_cli.runtime.models.loading import ModelLoadError, require_safetensors
 
     (tmp_path / "base" / "head").mkdir(parents=True)
     (tmp_path / "mine").mkdir()

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import fresh_scenes
 from vlmspec_cli.profile import ModelSpec, load_profile
-from vlmspec_cli.runtime.models import ModelLoadError, load_model, use_fast_path
+from vlmspec_cli.runtime.models.loading import ModelLoadError, load_model, use_fast_path
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import build_session
 
@@ -75,7 +75,7 @@ def test_self_speculation_from_a_4bit_copy(requests_):
 
 def test_auto_switches_the_4bit_copy_off_after_measuring_it(requests_):
     """The profile's auto, on a CPU: the 4-bit copy is not ruled out before it runs (a
-    4-bit draft may pay where reading weights bounds a step: runtime/draft_cost.py), it is
+    4-bit draft may pay where reading weights bounds a step: runtime/length/draft_cost.py), it is
     found dear at the process's first request and drafts little after; outputs are the
     target's."""
     session = _session("tinyworld-selfquant")

@@ -19,10 +19,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.profile import ModelSpec
-from vlmspec_cli.runtime.engine import SpeculativeEngine
-from vlmspec_cli.runtime.models import load_model
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine
+from vlmspec_cli.runtime.models.loading import load_model
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
 
 VOCAB = 5          # model vocabulary: t0..t4 (EOS lies outside it, so no early stop)
 NEW_TOKENS = 3
@@ -174,7 +174,7 @@ def test_hidden_head_follows_target_distribution(tiny_pair, tree):
     proposal is drawn from the target's own prefill distribution (q = p), the next ones from
     a random head on the target's hidden states; the emitted tokens follow the target."""
     from vlmspec_cli.drafters.hidden import TreeSettings
-    from vlmspec_cli.runtime.hidden_head import HiddenDraftHead, HiddenHeadConfig
+    from vlmspec_cli.runtime.models.hidden_head import HiddenDraftHead, HiddenHeadConfig
 
     target, _ = tiny_pair
     params = SamplingParams(1.0)

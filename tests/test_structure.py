@@ -15,11 +15,11 @@
    ``session`` (what it needs of one is passed in: models, readers, settings);
 7. floor 1 (vlmspec_cli/fileio.py: atomic writes, fsync, same-file) imports nothing from
    the package, and every writer takes those from it: nothing else defines them;
-8. a round goes one way (runtime/engine.py ``step``): the engine calls the drafter and the
+8. a round goes one way (runtime/round/engine.py ``step``): the engine calls the drafter and the
    proposal, never the reverse; no function of the methods' package or of the proposal
-   modules (runtime/draft.py, runtime/tree.py) takes a parameter named ``engine``;
+   modules (runtime/round/draft.py, runtime/round/tree.py) takes a parameter named ``engine``;
 9. the zoo (vlmspec_cli/zoo/: the tinyworld models' training code) is imported only by
-   the zoo itself and by ``zoo:`` name resolution (runtime/models.py, which maps a name
+   the zoo itself and by ``zoo:`` name resolution (runtime/models/loading.py, which maps a name
    to its packaged folder): no command, task or method depends on training code;
 10. one drafter protocol: every class of the methods' package that proposes (defines
    ``propose`` or ``propose_rows``) derives from ``DraftingMethod``: no second hierarchy
@@ -28,7 +28,7 @@
    attribute whose name starts with ``_`` to anything but ``self`` or ``cls``
    (``lm._x = …``, ``tokenizer._y = …``), nor calls ``setattr`` on anything but them:
    what is kept per model or per request is a declared field of vlmspec's own objects
-   (runtime/models.py ``LoadedModel.memo``, a cache's ``rope_delta``). The zoo (training
+   (runtime/models/loading.py ``LoadedModel.memo``, a cache's ``rope_delta``). The zoo (training
    code no command imports, rule 9) builds transformers models and sets their own
    switches before saving them;
 12. the method answers its γ: no module outside the methods' package and the profile's
@@ -37,7 +37,11 @@
    sized and timed by its own shape, not a chain's γ;
 13. the round on one screen: the engine's round (``SpeculativeEngine.step_rows``) is at most
    ROUND_LINES lines, and the engine module probes nothing (no ``getattr``/``hasattr``):
-   what a proposal, a drafter or the round policy tells it is declared on their types.
+   what a proposal, a drafter or the round policy tells it is declared on their types;
+14. runtime/ in rooms, on floors: at most RUNTIME_TOP_FILES files at its top level (the
+   floor-0 data types and caches: request, stats, static_cache, threads, limits); every
+   sub-package (room) has a floor in RUNTIME_FLOORS, and a module imports only its own
+   room and rooms of lower floors (adapters and length on 1, fast 2, models 3, round 4).
 
 Imports count wherever they are (module level or inside a function), absolute or
 relative; ``import a.b.c`` and ``from a.b import c`` depend on the module a.b.c itself,
@@ -63,7 +67,7 @@ RUNTIME = "vlmspec_cli.runtime"
 RUNTIME_FORBIDDEN = (
     "vlmspec_cli.drafters", "vlmspec_cli.tasks", "vlmspec_cli.session", "vlmspec_cli.cli",
     "vlmspec_cli.ui",
-    # the zoo is the tinyworld training code; ``zoo:`` names resolve in runtime/models.py
+    # the zoo is the tinyworld training code; ``zoo:`` names resolve in runtime/models/loading.py
     "vlmspec_cli.zoo",
 )
 
@@ -78,7 +82,7 @@ KNOWN_METHOD_COMPARISONS: set[str] = set()            # file:line
 METHODS = "drafters"                                  # the methods' package, under PACKAGE
 FLOOR_ONE = "vlmspec_cli.fileio"
 ZOO = "vlmspec_cli.zoo"
-ZOO_NAME_RESOLUTION = {"vlmspec_cli.runtime.models"}   # zoo:NAME -> its packaged folder
+ZOO_NAME_RESOLUTION = {"vlmspec_cli.runtime.models.loading"}   # zoo:NAME -> its packaged folder
 FLOOR_ONE_NAMES = {"atomic_write_bytes", "atomic_write_text", "fsync_dir", "same_file",
                    "_same_file", "write_all", "write_new"}
 
@@ -408,7 +412,7 @@ def test_the_runtime_never_reads_a_session():
                        + _listing(found))
 
 
-ONE_WAY = ("vlmspec_cli.drafters", "vlmspec_cli.runtime.draft", "vlmspec_cli.runtime.tree")
+ONE_WAY = ("vlmspec_cli.drafters", "vlmspec_cli.runtime.round.draft", "vlmspec_cli.runtime.round.tree")
 
 
 def test_a_round_goes_one_way():
@@ -630,7 +634,7 @@ def test_method_comparisons_are_found(tmp_path):
 
 # ---------------------------------------------------------------------------- the round
 ROUND_LINES = 30
-ENGINE = "vlmspec_cli.runtime.engine"
+ENGINE = "vlmspec_cli.runtime.round.engine"
 
 
 def function_lines(path: Path, cls: str, name: str) -> int:
@@ -719,3 +723,75 @@ def test_package_cycles_are_found(tmp_path):
     assert collapsed["pkg.tasks"] == {"pkg.session", "pkg.plot"}
     assert collapsed["pkg.runtime"] == set()     # inside one package: no edge
     assert find_cycles(collapsed) == [["pkg.session", "pkg.tasks", "pkg.session"]]
+
+
+# ---------------------------------------------------------------------------- runtime's rooms
+RUNTIME_TOP_FILES = 12
+RUNTIME_FLOORS = {
+    RUNTIME: 0,                        # its top-level modules: data types, caches, threads
+    f"{RUNTIME}.adapters": 1,          # one file per model family
+    f"{RUNTIME}.length": 1,            # the draft-length model (drafting.length auto)
+    f"{RUNTIME}.fast": 2,              # static-cache steps, packed, compiled, ragged rows
+    f"{RUNTIME}.models": 3,            # loading, weight checks, heads, the captioner
+    f"{RUNTIME}.round": 4,             # the engine, proposals, verify, the round policy
+}
+
+
+def room_of(module: str, floors: dict[str, int]) -> str | None:
+    """The room (a key of ``floors``) ``module`` lives in: the longest prefix that names a
+    package of ``floors`` other than the top one, else the top one for its own modules."""
+    rooms = sorted((r for r in floors if module == r or module.startswith(r + ".")),
+                   key=len, reverse=True)
+    return rooms[0] if rooms else None
+
+
+def floor_breaches(graph: dict[str, set[str]], top: str, floors: dict[str, int]) -> list[str]:
+    """``a imports b`` for each import between rooms of ``top`` that goes up or sideways
+    (``b``'s floor not below ``a``'s), and ``room?`` for a sub-package with no floor."""
+    out = []
+    for a, bs in graph.items():
+        ra = room_of(a, floors)
+        if ra is None:
+            continue
+        if ra == top and a != top and (a.count(".") > top.count(".") + 1
+                                       or _is_subpackage(a, graph)):
+            out.append(f"{a}: in a room with no floor")
+            continue
+        for b in bs:
+            rb = room_of(b, floors)
+            if rb is None or rb == ra:
+                continue
+            if floors[rb] >= floors[ra]:
+                out.append(f"{a} imports {b} (floor {floors[ra]} -> {floors[rb]})")
+    return sorted(set(out))
+
+
+def _is_subpackage(module: str, graph: dict[str, set[str]]) -> bool:
+    """``module`` is a package: other modules live under it."""
+    return any(m.startswith(module + ".") for m in graph)
+
+
+def test_runtime_lives_in_rooms_on_floors(graph):
+    top_files = sorted(p.name for p in (ROOT / PACKAGE / "runtime").glob("*.py"))
+    assert len(top_files) <= RUNTIME_TOP_FILES, (f"runtime/ has {len(top_files)} files at its "
+                                                 f"top level (at most {RUNTIME_TOP_FILES}): "
+                                                 + ", ".join(top_files))
+    found = floor_breaches(graph, RUNTIME, RUNTIME_FLOORS)
+    assert not found, ("runtime imports that go up or sideways, or rooms with no floor:"
+                       + _listing(found))
+
+
+def test_floor_breaches_are_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "", "rt/__init__.py": "", "rt/base.py": "",
+        "rt/low/__init__.py": "", "rt/low/a.py": "from pkg.rt.base import x\nfrom pkg.rt.low import b\n",
+        "rt/low/b.py": "from pkg.rt.high.c import y\n",          # up a floor
+        "rt/side/__init__.py": "", "rt/side/d.py": "from pkg.rt.low.a import z\n",  # sideways
+        "rt/high/__init__.py": "", "rt/high/c.py": "from pkg.rt.low.a import z\n",
+        "rt/attic/__init__.py": "", "rt/attic/e.py": "",               # no floor
+    })
+    floors = {"pkg.rt": 0, "pkg.rt.low": 1, "pkg.rt.side": 1, "pkg.rt.high": 2}
+    assert floor_breaches(import_graph(root, "pkg"), "pkg.rt", floors) == [
+        "pkg.rt.attic.e: in a room with no floor", "pkg.rt.attic: in a room with no floor",
+        "pkg.rt.low.b imports pkg.rt.high.c (floor 1 -> 2)",
+        "pkg.rt.side.d imports pkg.rt.low.a (floor 1 -> 1)"]

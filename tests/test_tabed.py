@@ -17,9 +17,9 @@ from test_lossless import reference
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.drafters.inputs import input_prompt, replace_images
 from vlmspec_cli.drafters.weights import EnsembleWeights, distance, grid_candidates
-from vlmspec_cli.runtime.engine import SpeculativeEngine
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
 from vlmspec_cli.zoo import world
 
 GREEDY = SamplingParams(0.0)

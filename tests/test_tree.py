@@ -1,4 +1,4 @@
-"""Draft trees (runtime/tree.py, verify.verify_tree, drafters/tree.py): the tree
+"""Draft trees (runtime/round/tree.py, verify.verify_tree, drafters/tree.py): the tree
 structure and masks, EAGLE-2 expansion, multi-candidate speculative sampling (exact
 distribution), and T=0 equality with target greedy decoding through the real models."""
 
@@ -16,13 +16,13 @@ from test_draft_length import Costs, use_auto
 from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F401 (fixture)
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
-from vlmspec_cli.runtime.draft_length import AutoGamma, expected_tokens
-from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
+from vlmspec_cli.runtime.length.draft_length import AutoGamma, expected_tokens
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.tree import DraftTree, path_to, tree_mask
-from vlmspec_cli.runtime.tree_growth import expand_tree, tree_nodes
-from vlmspec_cli.runtime.tree_shape import AdjacencyAdaptive, RoundLog, TreeRound
-from vlmspec_cli.runtime.verify import SamplingParams, verify_tree
+from vlmspec_cli.runtime.round.tree import DraftTree, path_to, tree_mask
+from vlmspec_cli.runtime.round.tree_growth import expand_tree, tree_nodes
+from vlmspec_cli.runtime.round.tree_shape import AdjacencyAdaptive, RoundLog, TreeRound
+from vlmspec_cli.runtime.round.verify import SamplingParams, verify_tree
 from vlmspec_cli.zoo import world
 
 GREEDY = SamplingParams(0.0)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlmspec_cli.runtime.tree_growth import expand_tree
-from vlmspec_cli.runtime.tree_shape import (AdjacencyAdaptive, AdtBounds, FixedShape, RoundLog,
+from vlmspec_cli.runtime.round.tree_growth import expand_tree
+from vlmspec_cli.runtime.round.tree_shape import (AdjacencyAdaptive, AdtBounds, FixedShape, RoundLog,
                                             TreeRound)
-from vlmspec_cli.runtime.verify import Relaxation, SamplingParams, verify_tree
+from vlmspec_cli.runtime.round.verify import Relaxation, SamplingParams, verify_tree
 
 COLS = 4
 
@@ -140,7 +140,7 @@ def test_relaxed_acceptance_adds_neighbour_mass_up_to_delta():
     assert Relaxation(neighbours, 0.0).raised(p, 0) == pytest.approx(0.1)
     # greedy: the target wants code 3 (p=0.4); a child with code 2 is accepted only when
     # its neighbourhood holds as much mass (0.3 + p1 0.2 ≥ 0.4 at δ = 0.2)
-    from vlmspec_cli.runtime.tree import DraftTree
+    from vlmspec_cli.runtime.round.tree import DraftTree
 
     tree = DraftTree([2], [-1], [0])
     root = torch.log(p)
@@ -156,7 +156,7 @@ def test_relaxed_sampling_accepts_more_often():
     neighbours = torch.tensor([[1], [0], [3], [2]])
     p_logits = torch.log(torch.tensor([0.05, 0.45, 0.25, 0.25]))
     q = torch.tensor([0.9, 0.0, 0.05, 0.05])
-    from vlmspec_cli.runtime.tree import DraftTree
+    from vlmspec_cli.runtime.round.tree import DraftTree
 
     counts = {"exact": 0, "relaxed": 0}
     for name, relax in (("exact", None), ("relaxed", Relaxation(neighbours, 0.5))):

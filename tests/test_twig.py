@@ -13,13 +13,13 @@ from test_lossless import reference
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.drafters.twig import PrunePlan, select_visual_rows
 from vlmspec_cli.profile import load_profile
-from vlmspec_cli.runtime.engine import SpeculativeEngine
-from vlmspec_cli.runtime.models import load_twig
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine
+from vlmspec_cli.runtime.models.loading import load_twig
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import SessionError, build_session, validate_method
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.trunk import mean_retained_tokens
-from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.fast.trunk import mean_retained_tokens
+from vlmspec_cli.runtime.round.verify import SamplingParams
 from vlmspec_cli.zoo import world
 
 GREEDY = SamplingParams(0.0)
@@ -75,9 +75,9 @@ def test_twig_equals_target_greedy(zoo_target, zoo_twig, corpus, threshold, gamm
 def test_twig_trunk_on_and_off_the_fast_path(zoo_target, zoo_twig, corpus, mode):
     """The split trunk over transformers' cache (off) and over static segments (on), with
     pruning segments too: the same tokens as target greedy / the pruned target."""
-    from vlmspec_cli.runtime.models import use_fast_path
+    from vlmspec_cli.runtime.models.loading import use_fast_path
     from vlmspec_cli.runtime.static_cache import StaticKVCache
-    from vlmspec_cli.runtime.trunk import SegmentedCache
+    from vlmspec_cli.runtime.fast.trunk import SegmentedCache
     try:
         use_fast_path(zoo_target, mode)
         drafter = create_drafter("twig", target=zoo_target, sampling=GREEDY, layers=2,
@@ -276,7 +276,7 @@ def qwen2_target(tmp_path_factory):
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     from vlmspec_cli.profile import ModelSpec
-    from vlmspec_cli.runtime.models import ZOO_ROOT, load_model
+    from vlmspec_cli.runtime.models.loading import ZOO_ROOT, load_model
 
     path = tmp_path_factory.mktemp("qwen2")
     tok = AutoTokenizer.from_pretrained(ZOO_ROOT / "tinyworld" / "llava-target")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from vlmspec_cli.runtime.verify import (
+from vlmspec_cli.runtime.round.verify import (
     SamplingParams,
     align_vocab,
     probabilities,

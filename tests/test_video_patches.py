@@ -1,10 +1,10 @@
-"""vlmspec_cli.runtime.video_patches reproduces the Qwen2-VL processor layout."""
+"""vlmspec_cli.runtime.adapters.video_patches reproduces the Qwen2-VL processor layout."""
 
 import numpy as np
 import pytest
 import torch
 
-from vlmspec_cli.runtime.video_patches import patchify, smart_resize, video_token_count
+from vlmspec_cli.runtime.adapters.video_patches import patchify, smart_resize, video_token_count
 
 MEAN, STD = [0.48, 0.46, 0.41], [0.27, 0.26, 0.28]
 

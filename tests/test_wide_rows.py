@@ -1,4 +1,4 @@
-"""A target's verifications on its weights laid out (in, out) (runtime/wide_rows.py): a CPU
+"""A target's verifications on its weights laid out (in, out) (runtime/fast/wide_rows.py): a CPU
 target gets the copies; they run only for forwards of several new rows after the prompt and
 compute what the model's layers compute (to float rounding); the prompt and plain steps
 stay the modules' computation bit for bit; another device, a layer it does not know or too
@@ -11,9 +11,9 @@ import copy
 
 import torch
 
-from vlmspec_cli.runtime import wide_rows
-from vlmspec_cli.runtime.fast_decoder import FastDecoder
-from vlmspec_cli.runtime.wide_rows import WideLinear, plain_weight, wide_layers
+from vlmspec_cli.runtime.fast import wide_rows
+from vlmspec_cli.runtime.fast.fast_decoder import FastDecoder
+from vlmspec_cli.runtime.fast.wide_rows import WideLinear, plain_weight, wide_layers
 
 TOL = dict(atol=2e-5, rtol=1e-5)
 

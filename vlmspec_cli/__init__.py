@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 
 def _default_compile_cache() -> None:
-    """Compiled steps (runtime/compiled_step.py) keep inductor's kernels between runs, under
+    """Compiled steps (runtime/fast/compiled_step.py) keep inductor's kernels between runs, under
     the user's cache directory unless TORCHINDUCTOR_CACHE_DIR is set. Set here, before any
     torch import: torch writes its own default (a temp directory) into the environment the
     first time anything asks for the cache directory, and importing some transformers

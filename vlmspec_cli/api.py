@@ -99,7 +99,7 @@ def wrap_model(model, processor=None, *, tokenizer=None, name: str | None = None
     """A transformers model as the runtime's ``LoadedModel`` (its family adapter picked by
     ``config.model_type``, its device and dtype read off its weights)."""
     from vlmspec_cli.runtime.adapters import adapter_for
-    from vlmspec_cli.runtime.models import LoadedModel
+    from vlmspec_cli.runtime.models.loading import LoadedModel
 
     if processor is not None and not hasattr(processor, "tokenizer"):   # a tokenizer
         tokenizer, processor = tokenizer or processor, None

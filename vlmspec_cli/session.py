@@ -14,14 +14,14 @@ from vlmspec_cli.companions import SHIPPED_COMPANIONS
 from vlmspec_cli.drafters import DraftingMethod, method_class, method_names
 from vlmspec_cli.drafters.draft_model import check_image_model
 from vlmspec_cli.runtime import limits
-from vlmspec_cli.runtime.draft_cost import cannot_pay
-from vlmspec_cli.runtime.draft_length import AutoGamma
-from vlmspec_cli.runtime.round_policy import AutoLength
-from vlmspec_cli.runtime.engine import SpeculativeEngine
-from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, load_model, missing_offline,
+from vlmspec_cli.runtime.length.draft_cost import cannot_pay
+from vlmspec_cli.runtime.length.draft_length import AutoGamma
+from vlmspec_cli.runtime.round.round_policy import AutoLength
+from vlmspec_cli.runtime.round.engine import SpeculativeEngine
+from vlmspec_cli.runtime.models.loading import (LoadedModel, ModelLoadError, load_model, missing_offline,
                                         peek_adapter, require_safetensors, use_fast_path)
 from vlmspec_cli.runtime.threads import ThreadPlan
-from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
+from vlmspec_cli.runtime.round.verify import Relaxation, SamplingParams
 
 
 class SessionError(Exception):
@@ -93,10 +93,10 @@ class Session:
 
     def plan_compile(self, expected_tokens: int) -> bool:
         """Decide ``runtime.compile`` for a job of about ``expected_tokens`` tokens (see
-        runtime/compiled_step.py ``decide``) and set it on the fast-path models; True when
+        runtime/fast/compiled_step.py ``decide``) and set it on the fast-path models; True when
         their steps will be compiled (``warm_up`` then compiles them). SessionError when
         ``on`` cannot keep its compile cache."""
-        from vlmspec_cli.runtime.compiled_step import (cache_dir_problem, decide, draft_pays,
+        from vlmspec_cli.runtime.fast.compiled_step import (cache_dir_problem, decide, draft_pays,
                                                        set_compiled)
 
         mode, hardware = self.profile.runtime.compile, self.profile.hardware
@@ -189,7 +189,7 @@ def _same_model(a: str, b: str) -> bool:
     """Whether two model names (zoo names, paths, hub ids) name one model."""
     import os
 
-    from vlmspec_cli.runtime.models import ModelLoadError, resolve_model_source
+    from vlmspec_cli.runtime.models.loading import ModelLoadError, resolve_model_source
 
     if a == b:
         return True

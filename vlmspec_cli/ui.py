@@ -199,7 +199,7 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
         size = min(summary.batch_size, max(summary.done, 1))   # not 8 for 3 inputs
         table.add_row("batch size", f"{size} (decoded together in {summary.batched_s:.2f}s)")
     if s.caption_s:
-        # runtime/captioner.py: beside the target's prefill on a GPU, inline on a CPU
+        # runtime/models/captioner.py: beside the target's prefill on a GPU, inline on a CPU
         table.add_row("captioner time", f"{s.caption_s:.2f}s (on a GPU beside the target's "
                       "prefill; on a CPU in line with it)")
     if summary.speedup is not None:

@@ -139,7 +139,7 @@ def _check_plot(plot_path, out, inputs, force) -> None:
 
 def _run(plan, sink, emit, quiet):
     from vlmspec_cli import ui
-    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.runtime.models.loading import ModelLoadError
     from vlmspec_cli.session import SessionError
     from vlmspec_cli.tasks.bench import build_sessions, plan_keys
     from vlmspec_cli.tasks.bench_run import run_bench

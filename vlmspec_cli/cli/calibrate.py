@@ -94,7 +94,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     (caption), prompts (image) or videos (video).
     """
     from vlmspec_cli import ui
-    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.runtime.models.loading import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session
     from vlmspec_cli.tasks.calibrate import as_dicts, calibrate, winner_yaml
     from vlmspec_cli.tasks.calibrate_io import (check_profile_write, include_for, pinned_settings,
@@ -167,7 +167,7 @@ def _absolute_folders(models, option: str) -> tuple:
     from its own folder (profiles/), not from this directory. Hub ids stay as given; a name
     written as a path (./m, /m, ~/m) must be a folder: a missing one was listed among the
     candidates "not tried" and calibrate went on (exit 0)."""
-    from vlmspec_cli.runtime.models import looks_local
+    from vlmspec_cli.runtime.models.loading import looks_local
 
     out = []
     for m in models:

@@ -71,7 +71,7 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
     Times are medians over --repeats calls after --warmup, with the device synchronised.
     """
     from vlmspec_cli import ui
-    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.runtime.models.loading import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session
     from vlmspec_cli.tasks.hwprofile import (check_contexts, check_frames, check_outputs,
                                              hardware_yaml, run_profile, sample_request,

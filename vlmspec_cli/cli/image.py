@@ -82,7 +82,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     token and the summary to stderr.
     """
     from vlmspec_cli import ui
-    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.runtime.models.loading import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session, tree_methods, validate_method
     from vlmspec_cli.tasks.imagegen import plan_jobs, run_images
 

@@ -25,7 +25,7 @@ def run_job_command(prof, items, *, noun: str, out: str | None, as_json: bool, c
     run the batch elsewhere instead of building a session here, as ``remote(events,
     sink, emit) -> BatchSummary`` (Ray), inside ``remote_context()``."""
     from vlmspec_cli import ui
-    from vlmspec_cli.runtime.models import ModelLoadError
+    from vlmspec_cli.runtime.models.loading import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session
     from vlmspec_cli.tasks.caption import input_files, run_batch
 

@@ -1,6 +1,6 @@
 """Drafting methods as profiles name them, and the registry of them by name.
 
-The engine's side of a drafter is runtime/draft.py (``Drafter``: prefill, propose,
+The engine's side of a drafter is runtime/round/draft.py (``Drafter``: prefill, propose,
 accept, …). A ``DraftingMethod`` adds the profile's side, as class attributes and
 classmethods that need no model:
 
@@ -19,7 +19,7 @@ classmethods that need no model:
   ``round_width(profile)``: the most tokens one round feeds the target (γ + 1 for a
   chain, a tree's nodes + 1), what caches are sized for and a verify step is timed at;
   ``draft_length(profile)``: "auto" when its rounds' γ is chosen per round
-  (runtime/draft_length.py; a tree's depth), "fixed" otherwise (batches, no drafting,
+  (runtime/length/draft_length.py; a tree's depth), "fixed" otherwise (batches, no drafting,
   the hidden-state heads' trees);
 - ``describe(profile)`` and ``label(profile)``: the line the CLI prints before decoding
   and the method's name with its shape in a summary;
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from vlmspec_cli.runtime.draft import Drafter
+from vlmspec_cli.runtime.round.draft import Drafter
 
 TASK_COMMANDS = {"caption": "caption", "image": "generate-image", "video": "describe-video"}
 
@@ -59,7 +59,7 @@ class DraftingMethod(Drafter):
     help = ""             # what --method's help says of it
     searched_first: tuple[str, ...] = ()   # tasks whose calibration starts from it
     draft = None          # the separate draft model it loaded (runtime.models.LoadedModel)
-    captioner = None      # the runtime.captioner.Captioner behind drafting input C
+    captioner = None      # the runtime.models.captioner.Captioner behind drafting input C
 
     @classmethod
     def check(cls, profile) -> None:
@@ -159,7 +159,7 @@ class DraftingMethod(Drafter):
     def plain_draft_steps(cls, profile) -> bool:
         """Its draft model decodes one row with plain causal steps (no per-step masks): a
         greedy chain can then be drafted in one compiled call, and compiling the draft
-        can pay (runtime/compiled_step.py ``draft_pays``)."""
+        can pay (runtime/fast/compiled_step.py ``draft_pays``)."""
         return False
 
     @classmethod

@@ -5,12 +5,12 @@ One implementation for any number of rows. ``propose_rows`` drafts for every row
 engine hands it, one draft forward per drafted position over all of them: a request
 decoded alone keeps its draft cache to itself (the fast path's static cache, and with
 compiled steps a greedy chain drafted in one call); the rows of a batch
-(generation.batch_size > 1) share one ragged cache (runtime/ragged.py), each row at its
+(generation.batch_size > 1) share one ragged cache (runtime/fast/ragged.py), each row at its
 own length. Either way a row drafts its budget of tokens (an EOS among them is cut by the
 engine before verification: nothing after it is verified), and after verification its
 draft cache keeps the accepted proposals it fed (``DraftCursor``). A request alone with
 ``drafting.length: auto`` may end its chain sooner, by the draft's confidence in each
-proposal (``state.draft_stop``, runtime/draft_stop.py).
+proposal (``state.draft_stop``, runtime/length/draft_stop.py).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from vlmspec_cli.drafters.inputs import check_inputs, prefill_input
 from vlmspec_cli.drafters.retokenized import RetokenizedDrafter
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS, VIDEO_INPUTS
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
-from vlmspec_cli.runtime.draft import Draft, DraftCursor, Verdict
-from vlmspec_cli.runtime.ragged import RaggedCache
+from vlmspec_cli.runtime.round.draft import Draft, DraftCursor, Verdict
+from vlmspec_cli.runtime.fast.ragged import RaggedCache
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
 
 
 @dataclass

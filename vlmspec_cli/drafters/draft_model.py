@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlmspec_cli.drafters.inputs import check_family
-from vlmspec_cli.runtime.captioner import Captioner
-from vlmspec_cli.runtime.models import (LoadedModel, ModelLoadError, check_compatible, load_model,
+from vlmspec_cli.runtime.models.captioner import Captioner
+from vlmspec_cli.runtime.models.loading import (LoadedModel, ModelLoadError, check_compatible, load_model,
                                         load_tokenizer, tokenizer_mismatch)
 
 

@@ -1,5 +1,5 @@
 """``eagle3``: a published EAGLE-3 head (the layout SpecForge writes and vLLM / SGLang load:
-runtime/eagle3_format.py) drafting for the target it was trained on.
+runtime/models/eagle3_format.py) drafting for the target it was trained on.
 
 It is the hidden-state head's bookkeeping (drafters/hidden.py: the target's states of
 verified rows are read in the next round, the head's speculative cache entries are cut
@@ -28,12 +28,12 @@ import torch
 
 from vlmspec_cli.drafters.base import register
 from vlmspec_cli.drafters.hidden import HiddenDrafter, HiddenState, TreeSettings
-from vlmspec_cli.runtime.eagle3_format import target_layers
-from vlmspec_cli.runtime.engine import eos_token_ids
-from vlmspec_cli.runtime.models import load_eagle3_head
+from vlmspec_cli.runtime.models.eagle3_format import target_layers
+from vlmspec_cli.runtime.round.engine import eos_token_ids
+from vlmspec_cli.runtime.models.loading import load_eagle3_head
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.tree_shape import FixedShape
-from vlmspec_cli.runtime.verify import SamplingParams, draft_vocab_logits
+from vlmspec_cli.runtime.round.tree_shape import FixedShape
+from vlmspec_cli.runtime.round.verify import SamplingParams, draft_vocab_logits
 
 
 @dataclass

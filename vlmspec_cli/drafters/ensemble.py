@@ -29,9 +29,9 @@ from vlmspec_cli.drafters.inputs import (check_inputs, input_embeds, prefill_enc
                                          reads_by_encode, visuals)
 from vlmspec_cli.drafters.weights import EnsembleWeights
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
-from vlmspec_cli.runtime.draft import Draft, DraftCursor, Verdict
+from vlmspec_cli.runtime.round.draft import Draft, DraftCursor, Verdict
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``hidden``: a draft head on the target's text-position hidden states (HiViS / Sparrow).
 
-The head (runtime/hidden_head.py) reads pairs (e(x_{t+1}), h_t) of a token and the
+The head (runtime/models/hidden_head.py) reads pairs (e(x_{t+1}), h_t) of a token and the
 target's hidden state one position before it, and only at text positions: its KV cache
 never holds a visual position, so a draft step costs the same whatever the video length.
 
@@ -31,16 +31,16 @@ from typing import Any
 import torch
 
 from vlmspec_cli.drafters.base import DraftingMethod, gamma_text, register
-from vlmspec_cli.runtime.draft import Draft, Verdict
-from vlmspec_cli.runtime.engine import eos_token_ids
-from vlmspec_cli.runtime.fast_decoder import FastDecoder, follow_target
-from vlmspec_cli.runtime.models import load_hidden_head
+from vlmspec_cli.runtime.round.draft import Draft, Verdict
+from vlmspec_cli.runtime.round.engine import eos_token_ids
+from vlmspec_cli.runtime.fast.fast_decoder import FastDecoder, follow_target
+from vlmspec_cli.runtime.models.loading import load_hidden_head
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.static_cache import StaticKVCache
-from vlmspec_cli.runtime.tree import DraftTree, attention_for
-from vlmspec_cli.runtime.tree_growth import FrontierFeed, expand_tree
-from vlmspec_cli.runtime.tree_shape import FixedShape, RoundLog, TreeRound
-from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+from vlmspec_cli.runtime.round.tree import DraftTree, attention_for
+from vlmspec_cli.runtime.round.tree_growth import FrontierFeed, expand_tree
+from vlmspec_cli.runtime.round.tree_shape import FixedShape, RoundLog, TreeRound
+from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
 
 
 @dataclass
@@ -215,14 +215,14 @@ class HiddenDrafter(DraftingMethod):
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         # imported here: the head's module imports transformers' models, which profile
         # checks and --dry-run (they import every method) need not pay for
-        from vlmspec_cli.runtime.hidden_head import head_logits
+        from vlmspec_cli.runtime.models.hidden_head import head_logits
 
         with torch.inference_mode():
             return head_logits(self.head, self.lm_head, h).float()
 
     # -- protocol -----------------------------------------------------------------------
     def prefill(self, state: DecodeState) -> None:
-        from vlmspec_cli.runtime.hidden_head import prompt_pairs   # as in _logits
+        from vlmspec_cli.runtime.models.hidden_head import prompt_pairs   # as in _logits
 
         f = state.features
         if f is None or f.ids is None:

@@ -1,5 +1,5 @@
 """``none``: no draft at all; the engine then decodes with the target alone (baseline).
-The protocol's defaults (runtime/draft.py) already draft nothing."""
+The protocol's defaults (runtime/round/draft.py) already draft nothing."""
 
 from __future__ import annotations
 

@@ -31,9 +31,9 @@ import torch
 from vlmspec_cli.drafters.base import DraftingMethod
 from vlmspec_cli.drafters.inputs import input_prompt, visuals
 from vlmspec_cli.runtime.adapters.base import truncate_cache
-from vlmspec_cli.runtime.draft import Draft
+from vlmspec_cli.runtime.round.draft import Draft
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.verify import SamplingParams, point_mass, probabilities
+from vlmspec_cli.runtime.round.verify import SamplingParams, point_mass, probabilities
 
 TEXT_INPUTS = ("text", "caption")   # the draft reads no image: its ids are not the target's
 

@@ -1,10 +1,10 @@
 """``tree``: a separate draft model proposes a draft *tree* (EAGLE-2 dynamic expansion,
-runtime/tree.py) instead of a chain; the target verifies every branch in one forward.
+runtime/round/tree.py) instead of a chain; the target verifies every branch in one forward.
 
 The draft reads the request through one drafting input (inputs.py: M, T, C or P) and keeps
 its own KV cache: the prompt and the committed tokens it has read. Each expansion level
 feeds the frontier nodes in one forward, at positions base + depth, with a 4-D mask that
-lets a node see the cache, its ancestors and itself (runtime/tree_growth.py
+lets a node see the cache, its ancestors and itself (runtime/round/tree_growth.py
 ``FrontierFeed``). After verification the cache keeps the prompt, the committed tokens
 and the accepted path's nodes it fed (moved down after them), so the next round starts
 from a plain prefix again.
@@ -23,13 +23,13 @@ from vlmspec_cli.drafters.draft_model import draft_model_names, load_draft
 from vlmspec_cli.drafters.inputs import check_inputs, prefill_input
 from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS
 from vlmspec_cli.runtime.adapters.base import cache_length, keep_branch
-from vlmspec_cli.runtime.engine import eos_token_ids
-from vlmspec_cli.runtime.draft import DraftCursor, Verdict
+from vlmspec_cli.runtime.round.engine import eos_token_ids
+from vlmspec_cli.runtime.round.draft import DraftCursor, Verdict
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.tree import DraftTree, attention_for
-from vlmspec_cli.runtime.tree_growth import FrontierFeed, expand_tree, tree_nodes
-from vlmspec_cli.runtime.tree_shape import AdjacencyAdaptive, AdtBounds, FixedShape, RoundLog, TreeRound
-from vlmspec_cli.runtime.verify import SamplingParams
+from vlmspec_cli.runtime.round.tree import DraftTree, attention_for
+from vlmspec_cli.runtime.round.tree_growth import FrontierFeed, expand_tree, tree_nodes
+from vlmspec_cli.runtime.round.tree_shape import AdjacencyAdaptive, AdtBounds, FixedShape, RoundLog, TreeRound
+from vlmspec_cli.runtime.round.verify import SamplingParams
 
 TREE_POLICIES = ("dynamic", "static")
 

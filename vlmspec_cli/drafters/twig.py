@@ -34,13 +34,13 @@ import torch
 
 from vlmspec_cli.drafters.base import DraftingMethod, gamma_text, register
 from vlmspec_cli.runtime.adapters.base import TextStack
-from vlmspec_cli.runtime.draft import Draft, Verdict
-from vlmspec_cli.runtime.fast_decoder import FastDecoder, follow_target
-from vlmspec_cli.runtime.models import load_twig
+from vlmspec_cli.runtime.round.draft import Draft, Verdict
+from vlmspec_cli.runtime.fast.fast_decoder import FastDecoder, follow_target
+from vlmspec_cli.runtime.models.loading import load_twig
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.static_cache import StaticKVCache
-from vlmspec_cli.runtime.trunk import SplitTarget, crop_layers, mean_retained_tokens, run_layers
-from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+from vlmspec_cli.runtime.fast.trunk import SplitTarget, crop_layers, mean_retained_tokens, run_layers
+from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
 
 
 @dataclass

@@ -17,7 +17,7 @@ from vlmspec_cli.drafting_inputs import DRAFTING_INPUTS, LETTERS
 
 # Upper bounds of sizes (a profile error names the key and the range): a round past them
 # would allocate gigabytes and decode no faster. The fast path's compiled steps take up to
-# 64 new tokens (runtime/compiled_step.py BUCKETS); a draft tree of more than a few
+# 64 new tokens (runtime/fast/compiled_step.py BUCKETS); a draft tree of more than a few
 # hundred nodes costs more to verify than it can save; torch cannot start 10^5 threads.
 MAX_GAMMA = 64             # drafting.gamma: draft tokens per round
 MAX_TREE_SIDE = 64         # tree.depth / tree.top_k, adaptive_tree's depth and top_k bounds
@@ -59,7 +59,7 @@ class DraftingSpec:
     # fixed: every round drafts gamma; auto: each round's γ (1..gamma) is chosen from this
     # request's acceptance and this process's measured round costs, and drafting is off
     # (plain target steps, probing again later) while it does not pay
-    # (runtime/draft_length.py). Chains and trees (tree, adt: each round's depth ≤ tree.depth,
+    # (runtime/length/draft_length.py). Chains and trees (tree, adt: each round's depth ≤ tree.depth,
     # adt's ≤ adaptive_tree.max_depth); hidden-state heads' trees keep theirs, batches gamma
     length: str = field(default="fixed", metadata=_rule(choices=("fixed", "auto")))
     inputs: list[str] = field(default_factory=lambda: ["multimodal"], metadata=_rule(
@@ -68,7 +68,7 @@ class DraftingSpec:
 
 @dataclass
 class TreeSpec:
-    """method: tree — EAGLE-2 dynamic draft trees (runtime/tree.py)."""
+    """method: tree — EAGLE-2 dynamic draft trees (runtime/round/tree.py)."""
 
     depth: int = field(default=5, metadata=_rule(ge=1, le=MAX_TREE_SIDE))  # expansion levels
     top_k: int = field(default=4, metadata=_rule(ge=1, le=MAX_TREE_SIDE))  # children per node
@@ -81,7 +81,7 @@ class TreeSpec:
 
 @dataclass
 class AdaptiveTreeSpec:
-    """method: adt — ADT-Tree (runtime/tree_shape.py): each tree's depth and top_k start
+    """method: adt — ADT-Tree (runtime/round/tree_shape.py): each tree's depth and top_k start
     from a neighbouring image token's tree (init) and move by Eq. 2: deeper and narrower
     (+step_depth, -step_top_k) when that tree's acceptance rate α = accepted / depth
     reached beta, else shallower and wider; the first tree uses tree.depth / tree.top_k."""
@@ -224,11 +224,11 @@ class RuntimeSpec:
     """How the engine runs the models' forwards (not what they compute: outputs are the
     same either way)."""
 
-    # auto: decoding steps on vlmspec's static-cache fast path (runtime/fast_decoder.py)
+    # auto: decoding steps on vlmspec's static-cache fast path (runtime/fast/fast_decoder.py)
     # for every model whose family it supports, transformers' forward for the others;
     # on: the same, and a model it cannot take is an error; off: transformers throughout
     fast_path: str = field(default="auto", metadata=_rule(choices=("auto", "on", "off")))
-    # the fast path's steps through torch.compile (runtime/compiled_step.py; CUDA graphs on
+    # the fast path's steps through torch.compile (runtime/fast/compiled_step.py; CUDA graphs on
     # GPU). auto: only where `vlmspec profile --compile` measured that compiled steps are
     # faster on this hardware (the hardware section) and the job is long enough to repay
     # the warm-up; on: always (the fast path must be on); off: never

@@ -6,7 +6,7 @@
    head, twig, ADT-Tree and image trees, whose guided steps run two rows per node) costs
    L ms per draft level: ``hardware.measurements.draft_level_ms[method]`` (or the
    ``rounds`` that ``vlmspec profile`` timed for the profile's own method) when given,
-   else the probe's own rounds, timed (runtime/round_timing.py). With every cost from the
+   else the probe's own rounds, timed (runtime/round/round_timing.py). With every cost from the
    hardware profile, the choice is deterministic: at T = 0 acceptance is too.
 2. Acceptance: every probe (tasks/calibrate_space.py says which) decodes the samples once.
    A chain-like probe at the largest γ stands for every γ: τ(γ) = 1 + E[min(k, γ)] over
@@ -48,11 +48,11 @@ from typing import Callable
 
 from vlmspec_cli.drafters import method_class
 from vlmspec_cli.profile import with_settings
-from vlmspec_cli.runtime.latency import measure_tables
+from vlmspec_cli.runtime.fast.latency import measure_tables
 from vlmspec_cli.runtime.limits import prompt_tokens
-from vlmspec_cli.runtime.models import ModelLoadError
+from vlmspec_cli.runtime.models.loading import ModelLoadError
 from vlmspec_cli.runtime.request import Request
-from vlmspec_cli.runtime.round_timing import time_rounds
+from vlmspec_cli.runtime.round.round_timing import time_rounds
 from vlmspec_cli.session import SessionError, build_session
 from vlmspec_cli.tasks.calibrate_model import LatencyModel, RoundsModel, Run, tau_for_gamma
 from vlmspec_cli.tasks.calibrate_space import Probe, probes
@@ -306,7 +306,7 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     greedy = session.sampling.greedy
     draft = session.draft
     if draft is None and base.draft.model:   # a hidden or twig profile names one it does not load
-        from vlmspec_cli.runtime.models import load_model
+        from vlmspec_cli.runtime.models.loading import load_model
 
         draft = load_model(base.draft, "draft")
     all_probes = probes(base, draft, captioner_ok=captioner_ok, hidden=hidden, twigs=twigs)

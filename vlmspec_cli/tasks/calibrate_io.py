@@ -68,7 +68,7 @@ def _video_messages(profile, item) -> list[Message]:
 def search_base(profile):
     """(the profile calibrate searches from, why caption drafting is left out or None).
     Calibrating needs a drafting method: method none is searched from its task's first."""
-    from vlmspec_cli.runtime.models import ModelLoadError, load_model
+    from vlmspec_cli.runtime.models.loading import ModelLoadError, load_model
 
     from vlmspec_cli.drafters import method_class
     from vlmspec_cli.drafters.base import first_searched

@@ -15,12 +15,12 @@ import torch
 import transformers
 import yaml
 
-from vlmspec_cli.runtime.latency import (LatencyTables, eq1_speedup, measure_tables, median_ms,
+from vlmspec_cli.runtime.fast.latency import (LatencyTables, eq1_speedup, measure_tables, median_ms,
                                          time_extend,
                                          remarks)
 from vlmspec_cli.runtime.limits import position_limit, prompt_tokens
 from vlmspec_cli.runtime.request import Message, Request
-from vlmspec_cli.runtime.round_timing import time_rounds
+from vlmspec_cli.runtime.round.round_timing import time_rounds
 from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.fileio import same_file
 from vlmspec_cli.tasks.output_files import (OWN_PNG, OutputRefused, check_output, is_profile,
@@ -302,7 +302,7 @@ def measure_frames(session, frames: list[int], warmup: int, repeats: int,
 def measure_rounds(session, t_p: float, make_request: Callable[[int], Request],
                    progress: Callable[[str], None] | None = None, requests: int = 3) -> dict | None:
     """The profile's own method decoding sample requests, every round timed
-    (runtime/round_timing.py): its drafting cost per round and per level, whatever drafts
+    (runtime/round/round_timing.py): its drafting cost per round and per level, whatever drafts
     (a draft model, a tree, an ensemble, a hidden-state head, a twig). None for method none."""
     profile = session.profile
     if not session.method.drafts:
@@ -321,7 +321,7 @@ def measure_compiled(session, context: int, rows: int, warmup: int, repeats: int
     """The fast path's steps compiled (runtime.compile): the warm-up of the buckets the
     profile's method uses, then one target step and one draft step, timed as the eager
     ones were. The models are left uncompiled."""
-    from vlmspec_cli.runtime.compiled_step import set_compiled
+    from vlmspec_cli.runtime.fast.compiled_step import set_compiled
 
     models = [lm for lm in (session.target, session.draft) if lm is not None and lm.fast is not None]
     if session.target.fast is None:

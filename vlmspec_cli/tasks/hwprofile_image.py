@@ -5,7 +5,7 @@ rows (the prompt and the unconditional prompt) and mixes their logits. So its la
 tables are made of guided forwards: the target's prefill of a sample prompt, the target
 verifying k image tokens after it (k = a chain's γ+1 or a draft tree's node count, up to
 64: ADT-Tree's largest trees), and one guided draft step; the method's own rounds are
-timed on a whole image grid (runtime/round_timing.py). The numbers land in the same
+timed on a whole image grid (runtime/round/round_timing.py). The numbers land in the same
 ``hardware:`` keys as a caption profile's, so ``include:`` and ``--plot`` work alike.
 """
 
@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length
-from vlmspec_cli.runtime.latency import LatencyTables, median_ms, time_feed
+from vlmspec_cli.runtime.fast.latency import LatencyTables, median_ms, time_feed
 from vlmspec_cli.runtime.request import Message, Request
 
 PROMPTS = ("a red circle on a blue background", "a small green square at the top left",

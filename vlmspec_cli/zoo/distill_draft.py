@@ -35,7 +35,7 @@ from vlmspec_cli.zoo.train import arg_parser, parse_args
 
 def _load(out: Path, name: str):
     from vlmspec_cli.profile import ModelSpec
-    from vlmspec_cli.runtime.models import load_model
+    from vlmspec_cli.runtime.models.loading import load_model
 
     return load_model(ModelSpec(model=str(out / name), device="cpu", dtype="float32"), name)
 
@@ -43,9 +43,9 @@ def _load(out: Path, name: str):
 def target_answers(target, conversations: list[list], batch_size: int,
                    max_new_tokens: int = 48) -> list[list]:
     """Each conversation with its assistant turns replaced by the target's greedy answers."""
-    from vlmspec_cli.runtime.engine import SpeculativeEngine, decode_text, eos_token_ids
+    from vlmspec_cli.runtime.round.engine import SpeculativeEngine, decode_text, eos_token_ids
     from vlmspec_cli.runtime.request import Message, Request
-    from vlmspec_cli.runtime.verify import SamplingParams
+    from vlmspec_cli.runtime.round.verify import SamplingParams
 
     engine = SpeculativeEngine(target, None, 1, SamplingParams(0.0), batch_size)
     eos = eos_token_ids(target)
@@ -72,8 +72,8 @@ def eval_set(target, n: int, seed: int) -> list[tuple]:
     """``n`` fresh requests and the target's own greedy tokens for each (decoded once, for
     both drafts' evaluation)."""
     from vlmspec_cli.drafters import create_drafter
-    from vlmspec_cli.runtime.engine import SpeculativeEngine
-    from vlmspec_cli.runtime.verify import SamplingParams
+    from vlmspec_cli.runtime.round.engine import SpeculativeEngine
+    from vlmspec_cli.runtime.round.verify import SamplingParams
     from vlmspec_cli.zoo.hidden import llava_data
 
     requests, _ = llava_data(n, seed)
@@ -85,8 +85,8 @@ def chain_tau(target, draft, evaluation: list[tuple], gamma: int = 5) -> dict:
     """τ of chain M (the default's drafting) against the target on the ``eval_set``, greedy,
     and how many decoded exactly the target's own tokens (all of them, or it is a bug)."""
     from vlmspec_cli.drafters import create_drafter
-    from vlmspec_cli.runtime.engine import SpeculativeEngine
-    from vlmspec_cli.runtime.verify import SamplingParams
+    from vlmspec_cli.runtime.round.engine import SpeculativeEngine
+    from vlmspec_cli.runtime.round.verify import SamplingParams
     from vlmspec_cli.runtime.stats import SpecStats
 
     greedy = SamplingParams(0.0)

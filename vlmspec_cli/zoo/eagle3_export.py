@@ -1,5 +1,5 @@
 """An EAGLE-3 head trained by vlmspec (zoo/eagle3_train.py), written in the published
-layout (runtime/eagle3_format.py), so vLLM, SGLang and SpecForge load it as they load the
+layout (runtime/models/eagle3_format.py), so vLLM, SGLang and SpecForge load it as they load the
 heads they publish, and vlmspec's ``method: eagle3`` loads it back.
 
 What is written, and why each choice (the public files each key was checked against are
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from vlmspec_cli.runtime.eagle3_format import ARCHITECTURE
+from vlmspec_cli.runtime.models.eagle3_format import ARCHITECTURE
 
 WRITTEN_BY = "vlmspec zoo.hidden --arch eagle3"
 

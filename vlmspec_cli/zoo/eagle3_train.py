@@ -1,4 +1,4 @@
-"""Training an EAGLE-3 head (runtime/eagle3_head.py) on a target's own answers, the way
+"""Training an EAGLE-3 head (runtime/models/eagle3_head.py) on a target's own answers, the way
 SpecForge trains one, small: what zoo/hidden.py ``--arch eagle3`` runs, for a tinyworld
 target or the user's own (zoo/hidden_user.py); zoo/eagle3_export.py writes the result in
 the published layout.
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vlmspec_cli.runtime.eagle3_format import Eagle3Config
-from vlmspec_cli.runtime.eagle3_head import Eagle3Head
+from vlmspec_cli.runtime.models.eagle3_format import Eagle3Config
+from vlmspec_cli.runtime.models.eagle3_head import Eagle3Head
 from vlmspec_cli.zoo.hidden_train import answer_ids
 from vlmspec_cli.zoo.hidden_train import measure as hidden_measure
 from vlmspec_cli.zoo.train import optimize, warmup_cosine

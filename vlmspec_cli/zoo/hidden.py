@@ -1,4 +1,4 @@
-"""Train hidden-state draft heads (runtime/hidden_head.py) for the tinyworld targets, on
+"""Train hidden-state draft heads (runtime/models/hidden_head.py) for the tinyworld targets, on
 tinyworld requests with their reference answers (the training itself: zoo/hidden_train.py).
 
 ``python -m vlmspec_cli.zoo.hidden --target llava`` (or ``llava-deep``, ``video``, ``video-deep``) writes
@@ -67,7 +67,7 @@ TARGETS = {
 def build(name: str, examples: int, stage1: int, stage2: int, feedback: int, layer: int | None,
           seed: int = 0, save: bool = True, bridge: bool = False, max_steps: int | None = None) -> dict:
     from vlmspec_cli.profile import ModelSpec
-    from vlmspec_cli.runtime.models import ZOO_ROOT, load_model
+    from vlmspec_cli.runtime.models.loading import ZOO_ROOT, load_model
 
     model, out_name, data_fn, default_layer = TARGETS[name]
     layer = default_layer if layer is None else layer

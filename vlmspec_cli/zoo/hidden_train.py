@@ -1,4 +1,4 @@
-"""How a hidden-state draft head (runtime/hidden_head.py) is trained: the data collected
+"""How a hidden-state draft head (runtime/models/hidden_head.py) is trained: the data collected
 from the frozen target and the two training stages. zoo/hidden.py builds the tinyworld
 heads with it, zoo/hidden_user.py a head for the user's own target.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vlmspec_cli.runtime.hidden_head import HiddenDraftHead, HiddenHeadConfig, prompt_pairs
+from vlmspec_cli.runtime.models.hidden_head import HiddenDraftHead, HiddenHeadConfig, prompt_pairs
 from vlmspec_cli.zoo.train import optimize, warmup_cosine
 
 TOP_K = 8
@@ -197,8 +197,8 @@ def measure(lm, head, requests, gamma: int = 5, method: str = "hidden") -> dict:
     """Mean acceptance length of the head drafting chains for the target (T = 0), and
     equality with target-only decoding. ``method``: the head's kind (hidden, eagle3)."""
     from vlmspec_cli.drafters import create_drafter
-    from vlmspec_cli.runtime.engine import SpeculativeEngine, eos_token_ids
-    from vlmspec_cli.runtime.verify import SamplingParams
+    from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
+    from vlmspec_cli.runtime.round.verify import SamplingParams
 
     greedy = SamplingParams(0.0)
     spec = SpeculativeEngine(lm, create_drafter(method, target=lm, head=head, sampling=greedy,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from vlmspec_cli.runtime.hidden_head import HiddenHeadConfig
+from vlmspec_cli.runtime.models.hidden_head import HiddenHeadConfig
 
 
 class HeadWriteError(ValueError):
@@ -86,8 +86,8 @@ def user_requests(target: str, samples: list[str], task: str, prompt: str | None
 def target_answers(lm, requests) -> list[list[int]]:
     """The target's own greedy tokens for each request (EOS included when it stopped)."""
     from vlmspec_cli.drafters import create_drafter
-    from vlmspec_cli.runtime.engine import SpeculativeEngine
-    from vlmspec_cli.runtime.verify import SamplingParams
+    from vlmspec_cli.runtime.round.engine import SpeculativeEngine
+    from vlmspec_cli.runtime.round.verify import SamplingParams
 
     engine = SpeculativeEngine(lm, create_drafter("none"), 1, SamplingParams(0.0))
     return [engine.generate(req).tokens for req in requests]
@@ -96,7 +96,7 @@ def target_answers(lm, requests) -> list[list[int]]:
 def train_user_head(args) -> int:
     """The ``--target DIR`` mode of zoo/hidden.py; returns the exit code."""
     from vlmspec_cli.profile import ModelSpec
-    from vlmspec_cli.runtime.models import ModelLoadError, load_model
+    from vlmspec_cli.runtime.models.loading import ModelLoadError, load_model
     from vlmspec_cli.zoo.hidden_train import collect, frozen_io, measure, new_head, train_head
 
     out = Path(args.out) if args.out else None

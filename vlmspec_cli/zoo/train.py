@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-# where ``zoo:tinyworld/<name>`` finds the built models (runtime/models.py ZOO_ROOT)
+# where ``zoo:tinyworld/<name>`` finds the built models (runtime/models/loading.py ZOO_ROOT)
 WEIGHTS = Path(__file__).resolve().parent / "weights" / "tinyworld"
 
 def warmup_cosine(warmup: int, steps: int) -> Callable[[int], float]:

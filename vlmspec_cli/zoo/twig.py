@@ -111,9 +111,9 @@ def measure_tokar(target_lm, twig, k: int, requests, gamma: int = 5) -> dict:
     """TokAR (accepted / drafted) and mean acceptance length of greedy twig drafting with
     no early exit, so every round drafts γ tokens (Table 7's setting)."""
     from vlmspec_cli.drafters import create_drafter
-    from vlmspec_cli.runtime.engine import SpeculativeEngine
+    from vlmspec_cli.runtime.round.engine import SpeculativeEngine
     from vlmspec_cli.runtime.stats import SpecStats
-    from vlmspec_cli.runtime.verify import SamplingParams
+    from vlmspec_cli.runtime.round.verify import SamplingParams
 
     greedy = SamplingParams(0.0)
     engine = SpeculativeEngine(target_lm, create_drafter("twig", target=target_lm, sampling=greedy,
@@ -133,7 +133,7 @@ def build_twig(out, processor, data, report: dict, steps: int, seed: int, batch_
     ``other_ks`` (saved under ``variants_dir`` as K{k}-T{t}-{init} when given, for
     bench/twig.py)."""
     from vlmspec_cli.profile import ModelSpec
-    from vlmspec_cli.runtime.models import load_model
+    from vlmspec_cli.runtime.models.loading import load_model
 
     target_lm = load_model(ModelSpec(model=str(out / target_name), device="cpu", dtype="float32"),
                            "target")

@@ -32,7 +32,7 @@ class ModelAdapter:
     takes_videos: bool = False   # encode reads videos (describe-video's targets, a video draft)
     generates_images: bool = False   # decodes image tokens (generate-image: guided.py)
     embeds_images: bool = True   # prompt_embeds can put image features in place (a draft's M input)
-    splits_layers: bool = True   # its layers may run in parts (the twig's trunk, runtime/trunk.py)
+    splits_layers: bool = True   # its layers may run in parts (the twig's trunk, runtime/fast/trunk.py)
     quant_skip_modules: tuple[str, ...] = ("lm_head",)   # kept unquantized (bitsandbytes)
     decode_rows: int = 1   # rows one request decodes (the image model: cond + uncond)
     family: str | None = None          # how refusals name the family (None: "its family")
@@ -125,13 +125,13 @@ class ModelAdapter:
                          lm.model.get_output_embeddings(), text.config)
 
     # -- forwards --------------------------------------------------------------------
-    # With ``lm.fast`` (runtime/fast_decoder.py) caches are ``StaticKVCache``s: the prompt
+    # With ``lm.fast`` (runtime/fast/fast_decoder.py) caches are ``StaticKVCache``s: the prompt
     # is prefilled by the model's own forward and copied in, every later forward runs on
     # the fast path. Without it, transformers' ``DynamicCache`` and forward throughout.
     def new_cache(self, lm, static: bool = True):
         """A cache for one request: static on the fast path; ``static=False`` where a
         transformers cache is wanted (a request prefilled alone before it joins a ragged
-        batch, runtime/ragged.py; the twig's split trunk)."""
+        batch, runtime/fast/ragged.py; the twig's split trunk)."""
         if static and lm.fast is not None:
             return lm.fast.new_cache()
         return _dynamic_cache(lm.model.config)
@@ -193,7 +193,7 @@ class ModelAdapter:
                         **extra).logits
 
     def greedy_chain(self, lm, first: torch.Tensor, cache, steps: int) -> torch.Tensor | None:
-        """``steps`` greedy proposals in one compiled call (runtime/compiled_step.py):
+        """``steps`` greedy proposals in one compiled call (runtime/fast/compiled_step.py):
         ``first`` (1, 1) is the first, each next one the argmax after feeding the one
         before; the cache gains ``steps - 1`` tokens. None where there is no such call (not
         compiled, or a family whose logits are not the plain head's): the caller loops."""

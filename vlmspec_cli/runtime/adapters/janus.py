@@ -130,7 +130,7 @@ class JanusAdapter(GuidedImageAdapter):
         language = lm.model.model.language_model
         out = language(inputs_embeds=embeds, **cache_arg(language, eager), use_cache=True)
         if eager is not cache:
-            cache.load(eager)   # the fast path decodes from here (runtime/fast_decoder.py)
+            cache.load(eager)   # the fast path decodes from here (runtime/fast/fast_decoder.py)
         return self._guided(lm, out.last_hidden_state[:, -1:])[:, -1]
 
     @torch.inference_mode()

@@ -3,7 +3,7 @@ images and videos in, text out.
 
 Inputs are built here, not by HF's processors (the video one needs torchvision, which has
 no CPU build): frames are resized by Qwen's ``smart_resize`` rule and patchified in the
-processor's layout (runtime/video_patches.py); a still image is a one-frame video
+processor's layout (runtime/adapters/video_patches.py); a still image is a one-frame video
 repeated to ``temporal_patch_size``. Each ``<|image_pad|>`` / ``<|video_pad|>``
 placeholder in the prompt becomes t·h·w / merge² visual tokens; ``mm_token_type_ids``
 marks them (1 image, 2 video), and for videos ``second_per_grid_ts`` = temporal_patch_size
@@ -28,7 +28,7 @@ from transformers import (DynamicCache, Qwen2_5_VLForConditionalGeneration,
                           Qwen2VLForConditionalGeneration)
 
 from vlmspec_cli.runtime.adapters.base import ModelAdapter, cache_length
-from vlmspec_cli.runtime.video_patches import patchify, resize_frames, smart_resize, video_token_count
+from vlmspec_cli.runtime.adapters.video_patches import patchify, resize_frames, smart_resize, video_token_count
 
 # Qwen2-VL processor defaults, used when a model ships no preprocessor_config.json
 _DEFAULTS = {"image_mean": [0.48145466, 0.4578275, 0.40821073],

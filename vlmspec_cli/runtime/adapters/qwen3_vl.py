@@ -17,12 +17,12 @@ The Qwen2-VL family's scheme (qwen2_vl.py) with Qwen3-VL's differences:
   hidden states at visual positions. Only the prompt forward holds visual positions, and it
   runs through the model's own forward (``prefill``); later tokens are text, whose
   forwards carry no deepstack features. The twig's split trunk, which runs the layers
-  itself, adds them after the same layers (runtime/trunk.py).
+  itself, adds them after the same layers (runtime/fast/trunk.py).
 * Rotary positions are interleaved across (t, h, w); the model's own rotary module does
   that from the same (3, B, n) position ids, so every later forward gets explicit
   positions exactly as for Qwen2.5-VL (the offset on ``cache.rope_delta``).
 
-Decoding steps take the fast path (runtime/fast_decoder.py) as for Qwen2.5-VL; its layers
+Decoding steps take the fast path (runtime/fast/fast_decoder.py) as for Qwen2.5-VL; its layers
 run Qwen3's per-head query and key norms (``q_norm``, ``k_norm``) before the rotary.
 """
 
@@ -36,7 +36,7 @@ import torch
 from transformers import Qwen3VLForConditionalGeneration
 
 from vlmspec_cli.runtime.adapters.qwen2_vl import Qwen25VLAdapter
-from vlmspec_cli.runtime.video_patches import patchify, resize_frames, video_token_count
+from vlmspec_cli.runtime.adapters.video_patches import patchify, resize_frames, video_token_count
 
 # Qwen3-VL image and video processor defaults, for a model that ships no processor files
 _IMAGE_DEFAULTS = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],

@@ -15,7 +15,7 @@ draft reads all visual tokens itself; its vision tower starts from the target's)
   ``<|video_pad|>`` per video, expanded to t*h*w/merge**2 tokens (16 per 2 frames);
   ``mm_token_type_ids`` is 2 on video tokens; ``second_per_grid_ts`` =
   temporal_patch_size / fps with fps = frames / 3 s. Pixels come from
-  ``runtime.video_patches.patchify`` (the Qwen2-VL processor layout).
+  ``runtime.adapters.video_patches.patchify`` (the Qwen2-VL processor layout).
 * Training: first the vision tower alone on a linear probe on the merged vision tokens
   (each cell's shape colour/kind and its motion; ``pretrain_vision``), then teacher
   forcing on the answer tokens (prompt + " " + description + eos) with N in {4, 8, 16}

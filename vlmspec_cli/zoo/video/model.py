@@ -5,7 +5,7 @@
 * Inputs: ``video_inputs(tok, config, frames, question)``; the ``<|video_pad|>`` is
   expanded to t*h*w/merge**2 tokens (16 per 2 frames); ``mm_token_type_ids`` is 2 on
   video tokens; ``second_per_grid_ts`` = temporal_patch_size / fps with fps = frames /
-  3 s. Pixels come from ``runtime.video_patches.patchify`` (the Qwen2-VL processor
+  3 s. Pixels come from ``runtime.adapters.video_patches.patchify`` (the Qwen2-VL processor
   layout).
 * Models: HF ``Qwen2_5_VLForConditionalGeneration``, a 6-layer target and a 1-layer
   draft with the same vision layout.
@@ -21,7 +21,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from vlmspec_cli.runtime.video_patches import patchify, resize_frames, smart_resize, video_token_count
+from vlmspec_cli.runtime.adapters.video_patches import patchify, resize_frames, smart_resize, video_token_count
 from vlmspec_cli.zoo.video.world import DURATION
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"

@@ -229,5 +229,5 @@ _REPORT_NOTES = """## Deviations and notes
 - `preprocessor_config.json` is `Qwen2VLImageProcessor(...).save_pretrained` (the PIL
   backend; torchvision is absent) plus explicit `min_pixels` / `max_pixels` keys; the
   video processor cannot be built on CPU, so video pixels come from
-  `vlmspec_cli.runtime.video_patches.patchify`.
+  `vlmspec_cli.runtime.adapters.video_patches.patchify`.
 """

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vlmspec_cli.runtime.video_patches import patchify
+from vlmspec_cli.runtime.adapters.video_patches import patchify
 from vlmspec_cli.zoo.train import optimize, warmup_cosine
 from vlmspec_cli.zoo.video.model import MEAN, STD, video_inputs
 from vlmspec_cli.zoo.video.world import (

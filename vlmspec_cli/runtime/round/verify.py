@@ -229,7 +229,7 @@ class Relaxation:
 def verify_tree(tree, root_logits: torch.Tensor, node_logits: torch.Tensor,
                 params: SamplingParams, generator: torch.Generator | None,
                 relax: Relaxation | None = None) -> tuple[list[int], int]:
-    """Walk a draft tree (runtime/tree.py) from the root. ``root_logits`` (V,) is p at the
+    """Walk a draft tree (runtime/round/tree.py) from the root. ``root_logits`` (V,) is p at the
     root, ``node_logits`` (N, V) p after each node. Returns the accepted root-to-node path
     (node indices) and the token the target adds after it.
 

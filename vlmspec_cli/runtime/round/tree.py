@@ -1,5 +1,5 @@
 """Draft trees: the data structure, its verification by the target, and tree attention
-masks. Trees are grown by runtime/tree_growth.py (EAGLE-2 expansion, in tensors).
+masks. Trees are grown by runtime/round/tree_growth.py (EAGLE-2 expansion, in tensors).
 
 A tree hangs under the *root*: the last committed token (the target's pending token).
 Node i holds ``tokens[i]``, its parent ``parents[i]`` (-1 = the root) and ``depth[i]``
@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length
-from vlmspec_cli.runtime.draft import Proposal, TargetFeed, Verdict
-from vlmspec_cli.runtime.fast_decoder import additive
+from vlmspec_cli.runtime.round.draft import Proposal, TargetFeed, Verdict
+from vlmspec_cli.runtime.fast.fast_decoder import additive
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.static_cache import StaticKVCache
-from vlmspec_cli.runtime.verify import Relaxation, SamplingParams, verify_tree
+from vlmspec_cli.runtime.round.verify import Relaxation, SamplingParams, verify_tree
 
 
 @dataclass

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from vlmspec_cli.runtime.draft import Drafter
-from vlmspec_cli.runtime.draft_length import AutoGamma
+from vlmspec_cli.runtime.round.draft import Drafter
+from vlmspec_cli.runtime.length.draft_length import AutoGamma
 from vlmspec_cli.runtime.request import DecodeState
 
 

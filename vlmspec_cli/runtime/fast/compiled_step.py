@@ -30,7 +30,7 @@ import time
 import torch
 
 from vlmspec_cli.runtime.adapters.base import pick_layers
-from vlmspec_cli.runtime.fast_decoder import additive, layer_indices, project_qkv
+from vlmspec_cli.runtime.fast.fast_decoder import additive, layer_indices, project_qkv
 
 # row counts steps are padded to: powers of two, and between them from 8 on (a 20-node
 # tree verifies 21 rows: padded to 24, not 32)

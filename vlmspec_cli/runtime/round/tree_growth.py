@@ -42,8 +42,8 @@ from typing import Callable
 
 import torch
 
-from vlmspec_cli.runtime.tree import DraftTree
-from vlmspec_cli.runtime.verify import SamplingParams, probabilities
+from vlmspec_cli.runtime.round.tree import DraftTree
+from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
 
 StepFn = Callable[[DraftTree, list[int]], torch.Tensor]
 

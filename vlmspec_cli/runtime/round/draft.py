@@ -31,7 +31,7 @@ import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length, keep_branch, truncate_cache
 from vlmspec_cli.runtime.request import DecodeState, TargetFeatures
-from vlmspec_cli.runtime.verify import Relaxation, SamplingParams, verify_chain
+from vlmspec_cli.runtime.round.verify import Relaxation, SamplingParams, verify_chain
 
 
 @dataclass

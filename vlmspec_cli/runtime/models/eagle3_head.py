@@ -1,7 +1,7 @@
 """An EAGLE-3 draft head (Li et al. 2025) as the engines run it, on the published weights.
 
 At a target position t the head reads g_t = low ⊕ mid ⊕ high, three of the target's
-hidden states at t (runtime/eagle3_format.py ``target_layers``), and the embedding of the
+hidden states at t (runtime/models/eagle3_format.py ``target_layers``), and the embedding of the
 token after it, e(x_{t+1}):
 
     z_t  = fc(g_t)                                          (3·H_target → H)
@@ -31,7 +31,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
-from vlmspec_cli.runtime.eagle3_format import (Eagle3Config, Eagle3FormatError, check_head_dir,
+from vlmspec_cli.runtime.models.eagle3_format import (Eagle3Config, Eagle3FormatError, check_head_dir,
                                                draft_to_target)
 
 
@@ -240,7 +240,7 @@ def load_head_dir(folder: str | Path, device, dtype, vocab_size: int | None = No
     vocabulary of billions would otherwise size its t2d buffer first)."""
     from safetensors.torch import load_file
 
-    from vlmspec_cli.runtime.eagle3_format import weight_files
+    from vlmspec_cli.runtime.models.eagle3_format import weight_files
 
     folder = Path(folder)
     config, header = check_head_dir(folder)

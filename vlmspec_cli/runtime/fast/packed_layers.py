@@ -29,13 +29,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vlmspec_cli.runtime.wide_rows import in_out, plain_weight, times
+from vlmspec_cli.runtime.fast.wide_rows import in_out, plain_weight, times
 
 
 @dataclass
 class PackedLayer:
     # every matrix laid out (in, out) for x·W (on a CPU, MKL's kernel against nn.Linear's
-    # (out, in) layout took about twice the time on such small products: runtime/wide_rows.py)
+    # (out, in) layout took about twice the time on such small products: runtime/fast/wide_rows.py)
     # q_proj, k_proj, v_proj side by side, (H, q + k + v outputs), each row scaled by the
     # input RMSNorm's weight and √H (``normed``); the bias as is
     qkv: torch.Tensor

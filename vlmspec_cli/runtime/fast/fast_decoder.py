@@ -15,15 +15,15 @@ the operations the maths needs, writing keys and values into a ``StaticKVCache``
   own module, scaled-dot-product attention over positions [0, length + n)); the tests
   check token equality with transformers' ``generate`` with the fast path on and off.
   Two exceptions, neither in a step that decides a token alone: a draft's layers run
-  packed (runtime/packed_layers.py), and a CPU target's forwards of several new rows
+  packed (runtime/fast/packed_layers.py), and a CPU target's forwards of several new rows
   after the prompt (its verifications) take copies of its weights laid out (in, out)
-  (runtime/wide_rows.py), equal to the modules' products up to float rounding.
+  (runtime/fast/wide_rows.py), equal to the modules' products up to float rounding.
 
 Supported: Llama-style decoders (Llama, Mistral without sliding window, Qwen2, and the text
 decoders of Qwen2-VL / Qwen2.5-VL, whose 3-D positions arrive as (3, B, n) position ids and
 go through the model's own rotary module) — every tinyworld target and draft. Others
 decode through transformers (``reason_unsupported`` says why). The twig's split trunk
-(runtime/trunk.py) runs its layer ranges here with ``run_segment``. Batches of several requests (runtime/ragged.py) decode
+(runtime/fast/trunk.py) runs its layer ranges here with ``run_segment``. Batches of several requests (runtime/fast/ragged.py) decode
 here too, as rows with a 0/1 mask and per-row positions.
 """
 
@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 
 from vlmspec_cli.runtime.adapters.base import TextStack, pick_layers
-from vlmspec_cli.runtime.packed_layers import RotaryTable, pack_layers, packed_layer, rms_weight
+from vlmspec_cli.runtime.fast.packed_layers import RotaryTable, pack_layers, packed_layer, rms_weight
 from vlmspec_cli.runtime.static_cache import BufferPool, StaticKVCache
-from vlmspec_cli.runtime.wide_rows import wide_layers
+from vlmspec_cli.runtime.fast.wide_rows import wide_layers
 
 # the text decoders it runs; Qwen2-VL / Qwen2.5-VL's rotary module folds their 3-D
 # (time, height, width) positions into ordinary cos/sin, so their decoders qualify too
@@ -93,7 +93,7 @@ def follow_target(target, decoder: "FastDecoder | None", make_stack, config,
         return None
     if decoder is None:
         decoder = FastDecoder(make_stack(), target.device, dtype)
-        decoder.pack()   # a draft's own layers (runtime/packed_layers.py)
+        decoder.pack()   # a draft's own layers (runtime/fast/packed_layers.py)
     decoder.headroom = target.fast.headroom
     return decoder
 
@@ -119,13 +119,13 @@ class FastDecoder:
         self.headroom = headroom
         # finished requests' cache buffers, taken by the next request (static_cache.py)
         self.pool = BufferPool()
-        # runtime.compile: the compiled step (runtime/compiled_step.py ``set_compiled``),
+        # runtime.compile: the compiled step (runtime/fast/compiled_step.py ``set_compiled``),
         # None = eager
         self.compiled = None
-        # a draft's layers packed into fewer operators (runtime/packed_layers.py, ``pack``)
+        # a draft's layers packed into fewer operators (runtime/fast/packed_layers.py, ``pack``)
         self.packed = None
         # a target's weights laid out (in, out) for its forwards of several new rows after
-        # the prompt, on a CPU (runtime/wide_rows.py, ``widen``): (layers, head or None)
+        # the prompt, on a CPU (runtime/fast/wide_rows.py, ``widen``): (layers, head or None)
         self.wide = None
 
     @classmethod
@@ -141,13 +141,13 @@ class FastDecoder:
 
     def widen(self) -> bool:
         """Run this decoder's forwards of several new rows after the prompt on its weights
-        laid out (in, out) (a target's verifications, on a CPU: runtime/wide_rows.py says
+        laid out (in, out) (a target's verifications, on a CPU: runtime/fast/wide_rows.py says
         why only those). False where it does not apply (not a CPU, other layers, too big)."""
         self.wide = wide_layers(self.layers, self.stack.head, self.device)
         return self.wide is not None
 
     def pack(self) -> bool:
-        """Run this decoder's steps with packed layers (drafts only: runtime/packed_layers.py
+        """Run this decoder's steps with packed layers (drafts only: runtime/fast/packed_layers.py
         says why never a target). False where a layer is not one it packs exactly."""
         layers = pack_layers(self.layers, self.stack.config, self.dtype)
         # the final norm (none in a block whose caller applies it: the hidden head)
@@ -193,7 +193,7 @@ class FastDecoder:
         want = want or ()
         mask = self._mask(attention_mask, batch, n, start, embeds)
         if self.packed is not None and (position_ids is None or position_ids.dim() == 2):
-            # a draft's packed layers (runtime/packed_layers.py): cos/sin from its table
+            # a draft's packed layers (runtime/fast/packed_layers.py): cos/sin from its table
             layers, final, table = self.packed
             cos, sin = (table.span(start, end, embeds) if position_ids is None
                         else table.rows(position_ids, embeds))
@@ -234,7 +234,7 @@ class FastDecoder:
                wide=None):
         """One decoder layer over h (B, n, H); its keys/values go to the cache's layer i at
         [start, start + n), and it attends over [0, start + n). ``wide``: the layer's
-        projections laid out (in, out) (runtime/wide_rows.py), used in place of its own."""
+        projections laid out (in, out) (runtime/fast/wide_rows.py), used in place of its own."""
         batch, n, _ = h.shape
         end = start + n
         attn = layer.self_attn
@@ -253,7 +253,7 @@ class FastDecoder:
         return h + wide.mlp(layer.post_attention_layernorm(h))
 
     def new_segment_cache(self, layers: int) -> StaticKVCache:
-        """A cache for ``layers`` consecutive layers (a split trunk's part, runtime/trunk.py)."""
+        """A cache for ``layers`` consecutive layers (a split trunk's part, runtime/fast/trunk.py)."""
         return StaticKVCache(layers, 1, self.kv_heads, self.head_dim, 0, self.device,
                              self.dtype, headroom=self.headroom, pool=self.pool)
 
@@ -319,7 +319,7 @@ def project_qkv(layer, h: torch.Tensor, head_dim: int, cos, sin, wide=None):
     """A layer's input norm and q/k/v projections of h (B, n, H), as (B, heads, n, head_dim),
     rotary applied to q and k (cos/sin broadcast over heads). Qwen3-family attention
     normalises each head's queries and keys (``q_norm``, ``k_norm``) before the rotary.
-    ``wide``: the projections laid out (in, out) (runtime/wide_rows.py) in place of the
+    ``wide``: the projections laid out (in, out) (runtime/fast/wide_rows.py) in place of the
     layer's own."""
     batch, n, _ = h.shape
     attn = layer.self_attn

@@ -27,16 +27,16 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import torch
 
 from vlmspec_cli.runtime.adapters.base import cache_length
-from vlmspec_cli.runtime.draft import Draft, Drafter, TargetFeed, commit
-from vlmspec_cli.runtime.models import LoadedModel
-from vlmspec_cli.runtime.ragged import RaggedCache
+from vlmspec_cli.runtime.round.draft import Draft, Drafter, TargetFeed, commit
+from vlmspec_cli.runtime.models.loading import LoadedModel
+from vlmspec_cli.runtime.fast.ragged import RaggedCache
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.request import DecodeState, Request, TargetFeatures, make_generators
-from vlmspec_cli.runtime.round_policy import FixedLength, RoundRecord
+from vlmspec_cli.runtime.round.round_policy import FixedLength, RoundRecord
 from vlmspec_cli.runtime.threads import ThreadPlan
-from vlmspec_cli.runtime.tree import attention_for
-from vlmspec_cli.runtime.trunk import SegmentedCache
-from vlmspec_cli.runtime.verify import Relaxation, SamplingParams
+from vlmspec_cli.runtime.round.tree import attention_for
+from vlmspec_cli.runtime.fast.trunk import SegmentedCache
+from vlmspec_cli.runtime.round.verify import Relaxation, SamplingParams
 
 
 @dataclass

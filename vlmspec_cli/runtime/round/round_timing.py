@@ -1,7 +1,7 @@
 """Where a method's decoding rounds spend their time, measured on real requests.
 
 Eq. 1 needs T_q, the cost of drafting, next to T_p, the target's. For a separate draft model
-that is one draft forward (runtime/latency.py times it in isolation), but a hidden-state
+that is one draft forward (runtime/fast/latency.py times it in isolation), but a hidden-state
 head drafts from the target's features, a twig runs the target's first K layers plus its
 own, a tree drafts level by level and TABED drafts several rows at once. So this module
 times the engine the profile builds, on real requests: per round, the drafting phase (the
@@ -20,8 +20,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from vlmspec_cli.runtime.latency import synchronize
-from vlmspec_cli.runtime.round_policy import FixedLength
+from vlmspec_cli.runtime.fast.latency import synchronize
+from vlmspec_cli.runtime.round.round_policy import FixedLength
 from vlmspec_cli.runtime.stats import SpecStats
 
 

@@ -74,9 +74,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from vlmspec_cli.runtime.draft_stop import ChainStop
+from vlmspec_cli.runtime.length.draft_stop import ChainStop
 from vlmspec_cli.runtime.request import DecodeState
-from vlmspec_cli.runtime.round_costs import RoundCosts
+from vlmspec_cli.runtime.length.round_costs import RoundCosts
 from vlmspec_cli.runtime.stats import length_section
 
 PROBE_AFTER = 4           # plain rounds before the first probe

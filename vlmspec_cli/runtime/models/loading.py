@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-ZOO_ROOT = Path(__file__).resolve().parent.parent / "zoo" / "weights"
+ZOO_ROOT = Path(__file__).resolve().parents[2] / "zoo" / "weights"
 
 
 class ModelLoadError(Exception):
@@ -81,7 +81,7 @@ def require_safetensors(name: str | None, role: str) -> None:
     """A local model directory must hold safetensors weights: vlmspec never unpickles, so a
     directory with only pickle weights (pytorch_model.bin …) is refused before anything of
     it loads. Hub ids are loaded with use_safetensors=True, which refuses them as well.
-    Its safetensors headers and config.json are checked here too (runtime/weights_check.py:
+    Its safetensors headers and config.json are checked here too (runtime/models/weights_check.py:
     "corrupt safetensors file: PATH: reason" rather than a traceback from the loader)."""
     if not name:
         return
@@ -108,7 +108,7 @@ def require_safetensors(name: str | None, role: str) -> None:
 def _checked_files(path: Path):
     """(config.json's object or None, the tensors' shapes) of a local model folder, each
     file checked bounded; ModelLoadError naming the file that is corrupt."""
-    from vlmspec_cli.runtime.weights_check import CorruptModelFile, folder_shapes, read_json
+    from vlmspec_cli.runtime.models.weights_check import CorruptModelFile, folder_shapes, read_json
 
     try:
         config = read_json(path / "config.json", "config.json") if (path / "config.json").exists() else None
@@ -121,7 +121,7 @@ def require_config_fits(source: str, role: str) -> None:
     """A local model folder's config.json must describe its weights (layer counts, vocab
     and hidden sizes against the tensor shapes) before transformers builds the model from
     it: a config asking for a million layers builds for minutes before any check."""
-    from vlmspec_cli.runtime.weights_check import config_problem
+    from vlmspec_cli.runtime.models.weights_check import config_problem
 
     path = Path(source)
     if not path.is_dir():
@@ -231,7 +231,7 @@ def _quantization_config(quantize: str, adapter, int8_threshold: float = 0.0):
 def load_model(spec, role: str = "target", fast_path: str = "auto") -> LoadedModel:
     """Load one model from a profile ``ModelSpec`` (fields: model, dtype, device, quantize,
     revision, trust_remote_code). ``fast_path`` (profile key ``runtime.fast_path``): auto
-    decodes on runtime/fast_decoder.py where the family supports it, on requires it, off
+    decodes on runtime/fast/fast_decoder.py where the family supports it, on requires it, off
     keeps transformers' own forward."""
     import transformers
     from safetensors import SafetensorError
@@ -306,7 +306,7 @@ def use_fast_path(lm: LoadedModel, mode: str, role: str | None = None) -> None:
     """Turn the fast path on or off for ``lm`` (``mode``: auto | on | off); ``role``: what
     it decodes as (default: what it was loaded as)."""
     role = role or lm.role
-    from vlmspec_cli.runtime.fast_decoder import FastDecoder, reason_unsupported
+    from vlmspec_cli.runtime.fast.fast_decoder import FastDecoder, reason_unsupported
 
     lm.fast, lm.fast_off_reason = None, None
     if mode == "off":
@@ -322,7 +322,7 @@ def use_fast_path(lm: LoadedModel, mode: str, role: str | None = None) -> None:
     # a draft's layers packed into fewer operators (its proposals are verified: rounding
     # differences cannot change an output); a target's steps stay op for op the eager ones,
     # its verifications (several new rows) on a CPU take its weights laid out (in, out)
-    # (runtime/wide_rows.py)
+    # (runtime/fast/wide_rows.py)
     lm.fast = FastDecoder.for_model(lm, packed=role == "draft", wide=role == "target")
 
 
@@ -345,9 +345,9 @@ def load_twig(name: str, target: LoadedModel):
 
 
 def load_hidden_head(name: str, target: LoadedModel):
-    """A hidden-state draft head (HiViS / Sparrow, runtime/hidden_head.py): config +
+    """A hidden-state draft head (HiViS / Sparrow, runtime/models/hidden_head.py): config +
     safetensors, loaded with from_pretrained onto the target's device and dtype."""
-    from vlmspec_cli.runtime.hidden_head import HiddenDraftHead
+    from vlmspec_cli.runtime.models.hidden_head import HiddenDraftHead
 
     require_safetensors(name, "hidden")
     source = resolve_model_source(name)
@@ -362,12 +362,12 @@ def load_hidden_head(name: str, target: LoadedModel):
 
 
 def load_eagle3_head(name: str, target: LoadedModel):
-    """A published EAGLE-3 head (runtime/eagle3_head.py): a directory as SpecForge writes it,
+    """A published EAGLE-3 head (runtime/models/eagle3_head.py): a directory as SpecForge writes it,
     or a hub id (config.json and safetensors only are downloaded), checked and loaded onto
     the target's device and dtype. A head not in the layout fails in one line naming the
     key (``eagle3_format``)."""
-    from vlmspec_cli.runtime.eagle3_format import Eagle3FormatError
-    from vlmspec_cli.runtime.eagle3_head import load_head_dir
+    from vlmspec_cli.runtime.models.eagle3_format import Eagle3FormatError
+    from vlmspec_cli.runtime.models.eagle3_head import load_head_dir
 
     source = resolve_model_source(name)
     if not Path(source).is_dir():

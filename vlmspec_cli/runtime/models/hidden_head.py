@@ -31,7 +31,7 @@ from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRM
                                                       LlamaRotaryEmbedding)
 
 from vlmspec_cli.runtime.adapters.base import TextStack, cache_arg
-from vlmspec_cli.runtime.trunk import chunk_mask
+from vlmspec_cli.runtime.fast.trunk import chunk_mask
 
 
 class HiddenHeadConfig(PretrainedConfig):
@@ -124,7 +124,7 @@ class HiddenDraftHead(PreTrainedModel):
         return z
 
     def decoder_stack(self) -> TextStack:
-        """The head's layers as a stack the fast path runs (runtime/fast_decoder.py): no
+        """The head's layers as a stack the fast path runs (runtime/fast/fast_decoder.py): no
         embedding or LM head of its own, and no final norm (``head_logits`` applies it;
         drafting feeds the pre-norm states back)."""
         return TextStack(None, self.layers, nn.Identity(), self.rotary, None,

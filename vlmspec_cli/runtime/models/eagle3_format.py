@@ -81,7 +81,7 @@ def _int(raw: dict, key: str, default=None, minimum: int = 1) -> int:
 
 def _checked(call, *args):
     """A weights_check reader's result; its CorruptModelFile as one Eagle3FormatError line."""
-    from vlmspec_cli.runtime.weights_check import CorruptModelFile
+    from vlmspec_cli.runtime.models.weights_check import CorruptModelFile
 
     try:
         return call(*args)
@@ -90,9 +90,9 @@ def _checked(call, *args):
 
 
 def read_config(folder: Path) -> Eagle3Config:
-    """config.json of a head directory (read bounded by runtime/weights_check.py, as every
+    """config.json of a head directory (read bounded by runtime/models/weights_check.py, as every
     model's), checked key by key."""
-    from vlmspec_cli.runtime.weights_check import read_json
+    from vlmspec_cli.runtime.models.weights_check import read_json
 
     path = folder / "config.json"
     if not path.is_file():
@@ -188,7 +188,7 @@ def expected_tensors(c: Eagle3Config) -> tuple[dict[str, tuple], dict[str, tuple
 
 def weight_files(folder: Path) -> list[Path]:
     """model.safetensors, or the shards an index names; pickles are never read."""
-    from vlmspec_cli.runtime.weights_check import read_json
+    from vlmspec_cli.runtime.models.weights_check import read_json
 
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -212,9 +212,9 @@ def weight_files(folder: Path) -> list[Path]:
 
 def read_header(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every tensor's name → (shape, dtype) from the safetensors headers, each read bounded
-    and checked by runtime/weights_check.py (length, JSON, offsets within the file) before
+    and checked by runtime/models/weights_check.py (length, JSON, offsets within the file) before
     anything is loaded."""
-    from vlmspec_cli.runtime.weights_check import safetensors_shapes
+    from vlmspec_cli.runtime.models.weights_check import safetensors_shapes
 
     header: dict[str, tuple[tuple[int, ...], str]] = {}
     for path in weight_files(folder):

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from vlmspec_cli.runtime.models import LoadedModel
+from vlmspec_cli.runtime.models.loading import LoadedModel
 from vlmspec_cli.runtime.request import Message
 
 
