@@ -38,6 +38,22 @@ def test_local_directory_loads_like_zoo_name(zoo_target):
         assert torch.equal(a, b)
 
 
+def test_a_folder_without_tokenizer_files_is_said_so_in_a_whole_sentence(tmp_path):
+    """transformers' own text ends in "... from one of: " (a list it leaves empty)."""
+    import shutil
+
+    folder = tmp_path / "draft"
+    shutil.copytree(resolve_model_source("zoo:tinyworld/llava-draft"), folder)
+    for f in folder.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            f.unlink()
+    with pytest.raises(ModelLoadError) as info:
+        load_model(ModelSpec(model=str(folder), device="cpu"), "draft")
+    assert str(info.value) == (f"cannot load draft model '{folder}': it holds no tokenizer "
+                               "transformers can load (tokenizer.json, or tokenizer.model, or "
+                               "vocab.json with merges.txt)")
+
+
 def test_unreachable_hub_fails_fast_and_clearly(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelLoadError) as err:

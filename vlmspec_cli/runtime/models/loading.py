@@ -293,6 +293,9 @@ def load_model(spec, role: str = "target", fast_path: str = "auto") -> LoadedMod
     except (OSError, ValueError, RuntimeError, RecursionError, SafetensorError) as exc:
         # RuntimeError: a size mismatch, a SafetensorError the header checks did not foresee
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if first.startswith("Couldn't instantiate the backend tokenizer"):   # a half sentence
+            first = ("it holds no tokenizer transformers can load (tokenizer.json, or "
+                     "tokenizer.model, or vocab.json with merges.txt)")
         raise ModelLoadError(f"cannot load {role} model '{spec.model}': {first}") from exc
     if qconf is None:
         model.to(device)
