@@ -316,6 +316,25 @@ def test_an_input_var_left_empty_is_refused_before_step_1(tmp_path, monkeypatch)
     assert not (tmp_path / "caps.jsonl").exists()
 
 
+def test_a_step_writing_what_it_reads_is_refused_by_dry_run_too(folder, tmp_path, monkeypatch):
+    """caption's own check refused ``--out`` naming one of its inputs when the step ran
+    (after the steps before it); --dry-run passed the recipe. Both refuse it before step 1."""
+    monkeypatch.chdir(tmp_path)
+    first = sorted(p.name for p in (tmp_path / "imgs").iterdir())[0]
+    (tmp_path / "p.yaml").write_text("")
+    for step, said in ((f"{{inputs: [imgs/{first}], out: ./imgs/{first}}}",
+                        f"--out ./imgs/{first} is also what it reads (INPUTS imgs/{first})"),
+                       ("{inputs: [imgs], profile: p.yaml, out: p.yaml}",
+                        "--out p.yaml is also what it reads (--profile p.yaml)")):
+        write(tmp_path / "r.yaml", "steps:\n" + GOOD_STEP + f"  - caption: {step}\n")
+        before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+        for extra in (["--dry-run"], []):
+            res = run(["r.yaml", *extra])
+            assert res.exit_code == 2, res.output
+            assert f"r.yaml:3: step 2 (caption): {said}" in res.stderr, res.stderr
+        assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 def test_another_recipes_state_file_is_not_taken_over(folder, tmp_path, monkeypatch):
     """Two recipes named r.yaml in two folders share r.state.json in the current directory:
     the second was told the first's steps were done (the same argv) and rewrote the file

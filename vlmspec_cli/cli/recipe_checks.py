@@ -1,4 +1,6 @@
-"""What ``vlmspec run`` checks of a recipe's profiles before step 1 (and under --dry-run):
+"""What ``vlmspec run`` checks of a recipe's steps before step 1 (and under --dry-run): a step
+that would write one of the files it reads (``caption a.png --out a.png``: the step's own
+command refuses it when it runs, after the steps before it; ``own_reads_written``), and
 each step's ``profile``, its ``set`` overrides and its method(s), as the step's command
 would load them. Without it a recipe's ``set: [drafting.gama=3]``, ``method: chian`` or
 ``profile: nope`` passed --dry-run and stopped the recipe at that step, after the steps
@@ -14,7 +16,8 @@ from typing import Mapping
 
 import click
 
-from vlmspec_cli.cli.recipe_paths import parsed_step, step_paths
+from vlmspec_cli.cli.recipe_paths import READ_PARAMS, WRITE_PARAMS, parsed_step, step_paths
+from vlmspec_cli.fileio import same_file
 
 
 def profile_problems(recipe, commands: Mapping[str, click.Command]) -> list[str]:
@@ -74,3 +77,19 @@ def _unknown_methods(methods: list[str]) -> list[str]:
         except ValueError as exc:
             out.append(str(exc))
     return out
+
+
+def own_reads_written(recipe, commands: Mapping[str, click.Command]) -> list[str]:
+    """One line per step that writes (an output option: ``--out``, ``--trace`` ...) a file
+    it also reads (an input, its profile), as its command would refuse when it runs."""
+    problems = []
+    for step in recipe.steps:
+        paths = list(step_paths(commands[step.command], step.argv))
+        writes = [u for u in paths if u.name in WRITE_PARAMS and not u.folder]
+        reads = [u for u in paths if u.name in READ_PARAMS or u.name == ""]
+        hit = next(((w, r) for w in writes for r in reads if same_file(w.path, r.path)), None)
+        if hit is not None:
+            (w, r), where = hit, f"{recipe.path}:{step.line}: step {step.index} ({step.command})"
+            problems.append(f"{where}: {w.option} {w.value} is also what it reads ({r.option} "
+                            f"{r.value}); vlmspec never writes to its inputs")
+    return problems

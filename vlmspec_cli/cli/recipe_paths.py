@@ -87,6 +87,7 @@ class StepPath:
     value: str
     path: str
     folder: bool = False
+    name: str = ""      # the parameter's name ("" for a loose argument word)
 
 
 def _label(param: click.Parameter) -> str:
@@ -137,10 +138,10 @@ def step_paths(command: click.Command, argv: list[str]) -> Iterator[StepPath]:
             given = param.get_default(ctx, call=True)
         derive = DERIVED_PATHS.get((command.name, name)) or DERIVED_PATHS.get(("*", name))
         for value in _strings(given):
-            yield StepPath(_label(param), value, value, folder)
+            yield StepPath(_label(param), value, value, folder, name)
             for path, inside in derive(value, values) if derive else ():
                 if not same_file(path, value):
-                    yield StepPath(_label(param), value, os.fspath(path), inside)
+                    yield StepPath(_label(param), value, os.fspath(path), inside, name)
 
 
 def _ancestors(path: str | os.PathLike) -> list[Path]:

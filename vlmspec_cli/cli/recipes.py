@@ -25,7 +25,7 @@ import click
 import yaml
 
 from vlmspec_cli.profile.yaml_file import YamlFileError, check_events, read_text
-from vlmspec_cli.cli.recipe_checks import profile_problems
+from vlmspec_cli.cli.recipe_checks import own_reads_written, profile_problems
 from vlmspec_cli.cli.recipe_paths import (missing_reads, reads_fingerprint, resolve_reads,
                                           state_collision, still_done)
 from vlmspec_cli.cli.recipe_state import (check_state_path, default_state_path, read_state,
@@ -433,7 +433,8 @@ def cli_run(commands: Mapping[str, click.Command], recipe_path, var_pairs=(), st
                  "--state PATH, or --restart to start this recipe's state in it")
         return 2
     # before step 1, and under --dry-run: files a step reads, profiles and methods
-    missing = missing_reads(recipe, commands) + profile_problems(recipe, commands)
+    missing = (missing_reads(recipe, commands) + profile_problems(recipe, commands)
+               + own_reads_written(recipe, commands))
     if missing:
         for message in missing:
             ui.error(message)
