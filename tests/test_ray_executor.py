@@ -170,3 +170,57 @@ def test_foreign_shard_or_shard_file_refused_untouched(tmp_path):
     assert res.exit_code == 2
     assert f"{foreign}: not a vlmspec results JSONL file" in res.stderr
     assert foreign.read_text() == '{"id": 1}\n{"id": 2}\n' and out.read_bytes() == b""
+
+
+def _reaper_of(driver: int, timeout: float = 120.0) -> str:
+    """The session folder the reaper of ``driver``'s local Ray watches, once it runs."""
+    import os
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"vlmspec_cli.tasks.ray_reaper" in argv and argv[-2:-1] == [str(driver).encode()]:
+                return argv[-3].decode()
+        time.sleep(0.2)
+    raise AssertionError("no Ray reaper started")
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="the reaper reads /proc (Linux)")
+def test_a_killed_or_terminated_ray_run_leaves_no_process_and_says_one_line(tmp_path):
+    """SIGKILL of the driver left Ray's DashboardAgent and RuntimeEnvAgent running with
+    parent 1; SIGTERM ended in exit 15 and the core worker's native stack dump. Now the
+    reaper stops every process of the session, and SIGTERM is one line and 143."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import time
+
+    from vlmspec_cli.tasks.ray_reaper import members
+
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(24):
+        (folder / f"s{i}.png").write_bytes(Path(IMAGES[i % len(IMAGES)]).read_bytes())
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        proc = subprocess.Popen([sys.executable, "-m", "vlmspec_cli", "caption", str(folder),
+                                 "--executor", "ray", "--workers", "1", "--max-new-tokens", "48",
+                                 "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        session = _reaper_of(proc.pid)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        if sig == signal.SIGTERM:
+            assert proc.returncode == 143, err
+            (line,) = [l for l in err.splitlines() if l.strip()]
+            assert re.fullmatch(r"error: terminated: \d+ input\(s\) finished", line), err
+        end = time.monotonic() + 60
+        while members(session, {os.getpid()}) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert members(session, {os.getpid()}) == [], f"{sig!r} left processes of {session}"

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 import warnings
@@ -36,6 +37,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
+from vlmspec_cli.tasks import ray_reaper
 from vlmspec_cli.tasks.caption import Job, base_record, job_key, jobs_to_do
 from vlmspec_cli.tasks.jobs import BatchSummary, JobEvents, Tally
 from vlmspec_cli.tasks.records import record_key
@@ -212,7 +214,7 @@ def run_ray(profile, items: list[Job], events: JobEvents, sink: JsonlSink | None
         _cleanup(temp_dir, shard_dir)
         return summary
 
-    started = _init_ray(ray, address, workers)
+    started, reaper = _init_ray(ray, address, workers)
     deliver = _Delivery(todo, summary, events, sink, emit)
     try:
         with _data_context():
@@ -228,6 +230,8 @@ def run_ray(profile, items: list[Job], events: JobEvents, sink: JsonlSink | None
     finally:
         if started:
             ray.shutdown()
+        if reaper is not None:   # end of file: it stops whatever of the session is left
+            reaper.stdin.close()
     return summary
 
 
@@ -243,23 +247,44 @@ def _not_done(profile, items: list[Job], sink: JsonlSink | None, shard_dir: Path
     return todo
 
 
-def _init_ray(ray, address: str | None, workers: int) -> bool:
+def _init_ray(ray, address: str | None, workers: int):
     """Connect to ``address`` or start a local Ray with ``workers`` CPUs, unless the caller
-    already did; True when this call started it (and so must shut it down)."""
-    started = False
+    already did. Returns (whether this call started it, and so must shut it down; the
+    reaper of a local Ray it started, ray_reaper.py, or None).
+
+    ``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``, and the core worker's
+    native stack dump); the process's handlers are put back, so SIGTERM stops a Ray run as
+    any run: one line, exit 143."""
+    started, reaper = False, None
     if not ray.is_initialized():
         kwargs = dict(include_dashboard=False, log_to_driver=False,
                       logging_level=logging.WARNING)
-        if address:
-            ray.init(address=address, **kwargs)
-        else:   # a local Ray of this run's own: its token notice ("Token authentication is
-            # enabled ... Set RAY_AUTH_MODE=disabled to opt out") is no concern of the user's
-            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
-                logging.ERROR)
-            ray.init(num_cpus=workers, **kwargs)
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            if address:
+                ray.init(address=address, **kwargs)
+            else:   # a local Ray of this run's own: its token notice ("Token authentication
+                # is enabled ... RAY_AUTH_MODE=disabled to opt out") is no concern of the user's
+                logging.getLogger("ray._private.authentication.authentication_token_setup"
+                                  ).setLevel(logging.ERROR)
+                ray.init(num_cpus=workers, **kwargs)
+                reaper = ray_reaper.start(_session_dir(ray))
+        finally:
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
         started = True
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # no "progress bars disabled"
-    return started
+    return started, reaper
+
+
+def _session_dir(ray) -> str | None:
+    """The folder of the local Ray session this process started (Ray keeps it on its
+    node object; None if this Ray version does not say)."""
+    try:
+        return ray._private.worker._global_node.get_session_dir_path()
+    except AttributeError:
+        return None
 
 
 class _Delivery:
