@@ -122,16 +122,16 @@ def profile_option(default: str = DEFAULT_CAPTION_PROFILE):
 
 class MethodOption(click.Option):
     """``--method``: its help lists the registered methods of the command's task with what
-    each does (drafters/: ``DraftingMethod.help``), read when the help is shown: the
-    methods' modules import torch and transformers, seconds the other commands and
-    options do not pay."""
+    each does (drafters/: ``DraftingMethod.help``), read from their source when the help is
+    shown (method_catalogue.py): importing the methods' modules imports torch and
+    transformers, seconds that --help must not take."""
 
     def __init__(self, *args, task: str, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.task = task
 
     def get_help_record(self, ctx):
-        from vlmspec_cli.drafters.base import method_help
+        from vlmspec_cli.method_catalogue import method_help
 
         self.help = method_help(self.task)
         return super().get_help_record(ctx)
