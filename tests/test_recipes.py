@@ -325,7 +325,9 @@ def test_a_step_writing_what_it_reads_is_refused_by_dry_run_too(folder, tmp_path
     for step, said in ((f"{{inputs: [imgs/{first}], out: ./imgs/{first}}}",
                         f"--out ./imgs/{first} is also what it reads (INPUTS imgs/{first})"),
                        ("{inputs: [imgs], profile: p.yaml, out: p.yaml}",
-                        "--out p.yaml is also what it reads (--profile p.yaml)")):
+                        "--out p.yaml is also what it reads (--profile p.yaml)"),
+                       ("{inputs: [imgs], out: r.yaml}",
+                        "--out r.yaml is also what it reads (the recipe r.yaml)")):
         write(tmp_path / "r.yaml", "steps:\n" + GOOD_STEP + f"  - caption: {step}\n")
         before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
         for extra in (["--dry-run"], []):

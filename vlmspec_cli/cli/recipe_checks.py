@@ -16,7 +16,8 @@ from typing import Mapping
 
 import click
 
-from vlmspec_cli.cli.recipe_paths import READ_PARAMS, WRITE_PARAMS, parsed_step, step_paths
+from vlmspec_cli.cli.recipe_paths import (READ_PARAMS, WRITE_PARAMS, StepPath, parsed_step,
+                                          step_paths)
 from vlmspec_cli.fileio import same_file
 
 
@@ -81,12 +82,14 @@ def _unknown_methods(methods: list[str]) -> list[str]:
 
 def own_reads_written(recipe, commands: Mapping[str, click.Command]) -> list[str]:
     """One line per step that writes (an output option: ``--out``, ``--trace`` ...) a file
-    it also reads (an input, its profile), as its command would refuse when it runs."""
+    it also reads (an input, its profile) or the recipe itself, as its command would refuse
+    when it runs."""
     problems = []
     for step in recipe.steps:
         paths = list(step_paths(commands[step.command], step.argv))
         writes = [u for u in paths if u.name in WRITE_PARAMS and not u.folder]
         reads = [u for u in paths if u.name in READ_PARAMS or u.name == ""]
+        reads.append(StepPath("the recipe", str(recipe.path), str(recipe.path)))
         hit = next(((w, r) for w in writes for r in reads if same_file(w.path, r.path)), None)
         if hit is not None:
             (w, r), where = hit, f"{recipe.path}:{step.line}: step {step.index} ({step.command})"
