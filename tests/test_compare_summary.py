@@ -60,3 +60,26 @@ def test_image_compare_records_use_caption_names_and_the_summary_row(tmp_path):
     assert list(record["compare"]) == COMPARE_FIELDS   # the same fields as caption's (schema 1)
     assert record["compare"]["identical"] is True
     assert _row(res.stderr, "identical to target-only") == "1/1 (0 mismatches)"
+
+
+def test_a_run_where_speculation_did_not_pay_ends_with_one_line_of_advice():
+    """Slower than the target alone under --compare, or drafting switched off for every
+    round but its probes (drafting.length auto): one line saying so and what to try."""
+    from vlmspec_cli.cli.common import speed_advice
+    from vlmspec_cli.profile import load_profile
+    from vlmspec_cli.runtime.stats import length_section
+    from vlmspec_cli.tasks.jobs import BatchSummary
+
+    prof = load_profile("tinyworld-caption")
+    slow = BatchSummary(compared=1, baseline_wall_s=0.9)
+    slow.stats.wall_s = 1.0
+    assert speed_advice(prof, slow).startswith(
+        "decoding was slower than the target alone (0.90x); `vlmspec calibrate INPUTS -p "
+        "tinyworld-caption --write tuned` measures")
+    off = BatchSummary()
+    off.stats.draft_length = length_section(12, [20, 2], probes=2, rates=None)
+    assert speed_advice(prof, off).startswith("drafting did not pay here and was switched off")
+    paid = BatchSummary(compared=1, baseline_wall_s=2.0)
+    paid.stats.wall_s = 1.0
+    paid.stats.draft_length = length_section(12, [3, 0, 0, 9], probes=1, rates=None)
+    assert speed_advice(prof, paid) is None

@@ -41,14 +41,13 @@ def test_default_profile_values(monkeypatch):
     assert p.source.endswith("tinyworld-caption.yaml")
     # Shipped default profile equals the dataclass defaults apart from name/description,
     # its thread count (tiny models: 1 thread; the key's default is auto), γ (calibrated
-    # for the tiny pair; the key's default, 5, is the real pairs') and its draft length
-    # (auto, chosen per round, up to γ; the key's default, fixed, is the real pairs')
+    # for the tiny pair; the key's default, 5, is the real pairs'); its draft length is the
+    # key's default, auto (chosen per round, up to γ; drafting off while it does not pay)
     assert p.runtime.threads == 1 and Profile().runtime.threads == "auto"
-    assert Profile().drafting.gamma == 5 and Profile().drafting.length == "fixed"
+    assert Profile().drafting.gamma == 5 and Profile().drafting.length == "auto"
     shipped = profile_to_dict(p) | {"name": "x", "description": ""}
     shipped["runtime"]["threads"] = "auto"
     shipped["drafting"]["gamma"] = 5
-    shipped["drafting"]["length"] = "fixed"
     assert shipped == profile_to_dict(Profile()) | {"name": "x"}
 
 

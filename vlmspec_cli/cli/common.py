@@ -131,7 +131,10 @@ class MethodOption(click.Option):
         self.task = task
 
     def get_help_record(self, ctx):
-        from vlmspec_cli.method_catalogue import method_help
+        if "vlmspec_cli.drafters.base" in sys.modules:   # loaded: the registry itself, with
+            from vlmspec_cli.drafters.base import method_help   # methods added at run time
+        else:
+            from vlmspec_cli.method_catalogue import method_help
 
         self.help = method_help(self.task)
         return super().get_help_record(ctx)
@@ -419,7 +422,40 @@ def finish_batch(prof, summary, quiet: bool, extra: dict | None = None,
                          (extra or {}) | lossy_row(prof))
     if summary.mismatches:
         ui.error(f"{summary.mismatches} {outputs} differ from target-only greedy decoding")
+    advice = speed_advice(prof, summary)
+    if advice and not quiet:
+        ui.warning(advice)
     sys.exit(1 if summary.failures or summary.mismatches else 0)
+
+
+def speed_advice(prof, summary) -> str | None:
+    """One line when speculation did not pay in this run: measured slower than the target
+    alone (--compare), or drafting switched off for every round (drafting.length auto)
+    but its probes; and what to try. None otherwise."""
+    d = summary.stats.draft_length
+    off = bool(d) and d["rounds_plain"] > 0 and d["rounds_drafted"] <= d["probes"]
+    if summary.speedup is not None and summary.speedup < 1.0:
+        said = f"decoding was slower than the target alone ({summary.speedup:.2f}x)"
+    elif off:
+        said = ("drafting did not pay here and was switched off: the target decoded alone"
+                + (f" ({d['off_reason']})" if d.get("off_reason") else ""))
+    else:
+        return None
+    return (f"{said}; `vlmspec calibrate INPUTS -p {_profile_ref(prof)} --write tuned` measures "
+            "which method and γ pay on this machine (or a draft trained on this target's "
+            "answers: README, Your own models)")
+
+
+def _profile_ref(prof) -> str:
+    """How to name ``prof`` on a command line: its name when that finds it, else its file."""
+    from vlmspec_cli.profile import ProfileError, resolve_profile_path
+
+    try:
+        if str(resolve_profile_path(prof.name)) == prof.source:
+            return prof.name
+    except (ProfileError, OSError):
+        pass
+    return os.path.relpath(prof.source) if prof.source != "<defaults>" else prof.name
 
 
 def print_plan(prof, noun: str, rows, total: int | None = None, limit: int | None = None,

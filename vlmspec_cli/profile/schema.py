@@ -56,12 +56,14 @@ class ModelSpec:
 class DraftingSpec:
     # draft tokens per round (fixed); with length auto, the most a round may draft
     gamma: int = field(default=5, metadata=_rule(ge=1, le=MAX_GAMMA))
-    # fixed: every round drafts gamma; auto: each round's γ (1..gamma) is chosen from this
-    # request's acceptance and this process's measured round costs, and drafting is off
-    # (plain target steps, probing again later) while it does not pay
-    # (runtime/length/draft_length.py). Chains and trees (tree, adt: each round's depth ≤ tree.depth,
-    # adt's ≤ adaptive_tree.max_depth); hidden-state heads' trees keep theirs, batches gamma
-    length: str = field(default="fixed", metadata=_rule(choices=("fixed", "auto")))
+    # auto (the default): each round's γ (1..gamma) is chosen from this request's acceptance
+    # and this process's measured round costs, and drafting is off (plain target steps,
+    # probing again later) while it does not pay (runtime/length/draft_length.py), so a
+    # draft that does not fit the target or the machine never makes decoding slower than
+    # the target alone; fixed: every round drafts gamma. Chains and trees (tree, adt: each
+    # round's depth ≤ tree.depth, adt's ≤ adaptive_tree.max_depth); hidden-state heads'
+    # trees keep theirs, batches gamma
+    length: str = field(default="auto", metadata=_rule(choices=("fixed", "auto")))
     inputs: list[str] = field(default_factory=lambda: ["multimodal"], metadata=_rule(
         choices=DRAFTING_INPUTS, nonempty=True, shorthand={v: k for k, v in LETTERS.items()}))
 
