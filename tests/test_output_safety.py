@@ -475,7 +475,7 @@ def test_a_stop_swallowed_in_a_finalizer_is_delivered_again(stop, monkeypatch):
     hook now raises the stop again, as its signal, in the code that runs next."""
     import signal
 
-    from vlmspec_cli.cli.common import Terminated, stop_on_sigterm
+    from vlmspec_cli.cli.stops import Terminated, stop_on_sigterm
 
     exc = Terminated if stop == "Terminated" else KeyboardInterrupt
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -9,7 +9,8 @@ from vlmspec_cli import __version__
 from vlmspec_cli.cli.bench import bench
 from vlmspec_cli.cli.calibrate import calibrate_cmd
 from vlmspec_cli.cli.caption import caption
-from vlmspec_cli.cli.common import fail, stop_code, stop_on_sigterm, stop_word
+from vlmspec_cli.cli.common import fail
+from vlmspec_cli.cli.stops import stop_code, stop_on_sigterm, stop_word
 from vlmspec_cli.cli.hwprofile import profile_cmd
 from vlmspec_cli.cli.image import generate_image
 from vlmspec_cli.cli.noise import silence_library_noise

@@ -6,9 +6,10 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (decoding_profile, exit_130_on_interrupt, fail, json_line,
-                                    nonempty_path, print_plan, profile_option, records_sink,
-                                    set_option, start_decoding, stdout_guard)
+from vlmspec_cli.cli.common import (decoding_profile, fail, json_line, nonempty_path, print_plan,
+                                    profile_option, records_sink, set_option, start_decoding,
+                                    stdout_guard)
+from vlmspec_cli.cli.stops import exit_130_on_interrupt
 from vlmspec_cli.cli.types import Count, FiniteFloat, Seed
 
 EPILOG_BENCH = """\b

@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 from typing import Callable
 
-from vlmspec_cli.cli.common import (draft_summary, exit_130_on_interrupt, fail, finish_batch,
-                                    print_plan, record_printer, records_sink, start_decoding)
+from vlmspec_cli.cli.common import (draft_summary, fail, finish_batch, print_plan, record_printer,
+                                    records_sink, start_decoding)
+from vlmspec_cli.cli.stops import exit_130_on_interrupt
 
 
 def run_job_command(prof, items, *, noun: str, out: str | None, as_json: bool, compare: bool,

@@ -32,7 +32,7 @@ from vlmspec_cli.cli.recipe_state import (check_state_path, default_state_path, 
                                           state_owner, write_state)
 from vlmspec_cli.suggest import did_you_mean
 from vlmspec_cli.tasks.output_files import OutputRefused
-from vlmspec_cli.cli.common import stop_code
+from vlmspec_cli.cli.stops import stop_code
 from vlmspec_cli.cli.types import IntList
 
 __all__ = ["RecipeError", "Recipe", "Step", "load_recipe", "parse_vars", "run_recipe", "cli_run"]
