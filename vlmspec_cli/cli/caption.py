@@ -40,7 +40,8 @@ Examples:
 
 Exit codes: 0 all inputs done, 1 some input failed (the rest were still
 done and written), 2 usage, profile, model-loading or output error (--out or
---trace unusable: checked before any model loads), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+--trace unusable: checked before any model loads), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM),
+141 stdout closed by its reader (`| head`).
 """
 
 

@@ -272,13 +272,17 @@ def stdout_bytes(text: str) -> bytes:
         return text.encode("utf-8", "backslashreplace")
 
 
+EXIT_PIPE_CLOSED = 141   # the shell's code for a process SIGPIPE ended (128 + 13)
+
+
 def stdout_guard(emit, goes_on: str | None):
     """``emit`` (printing one record on stdout), made safe against a stdout that fails:
     ``vlmspec ... | head -1`` (the reader closed the pipe) or ``> /dev/full``. The first
     failure ends the stdout stream (stdout goes to /dev/null from then on, so nothing
     is retried at exit); with ``goes_on`` (what the batch still writes: "its records to
-    --out FILE only") one warning says the batch goes on so, otherwise the batch stops
-    with one error line (exit 2)."""
+    --out FILE only") one warning says the batch goes on so; otherwise a closed pipe stops
+    the batch quietly (exit 141, as SIGPIPE ends a Unix tool) and any other failure with
+    one error line (exit 2)."""
     state = {"closed": False, "printed": 0}
 
     def guarded(record: dict) -> None:
@@ -289,6 +293,10 @@ def stdout_guard(emit, goes_on: str | None):
         except OSError as exc:
             state["closed"] = True
             reason = stdout_failed(exc)
+            if goes_on is None and isinstance(exc, BrokenPipeError):
+                # ``| head -1``: the reader has what it wanted; stop quietly, as Unix tools
+                # do when SIGPIPE ends them (128 + 13)
+                sys.exit(EXIT_PIPE_CLOSED)
             if goes_on is None:
                 fail(f"stdout: {reason} after {state['printed']} record(s); stopping, as "
                      "nothing else receives the records (--out FILE keeps a batch going)")

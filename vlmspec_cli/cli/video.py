@@ -35,7 +35,8 @@ Videos: mp4, webm, mkv, gif, avi, mov (PyAV), or a folder of image frames.
 Frames are sampled uniformly (--frames) or by time (--fps). Exit codes: 0 all
 videos done, 1 some video failed (the rest were still done and written), 2
 usage, profile, model-loading or output error (--out checked before any model
-loads), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+loads), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM),
+141 stdout closed by its reader (`| head`).
 """
 
 
