@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -614,3 +615,26 @@ def test_shipped_recipe_runs_from_outside_the_repository(tmp_path, monkeypatch):
     assert sorted(r["source"] for r in records) == sorted(str(p) for p in images.glob("*.png"))
     assert all(r["error"] is None and r["output"] for r in records)
     assert sorted(os.listdir(tmp_path)) == ["caps.jsonl", "caption-folder.state.json"]
+
+
+def test_a_shipped_recipe_runs_by_its_name_from_any_folder(tmp_path, monkeypatch):
+    """`vlmspec run recipes/caption-folder.yaml` worked only inside the clone; the shipped
+    recipes install with the package and run by name, as profiles do (the state file and
+    the output in the current folder). A name that is neither a file nor a shipped recipe
+    is a usage error naming the shipped ones."""
+    from vlmspec_cli.cli.run import shipped_recipes
+
+    assert set(shipped_recipes()) == {p.stem for p in (ROOT / "recipes").glob("*.yaml")}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shots").mkdir()
+    shutil.copy(ROOT / "examples" / "images" / "scene1.png", tmp_path / "shots")
+    for name in ("caption-folder", "caption-folder.yaml"):
+        res = run([name, "--var", "folder=shots", "--dry-run"])
+        assert res.exit_code == 0, res.output
+        assert res.stdout.startswith("vlmspec caption shots --profile tinyworld-caption --out "
+                                     "captions.jsonl"), res.stdout
+    res = CliRunner().invoke(cli, ["run", "captions-folder"])
+    assert res.exit_code == 2
+    assert ("no file 'captions-folder', nor a shipped recipe of that name (shipped: "
+            "calibrate-then-caption, caption-folder)") in res.stderr
+    assert os.listdir(tmp_path) == ["shots"]
