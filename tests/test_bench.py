@@ -159,6 +159,7 @@ def test_methods_side_by_side_json_png_and_resume(tmp_path):
     assert "6/6" in again.stderr and len(out.read_text().splitlines()) == 24
 
 
+@pytest.mark.quick
 def test_bad_samples_fail_alone_one_line_each(tmp_path):
     Image.open(ROOT / "examples" / "mmspec" / "images" / "general_vqa" / "tw_001.png").save(
         tmp_path / "ok.png")

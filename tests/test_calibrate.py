@@ -376,6 +376,7 @@ def test_write_refuses_existing_and_foreign_files(quick):
     assert "is not a folder" in line     # found before the work, not after it
 
 
+@pytest.mark.quick
 def test_write_never_shadows_or_overwrites_what_it_includes(quick):
     root, sample, fast = quick
     for force in ([], ["--force"]):

@@ -220,6 +220,7 @@ def test_real_model_profile_fails_clearly_offline(images):
     assert "`hf download JackFram/llama-68m`" in res.stderr
 
 
+@pytest.mark.quick
 def test_compare_reports_identical_outputs(images):
     _, paths = images
     res = run(["caption", str(paths[0]), "--compare", "--json", *FAST])

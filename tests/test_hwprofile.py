@@ -59,6 +59,7 @@ def test_profile_writes_hardware_yaml_that_loads_back(tmp_path):
     assert load_profile(str(user)).hardware.measurements["target_verify_ms"].keys() >= {32}
 
 
+@pytest.mark.quick
 def test_profile_json_to_stdout():
     res = CliRunner().invoke(cli, ["profile", *QUICK, "--warmup", "0", "--contexts", "32",
                                    "--json", "-q", "--set", "method=none"], catch_exceptions=False)

@@ -413,6 +413,7 @@ def test_cli_prompts_file_stdin_dry_run(tmp_path):
     assert res.exit_code == 0, res.output
 
 
+@pytest.mark.quick
 def test_cli_relaxed_records_say_lossy(tmp_path):
     res = run(["generate-image", PROMPTS[0], "--set", "acceptance=relaxed", "--json",
                "-o", str(tmp_path), *FAST])

@@ -241,6 +241,7 @@ def test_env_var_priority(tmp_path, monkeypatch):
     assert "llava15-7b" in listed
 
 
+@pytest.mark.quick
 def test_profiles_keys_lists_every_set_key_with_its_value():
     """`vlmspec profiles --keys [NAME]`: one line per key --set takes (every schema key, in
     schema order), what it takes and its value in that profile; each listed value, given

@@ -617,6 +617,7 @@ def test_shipped_recipe_runs_from_outside_the_repository(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["caps.jsonl", "caption-folder.state.json"]
 
 
+@pytest.mark.quick
 def test_a_shipped_recipe_runs_by_its_name_from_any_folder(tmp_path, monkeypatch):
     """`vlmspec run recipes/caption-folder.yaml` worked only inside the clone; the shipped
     recipes install with the package and run by name, as profiles do (the state file and

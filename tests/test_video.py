@@ -175,6 +175,7 @@ def test_cli_every_container_and_a_frame_folder(clips, tmp_path):
     assert all(world.parse_description(r["output"]) for r in records)
 
 
+@pytest.mark.quick
 def test_compare_with_a_failing_input_first_decodes_the_rest(clips, tmp_path):
     """describe-video DIR1 DIR2 --compare, DIR1's frames of different sizes: it ended in a
     traceback from --compare's warm-up and no record for either folder. Now DIR1 fails alone,
