@@ -609,3 +609,21 @@ def test_a_hardware_profile_of_other_models_is_not_used(setup, tmp_path):
     assert why and f"target '{hw.target.model}'" in why and other.target.model in why
     assert LatencyModel.from_hardware(other.hardware, other) is None
     assert LatencyModel.from_hardware(other.hardware) is not None      # (asked without it)
+
+
+def test_a_model_given_with_model_is_written_into_the_calibrated_profile(setup, tmp_path,
+                                                                        monkeypatch):
+    """calibrate --model DIR --write tuned.yaml: the written profile names that target (its
+    absolute folder, as a --set path is pinned), so `caption -p tuned.yaml` decodes with the
+    model it was calibrated for, not the base profile's."""
+    from vlmspec_cli.runtime.models.loading import resolve_model_source
+
+    _, samples, _ = setup
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").symlink_to(resolve_model_source("zoo:tinyworld/llava-target"))
+    res = CliRunner().invoke(cli, ["calibrate", str(samples / "s0.png"), "--model", "mine",
+                                   "--gammas", "4", "--max-new-tokens", "8", "--budget", "1",
+                                   "--top", "1", "--write", "tuned.yaml", "-q"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert load_profile(str(tmp_path / "tuned.yaml")).target.model == str(tmp_path / "mine")

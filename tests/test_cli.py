@@ -198,6 +198,34 @@ def test_dry_run_json_is_one_json_object_per_command(images):
             assert plan["items"][0] == first
 
 
+def test_model_and_draft_point_every_decoding_command_at_folders(images, tmp_path, monkeypatch):
+    """--model DIR|ID and --draft DIR|ID on caption, describe-video, generate-image, bench,
+    calibrate and profile: the target and the draft without a profile file (one word each
+    for --set target.model=… / draft.model=…), read from the current directory, named in
+    errors as the user typed them."""
+    from vlmspec_cli.runtime.models.loading import resolve_model_source
+
+    _, paths = images
+    monkeypatch.chdir(tmp_path)
+    target = resolve_model_source("zoo:tinyworld/llava-target")
+    (tmp_path / "t").symlink_to(target)
+    video = ROOT / "examples/videos/red-circle-left-to-right.mp4"
+    for args in (["caption", str(paths[0])], ["describe-video", str(video)],
+                 ["generate-image", "a red circle"],
+                 ["bench", str(ROOT / "examples/mmspec/mmspec.jsonl"), "-m", "none"]):
+        res = run([*args, "--model", "t", "--draft", "zoo:tinyworld/llava-draft", "--dry-run",
+                   "--json"])
+        assert res.exit_code == 0, (args, res.output)
+        prof = json.loads(res.stdout)["profile"]
+        assert (prof["target"]["model"], prof["draft"]["model"]) == ("t", "zoo:tinyworld/llava-draft")
+    for command in ("calibrate", "profile"):
+        assert "--model DIR|ID" in run([command, "--help"]).stdout
+    res = run(["caption", str(paths[0]), "--model", " ", "--dry-run"])
+    assert res.exit_code == 2 and "an empty name names no model" in res.output
+    res = run(["caption", str(paths[0]), "--model", "t", "--set", "target.dtype=float7", "--dry-run"])
+    assert res.exit_code == 2
+
+
 def test_dry_run_and_profiles_show_resolved_profile(images):
     _, paths = images
     res = run(["caption", str(paths[0]), "--dry-run", "--set", "drafting.gamma=3", "--temperature", "0.5"])

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (decoding_profile, fail, json_line, nonempty_path, print_plan,
-                                    profile_option, records_sink, set_option, start_decoding,
-                                    stdout_guard)
+from vlmspec_cli.cli.common import (decoding_profile, fail, json_line, model_options, nonempty_path,
+                                    print_plan, profile_option, records_sink, set_option,
+                                    start_decoding, stdout_guard)
 from vlmspec_cli.cli.stops import exit_130_on_interrupt
 from vlmspec_cli.cli.types import Count, FiniteFloat, Seed
 
@@ -62,6 +62,7 @@ def _list(ctx, param, value):
               help="Decode B samples of a category together (methods that batch only) "
                    "[profile: generation.batch_size, default 1].")
 @profile_option()
+@model_options
 @set_option
 @click.option("--max-new-tokens", type=Count(min=1), help="Token limit per reply.")
 @click.option("--temperature", "-t", type=FiniteFloat(min=0), help="0 = greedy (default); >0 samples.")

@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import decoding_profile, fail, nonempty_path, profile_option, set_option
+from vlmspec_cli.cli.common import (decoding_profile, fail, model_keys, model_options,
+                                    nonempty_path, profile_option, set_option)
 from vlmspec_cli.cli.types import Count, FiniteFloat, IntList, Seed
 from vlmspec_cli.tasks.calibrate_model import hardware_mismatch
 from vlmspec_cli.tasks.records import SCHEMA
@@ -52,6 +53,7 @@ def _gammas(gammas: list[int], method, base) -> list[int]:
 @click.command("calibrate", epilog=EPILOG_CALIBRATE)
 @click.argument("samples", nargs=-1, metavar="SAMPLES...")
 @profile_option()
+@model_options
 @set_option
 @click.option("--gammas", type=IntList(min=1, max=64),   # 64: profile.schema.MAX_GAMMA
               default="1,2,3,4,5,6,8", show_default=True, metavar="G,G,...",
@@ -134,16 +136,16 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     with ui.Status(quiet, "calibrate:") as status:
         result = calibrate(base, requests, gammas=_gammas(gammas, session.method, base),
                            captioner_ok=note is None, hidden=heads, twigs=twigs, top=top,
-                           budget_s=budget, margin=margin,
-                           progress=status.update, session=session)
+                           budget_s=budget, margin=margin, progress=status.update, session=session)
     winner = result.winner
     prediction = result.prediction_errors()
     if not quiet:
         ui.calibration_table(result.candidates, winner, result.skipped, result.latency,
                              errors=prediction, target_only=result.target_only, note=result.note)
     if path is not None:
+        pinned = pinned_settings(prof, [*sets, *model_keys()])   # --set and --model keys
         text = winner_yaml(winner, prof.source, path.stem, include_for(prof.source, path),
-                           result.candidates, task=base.task, pinned=pinned_settings(prof, sets))
+                           result.candidates, task=base.task, pinned=pinned)
         replaced = path.exists()
         try:
             write_profile(path, text, force=force, inputs=inputs)

@@ -8,7 +8,8 @@ import sys
 import click
 
 from vlmspec_cli.cli.common import (decode_options, decoding_profile, fail, method_option,
-                                    nonempty_path, parse_inputs, profile_option, set_option)
+                                    model_options, nonempty_path, parse_inputs, profile_option,
+                                    set_option)
 from vlmspec_cli.cli.jobs import run_job_command
 from vlmspec_cli.cli.types import Count, Utf8Text
 
@@ -49,6 +50,7 @@ done and written), 2 usage, profile, model-loading or output error (--out or
 @click.argument("inputs", nargs=-1, metavar="INPUTS...")
 @click.option("--prompt", type=Utf8Text(), help="Question or instruction for every image [profile: generation.prompt].")
 @profile_option()
+@model_options
 @method_option("caption")
 @click.option("--inputs", "drafting_inputs", metavar="LIST",
               help="Drafting inputs, comma-separated: multimodal,text,caption,pooled "

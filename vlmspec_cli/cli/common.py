@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 
 import click
@@ -53,7 +54,8 @@ OPTION_OF_KEY = {"method": "--method", "drafting.inputs": "--inputs", "generatio
                  "target.device": "--device", "draft.device": "--device",
                  "runtime.fast_path": "--fast-path", "runtime.compile": "--compile",
                  "video.frames": "--frames", "video.fps": "--fps", "video.max_pixels": "--max-pixels",
-                 "image.cfg": "--cfg", "image.images_per_prompt": "-n"}
+                 "image.cfg": "--cfg", "image.images_per_prompt": "-n",
+                 "target.model": "--model", "draft.model": "--draft"}
 
 
 def option_labels(cli: dict) -> dict[str, str]:
@@ -64,9 +66,12 @@ def option_labels(cli: dict) -> dict[str, str]:
 
 
 def load_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task: str | None = None):
-    """The resolved profile (exit 2 on a profile error); with ``task``, it must be for it."""
+    """The resolved profile (exit 2 on a profile error); with ``task``, it must be for it.
+    ``--model``/``--draft`` (model_options), where the command has them, count as ``cli``."""
     from vlmspec_cli.profile import ProfileError, load_profile
 
+    ctx = click.get_current_context(silent=True)
+    cli = {**cli, **(ctx.meta.get(_MODELS, {}) if ctx is not None else {})}
     try:
         prof = load_profile(profile, overrides=list(sets), cli=cli, labels=option_labels(cli))
     except ProfileError as exc:
@@ -111,6 +116,37 @@ def _method_origin(profile: str | None, sets: tuple[str, ...], cli: dict) -> str
 
 
 DEFAULT_CAPTION_PROFILE = "tinyworld-caption"   # profile.DEFAULT_PROFILE (not imported: slow)
+_MODELS = "vlmspec.models"   # ctx.meta key: the --model/--draft values given
+
+
+def model_keys() -> list[str]:
+    """The profile keys ``--model``/``--draft`` set in this command (``target.model``,
+    ``draft.model``), for what it writes (calibrate pins them as it pins ``--set`` keys)."""
+    ctx = click.get_current_context(silent=True)
+    return list(ctx.meta.get(_MODELS, {})) if ctx is not None else []
+
+
+def model_options(command):
+    """``--model DIR|ID`` and ``--draft DIR|ID``: the target and the draft without a profile
+    file (``--set target.model=…``, ``--set draft.model=…`` in one word each, read from the
+    current directory). The family comes from the model's config; the rest of the settings
+    from the profile (the command's default one without ``-p``)."""
+    def keep(key: str):
+        def callback(ctx, param, value):
+            if value is not None:
+                if not value.strip():
+                    raise click.BadParameter("an empty name names no model")
+                ctx.meta.setdefault(_MODELS, {})[key] = value
+            return value
+        return callback
+
+    command = click.option("--draft", metavar="DIR|ID", expose_value=False,
+                           callback=keep("draft.model"),
+                           help="The draft model: a folder or a hub id [profile: draft.model].")(command)
+    return click.option("--model", metavar="DIR|ID", expose_value=False,
+                        callback=keep("target.model"),
+                        help="The target model: a folder or a hub id [profile: target.model]; "
+                             "no profile file needed.")(command)
 
 
 def profile_option(default: str = DEFAULT_CAPTION_PROFILE):
@@ -370,9 +406,12 @@ def speed_advice(prof, summary) -> str | None:
                 + (f" ({d['off_reason']})" if d.get("off_reason") else ""))
     else:
         return None
-    return (f"{said}; `vlmspec calibrate INPUTS -p {_profile_ref(prof)} --write tuned` measures "
-            "which method and γ pay on this machine (or a draft trained on this target's "
-            "answers: README, Your own models)")
+    ctx = click.get_current_context(silent=True)
+    given = ctx.meta.get(_MODELS, {}) if ctx is not None else {}
+    models = "".join(f" {OPTION_OF_KEY[k]} {shlex.quote(v)}" for k, v in given.items())
+    return (f"{said}; `vlmspec calibrate INPUTS -p {_profile_ref(prof)}{models} --write tuned` "
+            "measures which method and γ pay on this machine (or a draft trained on this "
+            "target's answers: README, Your own models)")
 
 
 def _profile_ref(prof) -> str:

@@ -7,7 +7,8 @@ import os
 
 import click
 
-from vlmspec_cli.cli.common import decoding_profile, fail, nonempty_path, profile_option, set_option
+from vlmspec_cli.cli.common import (decoding_profile, fail, model_options, nonempty_path,
+                                    profile_option, set_option)
 from vlmspec_cli.cli.types import Count, FiniteFloat, IntList
 
 
@@ -34,6 +35,7 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 
 @click.command("profile", epilog=EPILOG_PROFILE)
 @profile_option()
+@model_options
 @set_option
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
 @click.option("--write", "write_path", type=click.Path(dir_okay=False), metavar="FILE.yaml",

@@ -8,9 +8,10 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (decoding_profile, TSV_HELP, echo_result, fail, finish_batch,
-                                    method_option, nonempty_path, print_plan, profile_option,
-                                    set_option, start_decoding, stdout_guard, tsv_field)
+from vlmspec_cli.cli.common import (TSV_HELP, decoding_profile, echo_result, fail, finish_batch,
+                                    method_option, model_options, nonempty_path, print_plan,
+                                    profile_option, set_option, start_decoding, stdout_guard,
+                                    tsv_field)
 from vlmspec_cli.cli.types import Count, FiniteFloat, Seed, Utf8Text
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
@@ -50,6 +51,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
               type=click.Path(file_okay=False), callback=nonempty_path,
               help="Folder for the PNG files (created).")
 @profile_option(DEFAULT_IMAGE_PROFILE)
+@model_options
 @set_option
 @method_option("image")
 @click.option("--cfg", type=FiniteFloat(min=0),

@@ -8,7 +8,7 @@ import sys
 import click
 
 from vlmspec_cli.cli.common import (decode_options, decoding_profile, fail, method_option,
-                                    parse_inputs, profile_option, set_option)
+                                    model_options, parse_inputs, profile_option, set_option)
 from vlmspec_cli.cli.jobs import run_job_command
 from vlmspec_cli.cli.types import Count, FiniteFloat, Utf8Text
 
@@ -44,6 +44,7 @@ loads), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM),
 @click.argument("inputs", nargs=-1, metavar="VIDEOS...")
 @click.option("--prompt", type=Utf8Text(), help="Question or instruction for every video [profile: generation.prompt].")
 @profile_option(DEFAULT_VIDEO_PROFILE)
+@model_options
 @method_option("video")
 @click.option("--inputs", "drafting_inputs", metavar="LIST",
               help="chain: multimodal or text [profile: drafting.inputs].")
