@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from conftest import fresh_scenes
@@ -42,6 +43,13 @@ def test_caption_compare_summary_says_whether_outputs_are_identical(tmp_path):
     assert all(list(r["compare"]) == COMPARE_FIELDS for r in records)
     assert _row(res.stderr, "identical to target-only") == "2/2 (0 mismatches)"
     assert "lossless" not in res.stderr
+    # the summary shows target-only's rate beside the method's and says what speedup is
+    walls = sum(r["compare"]["target_only_wall_s"] for r in records)
+    tokens = sum(r["compare"]["target_only_tokens_per_s"] * r["compare"]["target_only_wall_s"]
+                 for r in records)
+    assert float(_row(res.stderr, "target-only tokens/s")) == pytest.approx(tokens / walls, abs=0.2)
+    assert ("speedup: the target alone's decoding wall time over this method's, the same inputs "
+            "decoded in this process") in " ".join(res.stderr.split())
 
 
 def test_twig_pruning_says_lossless_no_and_its_differences_are_no_mismatches(tmp_path):

@@ -202,6 +202,8 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
         # runtime/models/captioner.py: beside the target's prefill on a GPU, inline on a CPU
         table.add_row("captioner time", f"{s.caption_s:.2f}s (on a GPU beside the target's "
                       "prefill; on a CPU in line with it)")
+    if summary.baseline_tokens_per_s is not None:
+        table.add_row("target-only tokens/s", f"{summary.baseline_tokens_per_s:.1f}")
     if summary.speedup is not None:
         note = f" ({summary.mismatches} mismatching!)" if summary.mismatches else ""
         table.add_row("speedup vs target-only", f"{summary.speedup:.2f}x{note}")
@@ -211,6 +213,9 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
     for name, value in (extra or {}).items():
         table.add_row(name, str(value))
     stderr.print(table)
+    if summary.speedup is not None:
+        stderr.print("[dim]speedup: the target alone's decoding wall time over this method's, "
+                     "the same inputs decoded in this process (--compare)[/dim]")
 
 
 def identical_note(summary) -> str:

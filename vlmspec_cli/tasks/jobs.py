@@ -95,6 +95,7 @@ class BatchSummary:
     failures: int = 0
     stats: SpecStats = field(default_factory=SpecStats)
     baseline_wall_s: float = 0.0
+    baseline_tokens: float = 0.0     # what target-only decoding emitted for the compared inputs
     compared: int = 0
     identical: int = 0        # compared outputs equal to target-only decoding's
     mismatches: int = 0       # ... differing where they must not (greedy, lossless)
@@ -111,6 +112,11 @@ class BatchSummary:
     @property
     def tokens_per_s(self) -> float:
         return self.stats.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def baseline_tokens_per_s(self) -> float | None:
+        """Target-only decoding's tokens a second over the compared inputs (--compare)."""
+        return self.baseline_tokens / self.baseline_wall_s if self.baseline_wall_s > 0 else None
 
     @property
     def speedup(self) -> float | None:
@@ -135,7 +141,10 @@ class Tally:
         summary.stats.merge(SpecStats.from_dict(record["stats"]))
         if "compare" in record:
             summary.compared += 1
-            summary.baseline_wall_s += record["compare"]["target_only_wall_s"]
+            compare = record["compare"]
+            summary.baseline_wall_s += compare["target_only_wall_s"]
+            summary.baseline_tokens += (compare["target_only_tokens_per_s"]
+                                        * compare["target_only_wall_s"])
             if record["compare"]["identical"]:
                 summary.identical += 1
             elif summary.must_match:
