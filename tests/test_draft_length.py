@@ -466,7 +466,9 @@ def test_auto_length_equals_target_greedy(zoo_target, zoo_draft, corpus, kind, c
         # steps taken (the demo's last rounds, cut to 1-4 proposals, were timed as if 1-4
         # steps long), and such rounds occurred here
         assert all(verified <= levels <= k for k, levels, verified in rounds)
-        assert any(verified < levels for _, levels, verified in rounds)
+        if costs == "off-on":   # (its costs are fixed, so its lengths are the same every run;
+            # with measured costs a run may happen to choose no length that reaches an EOS)
+            assert any(verified < levels for _, levels, verified in rounds)
     if costs == "off-on":
         assert plain > drafted > 0   # drafting was off, and came back (probes)
 

@@ -175,7 +175,7 @@ def test_the_summary_counts_the_chains_cut_by_confidence():
             new_tokens=119, caption_s=0.0)
         summary = SimpleNamespace(stats=stats, items=6, done=6, skipped=0, failures=0,
                                   tokens_per_s=100.0, batched_s=None, speedup=None,
-                                  compared=False)
+                                  baseline_tokens_per_s=None, compared=False)
         with ui.stderr.capture() as out:
             ui.summary_table(summary, "chain (γ auto ≤ 12)", True)
         return " ".join(out.get().replace("│", " ").split())   # a wrapped cell read on

@@ -172,7 +172,8 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
     """``method``: the method with its shape (DraftingMethod.label); ``drafts``: False for
     target-only decoding (no acceptance rows)."""
     s = summary.stats
-    table = Table(title="vlmspec summary", title_justify="left", show_header=False)
+    table = Table(title="vlmspec summary", title_justify="left", show_header=False,
+                  caption_justify="left", caption_style="dim")
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     table.add_row("items", f"{summary.items} ({summary.done} done, {summary.skipped} skipped)")
@@ -198,34 +199,21 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
     if summary.batched_s is not None:
         size = min(summary.batch_size, max(summary.done, 1))   # not 8 for 3 inputs
         table.add_row("batch size", f"{size} (decoded together in {summary.batched_s:.2f}s)")
-    if s.caption_s:
-        # runtime/models/captioner.py: beside the target's prefill on a GPU, inline on a CPU
+    if s.caption_s:   # (runtime/models/captioner.py)
         table.add_row("captioner time", f"{s.caption_s:.2f}s (on a GPU beside the target's "
                       "prefill; on a CPU in line with it)")
-    if summary.baseline_tokens_per_s is not None:
-        table.add_row("target-only tokens/s", f"{summary.baseline_tokens_per_s:.1f}")
     if summary.speedup is not None:
         note = f" ({summary.mismatches} mismatching!)" if summary.mismatches else ""
+        table.add_row("target-only tokens/s", f"{summary.baseline_tokens_per_s or 0.0:.1f}")
         table.add_row("speedup vs target-only", f"{summary.speedup:.2f}x{note}")
+        table.caption = ("speedup: the target alone's decoding wall time over this method's, "
+                         "the same inputs decoded in this process (--compare)")
     if summary.compared:
-        table.add_row("identical to target-only", identical_note(summary),
+        table.add_row("identical to target-only", summary.verdict,
                       style="red" if summary.mismatches else None)
     for name, value in (extra or {}).items():
         table.add_row(name, str(value))
     stderr.print(table)
-    if summary.speedup is not None:
-        stderr.print("[dim]speedup: the target alone's decoding wall time over this method's, "
-                     "the same inputs decoded in this process (--compare)[/dim]")
-
-
-def identical_note(summary) -> str:
-    """--compare's verdict: "6/6 (0 mismatches)"; outputs that may differ (sampled at
-    T > 0, or a lossy option) are not mismatches."""
-    n = summary.mismatches
-    verdict = f"{summary.identical}/{summary.compared}"
-    if summary.must_match:
-        return f"{verdict} ({n} mismatch{'' if n == 1 else 'es'})"
-    return f"{verdict} (may differ: sampled at T > 0, or lossy)"
 
 
 def profiles_table(rows) -> None:

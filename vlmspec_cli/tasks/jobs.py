@@ -119,6 +119,15 @@ class BatchSummary:
         return self.baseline_tokens / self.baseline_wall_s if self.baseline_wall_s > 0 else None
 
     @property
+    def verdict(self) -> str:
+        """--compare's verdict: "6/6 (0 mismatches)"; outputs that may differ (sampled at
+        T > 0, or a lossy option) are not mismatches."""
+        n, verdict = self.mismatches, f"{self.identical}/{self.compared}"
+        if self.must_match:
+            return f"{verdict} ({n} mismatch{'' if n == 1 else 'es'})"
+        return f"{verdict} (may differ: sampled at T > 0, or lossy)"
+
+    @property
     def speedup(self) -> float | None:
         """Target-only wall time (one input at a time) ÷ decoding wall time, over the
         compared inputs."""
