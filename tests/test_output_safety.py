@@ -177,11 +177,13 @@ def test_an_output_is_never_a_profile_the_run_reads(tmp_path, image, no_models, 
 
 def test_a_fifo_no_process_reads_is_refused_not_waited_on(tmp_path, image, no_models, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("vlmspec_cli.tasks.sink.FIFO_WAIT_S", 0.2)   # (10 s by default)
     os.mkfifo(tmp_path / "ff")
     res = run(["caption", "h.png", "--out", "ff", *FAST])
     assert res.exit_code == 2
     (line,) = error_lines(res.stderr)
-    assert line == "error: ff: a FIFO that no process reads; start its reader first, or choose a file"
+    assert line == ("error: ff: a FIFO that no process reads (none opened it in 0 s); start its "
+                    "reader first, or choose a file")
 
 
 def test_bench_never_writes_its_workload_or_images(tmp_path, image, no_models, monkeypatch):

@@ -235,6 +235,23 @@ def test_non_regular_outputs_are_write_only_streams(tmp_path):
     assert json.loads(got[0])["input"] == "a.png" and fifo.exists() and not fifo.is_file()
 
 
+def test_a_fifo_waits_a_moment_for_a_reader_that_is_starting(tmp_path):
+    """A FIFO with no reader is refused rather than waited on for ever, but a reader that
+    opens it a moment later (``cat fifo &`` just before the run) is waited for."""
+    import time
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: (time.sleep(0.3), got.append(fifo.read_bytes())),
+                              daemon=True)
+    reader.start()
+    with JsonlSink(fifo) as sink:
+        sink.append(vlmspec_record("a.png"))
+    reader.join(10)
+    assert json.loads(got[0])["input"] == "a.png"
+
+
 def test_directory_refused(tmp_path):
     with pytest.raises(OutputError, match="is a directory"):
         JsonlSink(tmp_path).open()

@@ -158,12 +158,9 @@ class JsonlSink:
         try:
             if st is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, flags | os.O_APPEND | _O_CLOEXEC
-                         | (os.O_NONBLOCK if fifo else 0), 0o666)
+            fd = (_open_fifo(self.path, flags) if fifo else
+                  os.open(self.path, flags | os.O_APPEND | _O_CLOEXEC, 0o666))
         except OSError as exc:
-            if fifo and exc.errno == errno.ENXIO:
-                raise OutputError(f"{self.path}: a FIFO that no process reads; start its "
-                                  "reader first, or choose a file") from None
             raise OutputError(f"{self.path}: cannot open it for writing: {_strerror(exc)}") from None
         if fifo:   # writes wait for the reader as a pipe's do
             os.set_blocking(fd, True)
@@ -373,6 +370,26 @@ def _is_stream(path: str) -> bool:
         return not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path)
     except OSError:
         return False
+
+
+FIFO_WAIT_S = 10.0   # how long a FIFO --out may wait for its reader to open it
+
+
+def _open_fifo(path, flags: int) -> int:
+    """A FIFO opened for writing without blocking for ever: a reader that is starting (``cat
+    fifo &`` just before the run) has FIFO_WAIT_S to open it; with none, OutputError."""
+    deadline = time.monotonic() + FIFO_WAIT_S
+    while True:
+        try:
+            return os.open(path, flags | os.O_APPEND | _O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            if time.monotonic() >= deadline:
+                raise OutputError(f"{path}: a FIFO that no process reads (none opened it in "
+                                  f"{FIFO_WAIT_S:.0f} s); start its reader first, or choose a "
+                                  "file") from None
+            time.sleep(0.05)
 
 
 def check_not_an_input(out: str, inputs: Iterable[str], what: str = "an input") -> None:
