@@ -328,7 +328,7 @@ def latency_table(hardware: dict) -> None:
 
 def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: int = 14,
                       errors: dict | None = None, target_only: dict | None = None,
-                      note: str = "") -> None:
+                      note: str = "", legend: str = "", winner_line: bool = True) -> None:
     """The candidates, modelled and measured: the measured speedup with its spread over the
     samples (min–median–max, target-only's wall ÷ the candidate's per sample) and how far
     the prediction was (predicted ÷ measured − 1). Whole, 140 columns or more, when stderr
@@ -382,9 +382,12 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
     if errors and errors.get("measured"):
         out.print(f"prediction error over {errors['measured']} measured: mean {_signed_pct(errors['mean'])}, "
                      f"mean |error| {errors['mean_abs']:.0%}, max |error| {errors['max_abs']:.0%}")
+    if legend:
+        out.print(escape(legend), style="dim", soft_wrap=wrap)
     if note:
-        out.print(escape(note))
-    out.print(f"winner: [bold]{escape(winner.label)}[/]")
+        out.print(escape(note), soft_wrap=wrap)
+    if winner_line:
+        out.print(f"winner: [bold]{escape(winner.label)}[/]")
 
 
 def _signed_pct(x: float) -> str:

@@ -26,21 +26,30 @@ Examples:
       --write img-tuned
   vlmspec calibrate -p tinyworld-video examples/videos/ --write video-tuned
   # your own heads and twigs
-  vlmspec calibrate shots/ --hidden ./my-head --twig ./my-twig
+  vlmspec calibrate shots/ --hidden ./my-head --eagle3 ./my-eagle3 --twig ./my-twig
 
 \b
 What is searched, by the profile's task:
   caption  chain x input (M T C P) x gamma, TABED MT* and MTCP*, draft trees
            (depth x top_k x total_tokens, dynamic and static), hidden-state
-           heads (chain x gamma, trees), twigs x theta x gamma, then
-           --batch-size 2 and 4 for several samples
+           and EAGLE-3 heads (chain x gamma, trees), twigs x theta x gamma,
+           then --batch-size 2 and 4 for several samples
   image    ADT-Tree bounds x beta, fixed draft trees (SAMPLES are prompts)
-  video    the draft's chain x gamma, hidden-state heads (chain x gamma,
-           trees)
+  video    the draft's chain x gamma, hidden-state and EAGLE-3 heads (chain
+           x gamma, trees)
+Every family is probed at least once within --budget, the likeliest first.
 
 Include a `vlmspec profile` hardware YAML in the base profile to make the choice
 deterministic (the latency model then comes from it instead of a fresh measurement).
 """
+
+
+CALIBRATE_LEGEND = (
+    "τ: tokens per target pass (1 + drafted tokens accepted per round), τ model from the "
+    "probe, τ meas. as decoded for real; predicted: the modelled speedup; speedup meas.: "
+    "target-only's decoding time ÷ the candidate's on the same samples, each decoded by "
+    "both back to back (min/median/max per sample); error: predicted ÷ measured − 1; "
+    "-: modelled only, not decoded for real")
 
 
 def _gammas(gammas: list[int], method, base) -> list[int]:
@@ -60,17 +69,19 @@ def _gammas(gammas: list[int], method, base) -> list[int]:
               help="Draft lengths γ to consider (1 to 64).")
 @click.option("--top", type=Count(min=1), default=3, show_default=True,
               help="Modelled-best candidates decoded for real (plus the profile's own).")
-@click.option("--budget", type=FiniteFloat(min=1), default=120, show_default=True,
-              metavar="SECONDS", help="Start no new probe or finalist after this many seconds (one "
-                   "under way finishes; the latency tables, target-only's run, the probe of "
-                   "the profile's own configuration, the first finalist and the profile's own "
-                   "always run).")
-@click.option("--margin", type=FiniteFloat(min=0), default=0.10, show_default=True,
-              help="Prefer a measured candidate over the modelled best only when it was "
-                   "this much faster (0.10 = 10%); large values keep the modelled choice.")
+@click.option("--budget", type=FiniteFloat(min=1), default=60, show_default=True,
+              metavar="SECONDS", help="Time for the search: it ends within the budget and one "
+                   "finalist's decode. Every method family is probed at least once (on fewer "
+                   "samples when time is short); the profile's own configuration and the "
+                   "modelled best are always decoded for real.")
+@click.option("--margin", type=FiniteFloat(min=0), default=0.03, show_default=True,
+              help="Keep the modelled best unless another candidate measured more than this "
+                   "much faster (0.03 = 3%: timing noise); large values keep the modelled choice.")
 @click.option("--hidden", "heads", multiple=True, metavar="MODEL",
               help="Also try this hidden-state head (repeatable; the shipped ones for the "
                    "target are tried anyway).")
+@click.option("--eagle3", "eagle3_heads", multiple=True, metavar="MODEL",
+              help="Also try this EAGLE-3 head (repeatable; as --hidden).")
 @click.option("--twig", "twigs", multiple=True, metavar="MODEL",
               help="Also try this twig (repeatable; as --hidden).")
 @click.option("--max-new-tokens", type=Count(min=1), help="Token limit per sample.")
@@ -82,8 +93,8 @@ def _gammas(gammas: list[int], method, base) -> list[int]:
                                             "profile, never the base or one it includes).")
 @click.option("--json", "as_json", is_flag=True, help="Print all candidates as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
-def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, twigs, max_new_tokens,
-                  seed, device, write_name, force, as_json, quiet):
+def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, eagle3_heads, twigs,
+                  max_new_tokens, seed, device, write_name, force, as_json, quiet):
     """Pick the method and its parameters that decode SAMPLES fastest here.
 
     Measures the acceptance of every configuration the profile's task allows once (chain
@@ -98,10 +109,9 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models.loading import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session
-    from vlmspec_cli.tasks.calibrate import as_dicts, calibrate, winner_yaml
-    from vlmspec_cli.tasks.calibrate_io import (check_profile_write, include_for, pinned_settings,
-                                                profile_write_path, sample_requests, search_base,
-                                                write_profile)
+    from vlmspec_cli.tasks.calibrate import as_dicts, calibrate
+    from vlmspec_cli.tasks.calibrate_io import (check_profile_write, profile_write_path,
+                                                sample_requests, search_base)
     from vlmspec_cli.tasks.output_files import OutputRefused
 
     if not samples:
@@ -111,6 +121,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
                                          "sampling.seed": seed, "target.device": device,
                                          "draft.device": device}, task=None)
     heads, twigs = _absolute_folders(heads, "--hidden"), _absolute_folders(twigs, "--twig")
+    eagle3_heads = _absolute_folders(eagle3_heads, "--eagle3")
     items = _sample_items(prof.task, samples)
     inputs = [] if prof.task == "image" else [item.path for item in items]
     path = profile_write_path(write_name) if write_name else None
@@ -135,24 +146,18 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
         ui.warning(line)
     with ui.Status(quiet, "calibrate:") as status:
         result = calibrate(base, requests, gammas=_gammas(gammas, session.method, base),
-                           captioner_ok=note is None, hidden=heads, twigs=twigs, top=top,
+                           captioner_ok=note is None, hidden=heads, twigs=twigs,
+                           eagle3=eagle3_heads, top=top,
                            budget_s=budget, margin=margin, progress=status.update, session=session)
     winner = result.winner
     prediction = result.prediction_errors()
-    if not quiet:
+    if not quiet:   # (the winner's line: on stdout, unless stdout is elsewhere)
         ui.calibration_table(result.candidates, winner, result.skipped, result.latency,
-                             errors=prediction, target_only=result.target_only, note=result.note)
+                             errors=prediction, target_only=result.target_only, note=result.note,
+                             legend=CALIBRATE_LEGEND, winner_line=as_json or not ui.same_terminal())
     if path is not None:
-        pinned = pinned_settings(prof, [*sets, *model_keys()])   # --set and --model keys
-        text = winner_yaml(winner, prof.source, path.stem, include_for(prof.source, path),
-                           result.candidates, task=base.task, pinned=pinned)
-        replaced = path.exists()
-        try:
-            write_profile(path, text, force=force, inputs=inputs)
-        except OutputRefused as exc:
-            fail(str(exc))
-        if not quiet:   # --force replaces only a profile calibrate wrote: say so
-            ui.info(f"{'replaced' if replaced else 'wrote'} {path}: {winner.label}")
+        _write_winner(path, prof, winner, result, base.task, [*sets, *model_keys()], force, inputs,
+                      quiet)
     if as_json:
         click.echo(json.dumps({"schema": SCHEMA, "winner": winner.label, "method": winner.method,
                                "task": base.task, "note": result.note, "latency": result.latency,
@@ -160,8 +165,27 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, tw
                                "prediction_error": prediction,
                                "candidates": as_dicts(result.candidates)}))
     else:
-        click.echo(winner.label)
+        click.echo(winner.label if quiet or not ui.same_terminal() else f"winner: {winner.label}")
     sys.exit(1 if errors else 0)
+
+
+def _write_winner(path, prof, winner, result, task: str, sets: list, force: bool, inputs: list,
+                  quiet: bool) -> None:
+    """--write: the winner as a profile including the base one, with what --set and
+    --model pinned."""
+    from vlmspec_cli import ui
+    from vlmspec_cli.tasks.calibrate_io import include_for, pinned_settings, winner_yaml, write_profile
+    from vlmspec_cli.tasks.output_files import OutputRefused
+
+    text = winner_yaml(winner, prof.source, path.stem, include_for(prof.source, path),
+                       result.candidates, task=task, pinned=pinned_settings(prof, sets))
+    replaced = path.exists()
+    try:
+        write_profile(path, text, force=force, inputs=inputs)
+    except OutputRefused as exc:
+        fail(str(exc))
+    if not quiet:   # --force replaces only a profile calibrate wrote: say so
+        ui.info(f"{'replaced' if replaced else 'wrote'} {path}: {winner.label}")
 
 
 def _absolute_folders(models, option: str) -> tuple:

@@ -28,8 +28,8 @@ classmethods that need no model:
   through and the rows its draft model runs per step;
 - ``compile_plan(profile)``, ``plain_draft_steps(profile)``: the steps its decoding
   runs (what ``runtime.compile`` compiles before decoding);
-- ``searched_first``, ``own_probe(profile)``: where ``vlmspec calibrate`` starts and how
-  it replays the profile's own configuration;
+- ``searched_first``, ``search_rank``, ``own_probe(profile)``: where ``vlmspec calibrate``
+  starts, which families it probes first, and how it replays the profile's own configuration;
 - ``beside(profile, shipped)``: what it needs to run from a profile written for another
   method (``vlmspec bench`` runs every method from one profile).
 
@@ -58,6 +58,9 @@ class DraftingMethod(Drafter):
     uses_draft = True     # drafts with a separate draft model (profile section draft:)
     help = ""             # what --method's help says of it
     searched_first: tuple[str, ...] = ()   # tasks whose calibration starts from it
+    # the order ``vlmspec calibrate`` first probes method families in (lower first): the
+    # likelier a family wins where it applies, the earlier a short --budget still tries it
+    search_rank = 5
     draft = None          # the separate draft model it loaded (runtime.models.LoadedModel)
     captioner = None      # the runtime.models.captioner.Captioner behind drafting input C
 

@@ -50,6 +50,7 @@ class ChainDrafter(DraftingMethod):
     batches = True
     help = "a draft model, one drafting input"
     searched_first = ("caption", "video")
+    search_rank = 2
     late_prefill = True   # prefill: the request only; propose catches up on the tokens
     reads_confidence = True   # a request alone: ``state.draft_stop`` (draft_stop.py)
 

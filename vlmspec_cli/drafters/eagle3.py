@@ -63,6 +63,7 @@ class Eagle3Drafter(HiddenDrafter):
     uses_draft = False
     help = "a published EAGLE-3 head (SpecForge/vLLM/SGLang layout)"
     searched_first = ()
+    search_rank = 0       # a target's own EAGLE-3 head: the fastest where one is shipped
     head_kind = "EAGLE-3 head"
 
     def __init__(self, target, head, sampling: SamplingParams, eos_ids=(),

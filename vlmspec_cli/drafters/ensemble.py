@@ -71,6 +71,7 @@ class EnsembleState:
 @register("tabed")
 class EnsembleDrafter(DraftingMethod):
     help = "adaptive ensemble of inputs"
+    search_rank = 4
     traces = True         # --trace: each block's weights, drafted and accepted
     late_prefill = True   # prefill: the request only; propose catches up on the tokens
 

@@ -71,6 +71,7 @@ class HiddenDrafter(DraftingMethod):
     uses_draft = False
     help = "HiViS/Sparrow head on the target's text hidden states"
     searched_first = ("video",)
+    search_rank = 1       # a head trained on the target's own states
 
     def __init__(self, target, head, sampling: SamplingParams, eos_ids=(),
                  tree: TreeSettings | None = None) -> None:

@@ -52,6 +52,7 @@ class TreeDrafter(DraftingMethod):
     relaxes = True     # acceptance: relaxed judges tree nodes (image codes)
     trees = True
     help = "EAGLE-2 or static draft trees, section tree:"
+    search_rank = 3
     late_prefill = True   # prefill: the request only; propose catches up on the tokens
 
     @classmethod
@@ -234,6 +235,7 @@ class AdtDrafter(TreeDrafter):
     tasks = ("image",)
     help = "ADT-Tree: trees adapted per image region"
     searched_first = ("image",)
+    search_rank = 2       # (image: ADT-Tree before fixed trees)
 
     @classmethod
     def label(cls, profile) -> str:

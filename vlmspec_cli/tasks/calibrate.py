@@ -25,12 +25,17 @@
    against target-only decoding on the same samples, each sample by both back to back
    (``_paired``: the same moment on a shared machine) (each one's speedup, and its spread
    over the samples: min, median, max; predicted ÷ measured − 1 is the model's error);
-   the winner is the best modelled of those, target-only decoding (method none, modelled
-   at 1.0x) among them, unless another was measured more than ``margin`` faster (timing
-   noise must not flip the choice). For a folder (caption, several samples) the winner is
-   then decoded with ``generation.batch_size`` 2 and 4 and the batch size kept only if
-   faster by ``margin``. Nothing the budget skipped is hidden: ``Calibration.skipped``
-   lists it.
+   the winner is the fastest measured of those equal to target-only (target-only decoding,
+   method none, among them), unless the modelled best measured within ``margin`` of it
+   (timing noise must not flip what the model chose; the note says so). For a folder
+   (caption, several samples) the winner is then decoded with ``generation.batch_size`` 2
+   and 4 and the batch size kept only if faster by ``margin``. Nothing the budget skipped
+   is hidden: ``Calibration.skipped`` lists it.
+5. The budget (tasks/calibrate_plan.py ``SearchClock``): every method family is probed at
+   least once, the likeliest first, each on as many samples as the time left allows; the
+   other probes follow the family modelled fastest so far while whole probes fit; the
+   probing leaves time for two finalists; the whole ends within the budget and one
+   finalist's decode.
 
 A base profile with ``drafting.length: auto`` is probed and modelled at fixed γ (its
 probes and candidates pin ``drafting.length: fixed``: a probe's rounds must all draft the
@@ -55,7 +60,8 @@ from vlmspec_cli.runtime.request import Request
 from vlmspec_cli.runtime.round.round_timing import time_rounds
 from vlmspec_cli.session import SessionError, build_session
 from vlmspec_cli.tasks.calibrate_model import LatencyModel, RoundsModel, Run, tau_for_gamma
-from vlmspec_cli.tasks.calibrate_space import Probe, probes
+from vlmspec_cli.tasks.calibrate_plan import SearchClock, paired_repeats
+from vlmspec_cli.tasks.calibrate_space import Probe, next_probe, probes
 
 
 @dataclass
@@ -79,6 +85,7 @@ class Candidate:
     speedup_median: float | None = None
     speedup_max: float | None = None
     prediction_error: float | None = None   # predicted ÷ measured speedup − 1
+    probe_samples: int = 0          # the samples its probe decoded (fewer than all: the budget)
 
 
 @dataclass
@@ -172,7 +179,7 @@ def probe_candidates(base, probe: Probe, requests, gammas: list[int], model: Lat
     rounds = RoundsModel.of_probe(base_run, summary) if model.measured else None
     cost = "rounds" if rounds is not None else cost
     inputs = method_class(probe.method).drafting_inputs(profile)
-    common = dict(inputs=inputs, cost=cost, mismatches=mismatches)
+    common = dict(inputs=inputs, cost=cost, mismatches=mismatches, probe_samples=len(requests))
     # the tables' Eq. 1 over whole requests: the samples' prefills (a hardware profile's
     # prefill_ms; the tokens target-only decoded: the same at T = 0, so still deterministic)
     whole = lambda s: model.with_prefill(s, len(base_run.walls), base_run.stats.new_tokens)  # noqa: E731
@@ -245,8 +252,9 @@ def _measure(base, cand: Candidate, requests, base_run: Run, greedy: bool,
     a baseline engine, against ``base_run`` as timed at the start."""
     session = build_session(with_settings(base, cand.settings), target=target)
     _decode(session.engine, requests[:1])
-    if baseline is not None:
-        reference, run = _paired(baseline, session.engine, requests)
+    if baseline is not None:   # (short samples: decoded a few times over, calibrate_plan.py)
+        reference, run = _paired(baseline, session.engine,
+                                 requests * paired_repeats(base_run.wall))
     else:
         reference, run = base_run, _decode(session.engine, requests)
     cand.tau = round(run.stats.mean_accept_len, 4)
@@ -295,13 +303,12 @@ def _batch_candidates(base, winner: Candidate, requests, base_wall: float, refer
 
 
 def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok: bool = False,
-              hidden=(), twigs=(), top: int = 3, budget_s: float = 120.0, margin: float = 0.10,
-              progress: Callable[[str], None] | None = None, session=None) -> Calibration:
-    """Search the configurations of ``base`` (a profile whose method drafts) on ``requests``;
-    ``session``: ``base``'s, if already built."""
+              hidden=(), twigs=(), eagle3=(), top: int = 3, budget_s: float = 60.0,
+              margin: float = 0.03, progress: Callable[[str], None] | None = None,
+              session=None) -> Calibration:
+    """Search the configurations of ``base`` (a profile whose method drafts) on ``requests``
+    within about ``budget_s`` (tasks/calibrate_plan.py); ``session``: ``base``'s, if built."""
     say = progress or (lambda _msg: None)
-    t_start = time.perf_counter()
-    over = lambda: time.perf_counter() - t_start > budget_s   # noqa: E731
     session = session or build_session(base)
     greedy = session.sampling.greedy
     draft = session.draft
@@ -309,7 +316,8 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
         from vlmspec_cli.runtime.models.loading import load_model
 
         draft = load_model(base.draft, "draft")
-    all_probes = probes(base, draft, captioner_ok=captioner_ok, hidden=hidden, twigs=twigs)
+    all_probes = probes(base, draft, captioner_ok=captioner_ok, hidden=hidden, twigs=twigs,
+                        eagle3=eagle3)
     own = all_probes.pop()
     # first: no --budget leaves out the configuration the user runs now: the search's probe
     # of it, moved to the front (tinyworld-video's head came second, and a budget skipped
@@ -321,44 +329,37 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     all_probes.insert(0, same or own)
     model = LatencyModel.from_hardware(base.hardware, base)
     latency = "hardware profile"
+    clock = SearchClock(budget_s, say, samples=len(requests))
     if model is None:
-        say("latency model")
+        say("latency tables")
         model, latency = measure_latency(session, draft, requests, all_probes, gammas), "measured"
     baseline = session.baseline_engine()
+    say("target-only decoding")
     _decode(baseline, requests[:1])  # warm-up
     base_run = _decode(baseline, requests)
+    clock.base_wall_s, clock.first_sample_s = base_run.wall, base_run.walls[0]
+    batching = base.task == "caption" and len(requests) > 1
+    clock.steps = len(all_probes) + top + 1 + (2 if batching else 0)
     candidates, skipped = _probe_all(base, all_probes, requests, gammas, model, base_run, greedy,
-                                     session.target, over, say)
+                                     session.target, clock, top + 1)
     auto = _auto_candidate(base, candidates)
     candidates += [auto] if auto is not None else []
     candidates.sort(key=lambda c: (-c.predicted, c.label))
     default = next((c for c in candidates if with_settings(base, c.settings) == base), None)
     finalists = candidates[:top] + ([default] if default is not None and default not in candidates[:top] else [])
+    # the profile's own and the modelled best are always decoded (the probing left them
+    # time: SearchClock.reserve); the others while one more fits in the budget
     for i, cand in enumerate(finalists):
-        if i > 0 and over() and cand is not default:   # the profile's own: always decoded
+        if i > 0 and cand is not default and not clock.finalist_fits():
             skipped.append(f"{cand.label} (budget: modelled, not measured)")
             continue
-        say(f"measuring {cand.label}")
+        clock.step(f"measuring {cand.label}", len(finalists) - i - 1)
         _measure(base, cand, requests, base_run, greedy, session.target, baseline)
     none = _target_only(base_run)
     winner, note = _pick(candidates, none, margin)
     candidates = sorted(candidates + [none], key=lambda c: (-c.predicted, c.label))
-    batching = base.task == "caption" and method_class(winner.method).batches
-    if len(requests) > 1 and batching and not over():
-        say("batch sizes")
-        try:
-            batched = _batch_candidates(base, winner, requests, base_run.wall, base_run.outputs,
-                                        greedy, target=session.target)
-        except (ModelLoadError, SessionError, ValueError) as exc:   # Qwen: one at a time
-            batched = []
-            skipped.append(f"batch sizes ({exc})")
-        for cand in batched:
-            candidates.append(cand)
-            if cand.mismatches == 0 and cand.speedup > winner.speedup * (1 + margin):
-                winner, note = cand, ""
-    elif len(requests) > 1 and base.task == "caption":
-        skipped.append("batch sizes (budget)" if batching else
-                       f"batch sizes (method {winner.method} decodes one request at a time)")
+    winner, note = _try_batches(base, winner, note, candidates, skipped, requests, base_run,
+                                greedy, session.target, clock, margin)
     walls = base_run.walls
     target_only = {"tokens_per_s": none.tokens_per_s, "wall_s": round(base_run.wall, 4),
                    "sample_wall_s": {"min": round(min(walls), 4), "median": round(statistics.median(walls), 4),
@@ -366,23 +367,64 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     return Calibration(candidates, winner, skipped, latency, target_only, note)
 
 
+def _try_batches(base, winner, note, candidates, skipped, requests, base_run, greedy, target,
+                 clock: SearchClock, margin: float) -> tuple[Candidate, str]:
+    """A folder's winner decoded ``generation.batch_size`` 2 and 4 at a time, when its method
+    batches and the budget leaves time (two more target-only runs' worth); a batch size is
+    kept when measured more than ``margin`` faster."""
+    if base.task != "caption" or len(requests) < 2:
+        return winner, note
+    if not method_class(winner.method).batches:
+        skipped.append(f"batch sizes (method {winner.method} decodes one request at a time)")
+        return winner, note
+    if clock.left() < 2 * base_run.wall:
+        skipped.append("batch sizes (budget)")
+        return winner, note
+    clock.step("batch sizes", 0)
+    try:
+        batched = _batch_candidates(base, winner, requests, base_run.wall, base_run.outputs,
+                                    greedy, target=target)
+    except (ModelLoadError, SessionError, ValueError) as exc:   # Qwen: one at a time
+        batched = []
+        skipped.append(f"batch sizes ({exc})")
+    for cand in batched:
+        candidates.append(cand)
+        if cand.mismatches == 0 and cand.speedup > winner.speedup * (1 + margin):
+            winner, note = cand, ""
+    return winner, note
+
+
 def _probe_all(base, all_probes, requests, gammas, model, base_run: Run, greedy: bool, target,
-               over, say) -> tuple[list[Candidate], list[str]]:
-    """Every probe's candidates, modelled (until the budget is spent), and what was skipped."""
+               clock: SearchClock, finalists: int) -> tuple[list[Candidate], list[str]]:
+    """Every probe's candidates, modelled, in the order ``next_probe`` chooses (the first, the
+    profile's own configuration, on every sample; the others sized to the budget by
+    ``clock``), and what was skipped."""
     candidates, skipped = [], []
     cannot: dict[str, list[str]] = {}      # why a probe cannot run -> the probes
-    for n, probe in enumerate(all_probes):
-        if n > 0 and over():
+    queue, best = list(all_probes), {}
+    while queue:
+        first = len(queue) == len(all_probes)
+        probe = queue[0] if first else next_probe(queue, clock.probed, best)
+        queue.remove(probe)
+        fresh = {p.method for p in queue} | {probe.method}
+        n = len(requests) if first else clock.probe_samples(probe.method, len(fresh - clock.probed))
+        if n == 0:
+            clock.done += 1
             skipped.append(f"{probe.label} (budget)")
             continue
-        say(f"acceptance of {probe.label}")
+        part = f" ({n} of {len(requests)} samples)" if n < len(requests) else ""
+        clock.step(f"acceptance of {probe.label}{part}", len(queue) + finalists)
+        t0 = time.perf_counter()
         try:
-            candidates += probe_candidates(base, probe, requests, gammas, model, base_run,
-                                           greedy, target)
+            found = probe_candidates(base, probe, requests[:n], gammas, model, base_run, greedy, target)
         except (ModelLoadError, SessionError, ValueError) as exc:
             # a draft of another tokenizer, a family refusing the probe's inputs (Qwen's
             # 3-D positions: no ensemble with M, no P), a model refusing it as it decodes
             cannot.setdefault(str(exc).split(": ")[0].split(" (")[0], []).append(probe.label)
+            continue
+        clock.probed_family(probe.method, time.perf_counter() - t0, n)
+        best[probe.method] = max([best.get(probe.method, 0.0)] + [c.predicted for c in found])
+        candidates += found
     skipped += [f"{', '.join(labels)} ({reason})" for reason, labels in cannot.items()]
     return candidates, skipped
 
@@ -414,56 +456,34 @@ def _target_only(base_run: Run) -> Candidate:
 
 def _pick(candidates: list[Candidate], none: Candidate, margin: float) -> tuple[Candidate, str]:
     """The winner, target-only decoding (``none``, modelled 1.0x, measured by definition)
-    among the candidates: the best modelled of those decoded for real (and equal to
-    target-only), unless another, target-only included, was measured more than ``margin``
-    faster (timing noise must not flip the choice)."""
+    among the candidates: the fastest measured of those decoded equal to target-only,
+    unless the modelled best measured within ``margin`` of it (timing noise must not flip a
+    choice the model makes): then the modelled best, and the note says so in one line, as
+    it says whenever the winner is not the modelled best."""
     measured = sorted([c for c in candidates if c.speedup is not None and c.mismatches == 0]
                       + [none], key=lambda c: (-c.predicted, c.label))
-    winner = modelled = measured[0]
-    fastest = max(measured, key=lambda c: c.speedup)
-    if fastest.speedup > winner.speedup * (1 + margin):
+    modelled = measured[0]
+    fastest = max(measured, key=lambda c: c.speedup)     # (ties: the better modelled)
+    if fastest.speedup <= modelled.speedup * (1 + margin):
+        winner = modelled
+    else:
         winner = fastest
     if winner is none and modelled is not none:
         return none, (f"target-only decoding was measured fastest: {modelled.label}, modelled "
                       f"best, decoded at {modelled.speedup:.2f}x of its speed")
     if winner is none and len(measured) == 1:
         return none, "no candidate was decoded equal to target-only: target-only decoding"
-    if winner is none:
+    if winner is none and fastest is none:
         return none, "target-only decoding was modelled fastest, and no candidate measured faster"
+    if winner is not fastest:
+        kept = "target-only decoding was modelled fastest and is kept" if winner is none else \
+            f"{winner.label}, modelled best, is kept at {winner.speedup:.2f}x"
+        return winner, (f"{kept}: {fastest.label} measured {fastest.speedup:.2f}x, within "
+                        f"--margin {margin:.0%} (timing noise)")
     if winner is not modelled:
-        return winner, f"measured more than {margin:.0%} faster than {modelled.label}, modelled best"
+        return winner, (f"measured fastest; {modelled.label}, modelled best, measured "
+                        f"{modelled.speedup:.2f}x")
     return winner, ""
-
-
-def _nested(settings: dict) -> dict:
-    out: dict = {}
-    for key, value in settings.items():
-        *parents, leaf = key.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
-
-
-def winner_yaml(winner: Candidate, base_source: str, name: str, include: str,
-                table: list[Candidate], task: str = "caption", pinned: dict | None = None) -> str:
-    """A profile that includes the base one and sets the winner's settings, and the task
-    it was calibrated for. ``pinned``: dotted settings the calibration ran with on top of
-    the base (``--set``), written too (the winner's own settings take precedence), so the
-    profile decodes what was calibrated."""
-    import yaml
-
-    data: dict = {"include": include, "name": name,
-                  "description": f"calibrated from {base_source}: {winner.label}",
-                  "task": task, **_nested({**(pinned or {}), **winner.settings})}
-    lines = ["# written by `vlmspec calibrate`; candidates (τ model, predicted, measured):"]
-    for c in table[:12]:
-        measured = f"{c.speedup:.2f}x" if c.speedup is not None else "-"
-        lines.append(f"#   {c.label:<40} τ≈{c.tau_model:.2f}  pred {c.predicted:.2f}x  meas {measured}")
-    if not method_class(winner.method).drafts:
-        lines.append("# target-only decoding was measured fastest here: method none")
-    return "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 def as_dicts(candidates: list[Candidate]) -> list[dict]:

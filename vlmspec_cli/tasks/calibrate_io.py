@@ -159,3 +159,37 @@ def check_profile_write(path: Path, base_source: str, *, force: bool, inputs=())
 def write_profile(path: Path, text: str, *, force: bool, inputs=()) -> None:
     """Write the calibrated profile (checked again, atomic, the folder created)."""
     write_checked(path, text.encode("utf-8"), f"--write {path}", **_profile_rules(force, inputs))
+
+
+# ------------------------------------------------------------------ the winner, written
+def _nested(settings: dict) -> dict:
+    out: dict = {}
+    for key, value in settings.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def winner_yaml(winner, base_source: str, name: str, include: str,
+                table: list, task: str = "caption", pinned: dict | None = None) -> str:
+    """A profile that includes the base one and sets the winner's settings, and the task
+    it was calibrated for. ``pinned``: dotted settings the calibration ran with on top of
+    the base (``--set``), written too (the winner's own settings take precedence), so the
+    profile decodes what was calibrated."""
+    import yaml
+
+    data: dict = {"include": include, "name": name,
+                  "description": f"calibrated from {base_source}: {winner.label}",
+                  "task": task, **_nested({**(pinned or {}), **winner.settings})}
+    lines = ["# written by `vlmspec calibrate`; candidates (τ model, predicted, measured):"]
+    for c in table[:12]:
+        measured = f"{c.speedup:.2f}x" if c.speedup is not None else "-"
+        lines.append(f"#   {c.label:<40} τ≈{c.tau_model:.2f}  pred {c.predicted:.2f}x  meas {measured}")
+    from vlmspec_cli.drafters import method_class
+
+    if not method_class(winner.method).drafts:
+        lines.append("# target-only decoding was measured fastest here: method none")
+    return "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)

@@ -16,12 +16,16 @@ Per task (the profile's ``task``):
 
 - caption: chain × drafting input (M, T, C, P as the draft and captioner allow) × γ;
   TABED MT (grid weights) and MTCP (softmax); draft trees × TREE_SHAPES, dynamic and
-  static; every hidden-state head for this target (chain × γ, and trees); every twig for
+  static; every hidden-state and EAGLE-3 head for this target (chain × γ, and trees); every twig for
   this target × θ ∈ TWIG_THRESHOLDS × γ (K is the layer each twig was trained on);
   ``--batch-size`` for folders is tried on the winner afterwards (tasks/calibrate.py).
 - image: ADT-Tree bounds × β, and fixed draft trees (a chain is top_k 1).
-- video: the plain draft's chain × γ, and every hidden-state head for this target (chain × γ
-  and trees).
+- video: the plain draft's chain × γ, and every hidden-state and EAGLE-3 head for this
+  target (chain × γ and trees).
+
+The search takes them in the order ``next_probe`` chooses: every method family once, the
+likeliest to win first, then the family modelled fastest so far (tasks/calibrate_plan.py
+sizes each to the budget).
 
 The profile's own configuration is always a probe, so it is always a candidate.
 """
@@ -72,18 +76,30 @@ def _tree_probe(method: str, shape, extra: dict, label: str, rows: int, policy="
     return Probe(method, settings, name, rows=rows, tree=shape)
 
 
-def _hidden_probes(heads: list[str], shapes) -> list[Probe]:
+def _head_probes(kind: str, heads: list[str], shapes, pinned: dict) -> list[Probe]:
+    """A target's own heads (``kind``: hidden or eagle3, the method and its section; ``pinned``:
+    what else it sets): each as a chain (replayed for every γ) and as trees of ``shapes``."""
     out = []
     for head in heads:
-        base = {"hidden.model": head, "hidden.layer": None}
-        out.append(Probe("hidden", {"method": "hidden", **base, "hidden.tree": False},
-                         f"hidden {short(head)}", replay=True))
-        out += [_tree_probe("hidden", s, {**base, "hidden.tree": True}, f"hidden {short(head)} tree",
+        base = {f"{kind}.model": head, **pinned}
+        out.append(Probe(kind, {"method": kind, **base, f"{kind}.tree": False},
+                         f"{kind} {short(head)}", replay=True))
+        out += [_tree_probe(kind, s, {**base, f"{kind}.tree": True}, f"{kind} {short(head)} tree",
                             rows=0) for s in shapes]
     return out
 
 
-def caption_probes(profile, draft, captioner_ok: bool, heads: list[str], twigs: list[str]) -> list[Probe]:
+def _heads(profile, extra: dict) -> list[Probe]:
+    """Every hidden-state and EAGLE-3 head for this target (``extra``: those named on the
+    command line, by kind)."""
+    # (a hidden head reads the layer it was trained on: the profile's may be another's)
+    kinds = (("hidden", {"hidden.layer": None}), ("eagle3", {}))
+    return [p for kind, pinned in kinds
+            for p in _head_probes(kind, companions(profile, kind, tuple(extra.get(kind, ()))),
+                                  HIDDEN_TREE_SHAPES, pinned)]
+
+
+def caption_probes(profile, draft, captioner_ok: bool, heads: list[Probe], twigs: list[str]) -> list[Probe]:
     images = draft is not None and draft.adapter.takes_images
     singles = [i for i in DRAFTING_INPUTS
                if (i not in ("multimodal", "pooled") or images) and (i != "caption" or captioner_ok)]
@@ -100,7 +116,7 @@ def caption_probes(profile, draft, captioner_ok: bool, heads: list[str], twigs: 
         tag = f"tree {letters(tree_in['drafting.inputs'])}"
         for policy in ("dynamic", "static"):
             out += [_tree_probe("tree", s, tree_in, tag, rows=s[1], policy=policy) for s in TREE_SHAPES]
-    out += _hidden_probes(heads, HIDDEN_TREE_SHAPES)
+    out += heads
     for twig in twigs:
         out += [Probe("twig", {"method": "twig", "twig.model": twig, "twig.layers": None,
                                "twig.threshold": theta}, f"twig {short(twig)} θ={theta}", replay=True)
@@ -122,12 +138,12 @@ def image_probes(profile) -> list[Probe]:
     return out
 
 
-def video_probes(profile, draft, heads: list[str]) -> list[Probe]:
+def video_probes(profile, draft, heads: list[Probe]) -> list[Probe]:
     out = []
     if draft is not None:
         out.append(Probe("chain", {"method": "chain", "drafting.inputs": ["multimodal"]},
                          "chain M", replay=True, rows=1))
-    return out + _hidden_probes(heads, HIDDEN_TREE_SHAPES)
+    return out + heads
 
 
 def tree_input(profile, draft) -> str:
@@ -140,8 +156,8 @@ def tree_input(profile, draft) -> str:
 
 
 def round_robin(items: list[Probe]) -> list[Probe]:
-    """The first probe of every method, then the second of each, …: a --budget that stops
-    the search early has still tried every method."""
+    """The first probe of every method, then the second of each, …: the order probes are
+    listed in (``next_probe`` chooses among them as the search goes)."""
     seen: dict[str, int] = {}
     ranked = []
     for i, p in enumerate(items):
@@ -150,16 +166,31 @@ def round_robin(items: list[Probe]) -> list[Probe]:
     return [p for _, _, p in sorted(ranked, key=lambda r: r[:2])]
 
 
-def probes(profile, draft, *, captioner_ok: bool, hidden=(), twigs=()) -> list[Probe]:
+def next_probe(queue: list[Probe], probed: set[str], best: dict[str, float]) -> Probe:
+    """What to probe next: a method family not probed yet, the likeliest to win first (the
+    methods' declared ``search_rank``: a target's own heads, then a draft's chain, trees,
+    ensembles, twigs), so that a budget cut short has tried every family; then the probes
+    of the family whose candidates are modelled fastest so far (``best``: its best
+    predicted speedup), in listed order within it."""
+    from vlmspec_cli.drafters import method_class
+
+    fresh = [p for p in queue if p.method not in probed]
+    if fresh:
+        return min(fresh, key=lambda p: (method_class(p.method).search_rank, queue.index(p)))
+    return min(queue, key=lambda p: (-best.get(p.method, 0.0), queue.index(p)))
+
+
+def probes(profile, draft, *, captioner_ok: bool, hidden=(), twigs=(), eagle3=()) -> list[Probe]:
     """Every probe for the profile's task, methods taking turns (``round_robin``), and the
     profile's own configuration last. ``draft``: the profile's draft model (loaded), or None
     when it names none: then only the methods without one are searched."""
     if profile.task == "image":
         out = image_probes(profile)
     elif profile.task == "video":
-        out = video_probes(profile, draft, companions(profile, "hidden", tuple(hidden)))
+        out = video_probes(profile, draft, _heads(profile, {"hidden": hidden, "eagle3": eagle3}))
     else:
-        out = caption_probes(profile, draft, captioner_ok, companions(profile, "hidden", tuple(hidden)),
+        out = caption_probes(profile, draft, captioner_ok,
+                             _heads(profile, {"hidden": hidden, "eagle3": eagle3}),
                              companions(profile, "twig", tuple(twigs)))
     return round_robin(out) + [own_probe(profile)]
 
