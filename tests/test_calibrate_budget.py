@@ -60,12 +60,14 @@ def test_steps_count_up_with_an_eta_within_the_budget():
     said = []
     clock = _clock(30, 0)
     clock.say, clock.steps = said.append, 4
-    clock.step("acceptance of chain M", remaining=3)
-    clock.step("measuring chain M γ=4", remaining=0)
+    clock.step("acceptance of chain M", probes=2, finalists=2)
+    clock.step("measuring chain M γ=4", probes=0, finalists=1)
     assert said[0].startswith("step 1/4 · acceptance of chain M · ~") and said[0].endswith(" s left")
-    assert said[1].startswith("step 2/4 · measuring chain M γ=4 · ~0 s left")
-    eta = float(said[0].split("~")[1].split(" ")[0])
-    assert 0 < eta <= clock.left() + clock.finalist_s() + 1
+    assert said[1].startswith("step 2/4 · measuring chain M γ=4 · ~")
+    eta = [float(m.split("~")[1].split(" ")[0]) for m in said]
+    # two probes of 6 s and two finalists, then one finalist: within the budget left
+    assert eta[0] == round(min(12 + 2 * clock.finalist_s(), clock.left() + clock.finalist_s()))
+    assert 0 < eta[1] == round(clock.finalist_s())
 
 
 def test_every_family_first_the_likeliest_then_the_fastest_modelled():

@@ -53,7 +53,7 @@ from typing import Callable
 
 from vlmspec_cli.drafters import method_class
 from vlmspec_cli.profile import with_settings
-from vlmspec_cli.runtime.fast.latency import measure_tables
+from vlmspec_cli.runtime.fast.latency import measure_tables, time_extend
 from vlmspec_cli.runtime.limits import prompt_tokens
 from vlmspec_cli.runtime.models.loading import ModelLoadError
 from vlmspec_cli.runtime.request import Request
@@ -138,7 +138,10 @@ def _pinned(base) -> dict:
 
 def measure_latency(session, draft, requests: list[Request], all_probes: list[Probe],
                     gammas: list[int]) -> LatencyModel:
-    """The latency tables this search needs, timed now at the first sample's length."""
+    """The latency tables this search needs, timed now at the first sample's length: the
+    target verifying 1, 2, the widest round and one between (``LatencyModel`` interpolates
+    and fits a line through them: every width timed cost 48 s of a 60 s budget at load 6),
+    and a draft step for one row and the most rows a probe runs."""
     target = session.target
     if session.profile.task == "image":
         from vlmspec_cli.tasks.hwprofile_image import image_tables
@@ -146,12 +149,15 @@ def measure_latency(session, draft, requests: list[Request], all_probes: list[Pr
         tables = image_tables(session, warmup=2, repeats=5)
         return LatencyModel(next(iter(tables.target_verify_ms.values())), {}, measured=True)
     s0 = prompt_tokens(target, requests[0].messages)
-    ks = {1, *[g + 1 for g in gammas], *[p.tree[2] + 1 for p in all_probes if p.tree]}
-    rows = sorted({p.rows for p in all_probes if p.rows} | {1})
-    tables = measure_tables(target, draft, [s0], sorted(ks), rows if draft is not None else [],
-                            warmup=2, repeats=7)
-    return LatencyModel(tables.target_verify_ms[s0],
-                        {b: r[s0] for b, r in tables.draft_step_ms.items()}, measured=True)
+    # the decoding rounds' thread count: timed on every core beside two busy processes, a
+    # forward waited for its slowest thread and the tables took 43 s (T_p(1) 172 ms)
+    session.threads.enter("decode", s0)
+    widest = max([g + 1 for g in gammas] + [p.tree[2] + 1 for p in all_probes if p.tree])
+    ks = sorted({1, 2, (2 + widest) // 2, widest})
+    rows = sorted({1, max([p.rows for p in all_probes if p.rows], default=1)})
+    tables = measure_tables(target, None, [s0], ks, [], warmup=2, repeats=5)
+    draft_ms = {} if draft is None else {b: time_extend(draft, s0, 1, b, 2, 5) for b in rows}
+    return LatencyModel(tables.target_verify_ms[s0], draft_ms, measured=True)
 
 
 def _mismatches(outputs, reference, greedy: bool) -> int:
@@ -353,7 +359,7 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
         if i > 0 and cand is not default and not clock.finalist_fits():
             skipped.append(f"{cand.label} (budget: modelled, not measured)")
             continue
-        clock.step(f"measuring {cand.label}", len(finalists) - i - 1)
+        clock.step(f"measuring {cand.label}", 0, len(finalists) - i)
         _measure(base, cand, requests, base_run, greedy, session.target, baseline)
     none = _target_only(base_run)
     winner, note = _pick(candidates, none, margin)
@@ -380,7 +386,7 @@ def _try_batches(base, winner, note, candidates, skipped, requests, base_run, gr
     if clock.left() < 2 * base_run.wall:
         skipped.append("batch sizes (budget)")
         return winner, note
-    clock.step("batch sizes", 0)
+    clock.step("batch sizes", 0, 1)
     try:
         batched = _batch_candidates(base, winner, requests, base_run.wall, base_run.outputs,
                                     greedy, target=target)
@@ -413,7 +419,7 @@ def _probe_all(base, all_probes, requests, gammas, model, base_run: Run, greedy:
             skipped.append(f"{probe.label} (budget)")
             continue
         part = f" ({n} of {len(requests)} samples)" if n < len(requests) else ""
-        clock.step(f"acceptance of {probe.label}{part}", len(queue) + finalists)
+        clock.step(f"acceptance of {probe.label}{part}", len(queue) + 1, finalists)
         t0 = time.perf_counter()
         try:
             found = probe_candidates(base, probe, requests[:n], gammas, model, base_run, greedy, target)

@@ -104,11 +104,12 @@ class SearchClock:
         """Whether another finalist ends within the budget (as estimated)."""
         return self.left() >= self.finalist_s()
 
-    def step(self, what: str, remaining: int) -> None:
-        """Report the next step: "step 5/31 · acceptance of … · ~40 s left". ``remaining``:
-        the planned steps after this one, each priced as a probe of every sample (a finalist
-        as one), the total capped at the budget left plus a finalist."""
+    def step(self, what: str, probes: int, finalists: int) -> None:
+        """Report the next step: "step 5/31 · acceptance of … · ~40 s left". ``probes`` and
+        ``finalists``: the steps planned after this one's start (this one included), each
+        probe priced as one of every sample, each finalist as ``finalist_s``; the total
+        capped at the budget left plus a finalist."""
         self.done += 1
-        guess = remaining * min(self.sample_s() * self.samples, self.finalist_s())
+        guess = probes * self.sample_s() * self.samples + finalists * self.finalist_s()
         eta = max(0.0, min(guess, max(self.left(), 0.0) + self.finalist_s()))
         self.say(f"step {self.done}/{max(self.steps, self.done)} · {what} · ~{eta:.0f} s left")
