@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import click
 
@@ -106,6 +107,7 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, ea
     candidate too: where nothing beats it, the answer is method none. SAMPLES are images
     (caption), prompts (image) or videos (video).
     """
+    started = time.perf_counter()      # --budget counts the models' and samples' loading
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models.loading import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session
@@ -148,7 +150,8 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, ea
         result = calibrate(base, requests, gammas=_gammas(gammas, session.method, base),
                            captioner_ok=note is None, hidden=heads, twigs=twigs,
                            eagle3=eagle3_heads, top=top,
-                           budget_s=budget, margin=margin, progress=status.update, session=session)
+                           budget_s=budget, margin=margin, progress=status.update, session=session,
+                           started=started)
     winner = result.winner
     prediction = result.prediction_errors()
     if not quiet:   # (the winner's line: on stdout, unless stdout is elsewhere)

@@ -311,9 +311,11 @@ def _batch_candidates(base, winner: Candidate, requests, base_wall: float, refer
 def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok: bool = False,
               hidden=(), twigs=(), eagle3=(), top: int = 3, budget_s: float = 60.0,
               margin: float = 0.03, progress: Callable[[str], None] | None = None,
-              session=None) -> Calibration:
+              session=None, started: float | None = None) -> Calibration:
     """Search the configurations of ``base`` (a profile whose method drafts) on ``requests``
-    within about ``budget_s`` (tasks/calibrate_plan.py); ``session``: ``base``'s, if built."""
+    within about ``budget_s`` (tasks/calibrate_plan.py); ``session``: ``base``'s, if built;
+    ``started``: when the budget began (``time.perf_counter()``; the command's start, so
+    that loading the models and samples counts), else now."""
     say = progress or (lambda _msg: None)
     session = session or build_session(base)
     greedy = session.sampling.greedy
@@ -335,7 +337,7 @@ def calibrate(base, requests: list[Request], *, gammas: list[int], captioner_ok:
     all_probes.insert(0, same or own)
     model = LatencyModel.from_hardware(base.hardware, base)
     latency = "hardware profile"
-    clock = SearchClock(budget_s, say, samples=len(requests))
+    clock = SearchClock(budget_s, say, samples=len(requests), start=started or time.perf_counter())
     if model is None:
         say("latency tables")
         model, latency = measure_latency(session, draft, requests, all_probes, gammas), "measured"
