@@ -248,21 +248,26 @@ def profiles_table(rows) -> None:
 
 
 class Status:
-    """A one-line spinner on stderr for long measurements (nothing when quiet)."""
+    """A one-line spinner on stderr for long measurements (nothing when quiet). With
+    ``log``, where stderr is no terminal (a log file, a CI job), each update is a line of
+    its own instead: a long command's steps and ETA are not lost there."""
 
-    def __init__(self, quiet: bool = False, label: str = "measuring") -> None:
+    def __init__(self, quiet: bool = False, label: str = "measuring", log: bool = False) -> None:
         self.quiet = quiet
         self.label = label
+        self.log = log and not quiet and not stderr.is_terminal
         self._status = None
 
     def __enter__(self) -> "Status":
-        if not self.quiet:
+        if not self.quiet and not self.log:
             self._status = stderr.status(f"{escape(self.label)}…")
             self._status.__enter__()
         return self
 
     def update(self, message: str) -> None:
-        if self._status is not None:
+        if self.log:
+            info(f"{self.label} {message}")
+        elif self._status is not None:
             self._status.update(f"{escape(self.label)} {escape(message)}")
 
     def __exit__(self, *exc) -> None:
@@ -270,59 +275,14 @@ class Status:
             self._status.__exit__(*exc)
 
 
-def latency_table(hardware: dict) -> None:
-    m = hardware["measurements"]
-    table = Table(title=f"vlmspec profile — {escape(hardware['device'])}", title_justify="left",
+def latency_table(device: str, rows) -> None:
+    """``vlmspec profile``'s table: ``rows`` of (metric, value, flagged), cli/hwprofile_table.py."""
+    table = Table(title=f"vlmspec profile — {escape(device)}", title_justify="left",
                   show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
-    table.add_row("profile", f"{m['profile']} ({m['method']}, γ={m['gamma']}, draft rows {m['draft_rows']})")
-    if m.get("threads_job_ms"):
-        jobs = ", ".join(f"{n}: {ms:.0f} ms ({m['threads_prefill_ms'][n]:.0f} prefill)"
-                         for n, ms in m["threads_job_ms"].items())
-        table.add_row("CPU threads: 3 sample requests", jobs)
-        table.add_row("CPU threads: fastest", f"{hardware['threads']} decoding, "
-                                              f"{hardware['prefill_threads']} prefilling")
-    table.add_row("prefill (sample request)", f"{hardware['prefill_ms']:.2f} ms")
-    table.add_row("target step T_p", f"{hardware['target_ms']:.3f} ms")
-    verified = f"round={m['round_width']}" if "round_width" in m else f"γ+1={m['gamma'] + 1}"
-    table.add_row(f"target verify T_p({verified})", f"{hardware['target_verify_ms']:.3f} ms")
-    if hardware.get("draft_ms") is not None:
-        table.add_row("draft step T_q", f"{hardware['draft_ms']:.3f} ms")
-        table.add_row("latency ratio T_q/T_p", f"{hardware['latency_ratio']:.3f}")
-    if hardware.get("compiled_target_ms") is not None:
-        table.add_row("target step T_p, compiled", f"{hardware['compiled_target_ms']:.3f} ms")
-        if hardware.get("compiled_draft_ms") is not None:
-            table.add_row("draft step T_q, compiled", f"{hardware['compiled_draft_ms']:.3f} ms")
-        table.add_row("compile warm-up", f"{hardware['compile_warmup_s']:.1f} s")
-    if m.get("verify_over_step") is not None:
-        table.add_row(f"T_p({verified.split('=')[0]}) / T_p(1)", f"{m['verify_over_step']:.2f}")
-    r = m.get("rounds") or {}
-    if r.get("rounds_drafting"):
-        table.add_row(f"{r['method']} rounds (sample requests)",
-                      f"{r['rounds_drafting']} drafting, {r['drafted_per_round']:.1f} proposals, "
-                      f"{r['levels_per_round']:.1f} levels each")
-        table.add_row(f"{r['method']}: drafting per round", f"{r['draft_ms_per_round']:.3f} ms")
-        table.add_row(f"{r['method']}: verifying + rest per round", f"{r['verify_ms_per_round']:.3f} ms")
-        table.add_row(f"{r['method']}: drafting per level / T_p",
-                      f"{r['draft_ms_per_level']:.3f} ms ({r['draft_per_level_over_target_step']:.3f})")
-    for k, f in (m.get("frames") or {}).items():
-        parts = [f"{f['prompt_tokens']} positions", f"prefill {f['prefill_ms']:.1f} ms"]
-        if f.get("target_step_ms") is not None:
-            parts.append(f"step {f['target_step_ms']:.2f} ms")
-        if f.get("draft_ms_per_level") is not None:
-            parts.append(f"drafting {f['draft_ms_per_level']:.2f} ms/level")
-        table.add_row(f"video of {k} frames", ", ".join(parts))
-    for name, r in m["remarks"].items():
-        if r is None:     # one timing, nothing to compare it with
-            table.add_row(name.replace("_", " "), "not measured (one point)")
-            continue
-        verdict = "holds" if r["holds"] else "does not hold"
-        table.add_row(name.replace("_", " "), f"|ΔT/T| ≤ {r['max_rel_dev']:.3f} ({verdict})",
-                      style=None if r["holds"] else "yellow")
-    for tau, e in m["expected_speedup"].items():
-        table.add_row(f"Eq. 1 speedup at τ={tau}", f"{e['eq1']:.2f}x (with measured T_p(γ+1): "
-                      f"{e['eq1_measured_verify']:.2f}x)")
+    for name, value, flagged in rows:
+        table.add_row(escape(name), escape(value), style="yellow" if flagged else None)
     stderr.print(table)
 
 
