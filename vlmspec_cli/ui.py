@@ -17,6 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.segment import Segment
 from rich.table import Table
 
+from vlmspec_cli.summary_words import acceptance_rows, length_rows
+
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 _shared: Progress | None = None    # the live progress display, while stdout shares its terminal
 
@@ -179,20 +181,9 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
     table.add_row("items", f"{summary.items} ({summary.done} done, {summary.skipped} skipped)")
     table.add_row("failures", str(summary.failures), style="red" if summary.failures else None)
     table.add_row("method", method)
-    if s.num_draft_tokens and drafts:   # (rounds that all decoded plain have no acceptance)
-        table.add_row("mean acceptance length", f"{s.mean_accept_len:.3f}")
-        table.add_row("draft acceptance rate", f"{s.draft_accept_rate:.3f}")
-        rates = " ".join(f"{c / s.num_drafts:.2f}" for c in s.accepted_per_pos)
-        table.add_row("acceptance per position", rates)
-    if s.draft_length and drafts:   # drafting.length auto
-        d = s.draft_length
-        mean = (f"mean γ {d['mean_gamma']:.2f} (≤ {d['max']})" if d["rounds_drafted"]
-                else f"no round drafted (γ ≤ {d['max']})")
-        cut = f" ({d['rounds_stopped']} cut by confidence)" if d.get("rounds_stopped") else ""
-        table.add_row("draft length (auto)", f"{mean}; rounds: {d['rounds_drafted']} drafted"
-                                             f"{cut}, {d['rounds_plain']} plain")
-        if d.get("off_reason"):
-            table.add_row("drafting off", d["off_reason"])
+    if drafts:   # τ and γ in words (summary_words.py)
+        for name, value in acceptance_rows(s) + length_rows(s.draft_length):
+            table.add_row(name, escape(value))
     table.add_row("new tokens", str(s.new_tokens))
     if summary.done:   # nothing decoded (all skipped or failed): no rate to give
         table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
