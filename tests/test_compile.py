@@ -172,7 +172,7 @@ def test_cli_plan_line_says_whether_steps_are_compiled(tmp_path):
     assert res.exit_code == 0, res.output
     # by default one short line (cli/detail.py); the reasons under -v
     assert "tinyworld-caption · chain (γ auto ≤ 12) · fast path on · " in res.stderr
-    assert "compiled steps" not in res.stderr and "(-v: more)" in res.stderr
+    assert "compiled steps" not in res.stderr and "CPU threads" not in res.stderr
     res = runner.invoke(cli, ["caption", str(path), "--set", "generation.max_new_tokens=8", "-v"])
     assert res.exit_code == 0, res.output
     assert "compiled steps off (auto: not measured on this hardware" in res.stderr

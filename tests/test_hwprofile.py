@@ -323,20 +323,20 @@ def test_profile_steps_report_counts_and_an_eta():
     steps("third")
     steps("one more")                   # not in the plan: counted, N grows with it
     assert reports[0] == "step 1/3: first"            # nothing timed yet: no ETA
-    assert reports[1] == "step 2/3: second · ETA ~13s"    # 10 s per verify, a batch is 40/150
-    assert reports[2] == "step 3/3: third · ETA ~3s"
-    assert reports[3].startswith("step 4/4: one more")
+    assert reports[1] == "step 2/3, ETA ~13s: second"    # 10 s per verify, a batch is 40/150
+    assert reports[2] == "step 3/3, ETA ~3s: third"
+    assert reports[3] == "step 4/4, ETA ~0s: one more"
 
 
 def test_profile_prints_its_steps_and_says_the_remarks_in_words_under_v():
-    """Where stderr is no terminal each step is a line ("measuring step i/N: … · ETA ~Xs"),
+    """Where stderr is no terminal each step is a line ("measuring step i/N, ETA ~Xs: …"),
     counted up to N exactly; TABED's remarks are sentences, shown under -v only."""
     import re
 
     args = ["profile", *QUICK, "--warmup", "0", "--contexts", "32", "--set", "method=none"]
     res = CliRunner().invoke(cli, [*args, "-v"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    steps = [tuple(map(int, m)) for m in re.findall(r"^measuring step (\d+)/(\d+): ", res.stderr, re.M)]
+    steps = [tuple(map(int, m)) for m in re.findall(r"^measuring step (\d+)/(\d+)[:,] ", res.stderr, re.M)]
     assert [i for i, _ in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 4
     assert steps[-1][0] == steps[-1][1], steps              # the last step is step N/N
     assert "ETA ~" in res.stderr

@@ -10,8 +10,10 @@ to a bar and then partly erased. Results are then printed through the display's 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.segment import Segment
@@ -67,6 +69,17 @@ def same_terminal() -> bool:
         return False
 
 
+def piped_to_a_reader() -> bool:
+    """Whether stdout is a pipe (or socket) while stderr is a terminal: the pipe's reader
+    (``| head -1``, ``| grep``) most likely writes to this terminal too, between the
+    redraws of a live display, which then erased its lines and left stale bars above them."""
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+        return bool((stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)) and sys.stderr.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 class _Verbatim:
     """A line written as it is: no markup, tab expansion, wrapping or cropping."""
 
@@ -104,7 +117,7 @@ class BatchUI:
 
     def __enter__(self) -> "BatchUI":
         global _shared
-        if not self.quiet:
+        if not self.quiet and not piped_to_a_reader():   # no bars drawn over a reader's lines
             shared = same_terminal()
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -211,7 +224,6 @@ def profiles_table(rows) -> None:
     """``rows``: (name, task, path, description). In a terminal long cells wrap (a path
     folds, never cut short); written to a file or a pipe, the table is as wide as its
     longest row, so every path stays whole on its line."""
-    from rich.cells import cell_len
 
     headers = ("name", "task", "description", "path")
     cells = [(name, task, description, str(path)) for name, task, path, description in rows]
@@ -258,8 +270,11 @@ class Status:
     def update(self, message: str) -> None:
         if self.log:
             info(f"{self.label} {message}")
-        elif self._status is not None:
-            self._status.update(f"{escape(self.label)} {escape(message)}")
+        elif self._status is not None:   # one line, the spinner's 2 cells beside it
+            text, room = f"{self.label} {message}", stderr.width - 3
+            if cell_len(text) > room:
+                text = set_cell_size(text, room - 1) + "…"
+            self._status.update(escape(text))
 
     def __exit__(self, *exc) -> None:
         if self._status is not None:

@@ -73,4 +73,4 @@ def short_line(session, methods: str | None = None, extra: str = "") -> str:
         parts.append("lossy")
     if extra:
         parts.append(extra)
-    return " · ".join(parts) + " (-v: more)"
+    return " · ".join(parts)

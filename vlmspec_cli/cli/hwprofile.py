@@ -103,7 +103,7 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
         fail(str(exc))
     if note:
         ui.warning(note)
-    with ui.Status(quiet, log=True) as status:   # "step i/N: … · ETA ~Xs"
+    with ui.Status(quiet, log=True) as status:   # "step i/N, ETA ~Xs: …"
         try:
             hardware = run_profile(session, contexts=extra, warmup=warmup, repeats=repeats,
                                    tau=tau, progress=status.update, compile_steps=compile_steps,

@@ -112,7 +112,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
     thread count (``threads``: the counts to try), which then stays set for every other
     measurement. With ``compile_steps`` also the compiled steps (runtime.compile) and their
     warm-up; for a video profile also prefill, target step and drafting as the video grows
-    (``frames``). ``progress`` hears "step i/N: … · ETA ~Xs" before each step
+    (``frames``). ``progress`` hears "step i/N, ETA ~Xs: …" before each step
     (tasks/hwprofile_checks.py); the T_p(k) and Eq. 1 found off are timed again and what
     stays off is listed as ``measurements.suspect``."""
     profile = session.profile

@@ -32,7 +32,8 @@ WEIGHTS = {"threads": 200.0, "prefill": 50.0, "verify": 150.0, "batch": 40.0, "d
 
 class Steps:
     """A str progress callback (what the runtime's measurements call, once per step) that
-    reports "step i/N: what · ETA ~Xs" to ``report`` (the CLI's display)."""
+    reports "step i/N, ETA ~Xs: what" to ``report`` (the CLI's display, which may cut a
+    long line's end)."""
 
     def __init__(self, kinds: list[str], report: Callable[[str], None] | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -63,8 +64,8 @@ class Steps:
         if self.done > self.total:    # a step no plan foresaw: counted, never past N
             self.weights.append(WEIGHTS["recheck"])
         if self.report is not None:
-            self.report(f"step {self.done}/{self.total}: {message}"
-                        + (f" · ETA ~{duration(eta)}" if eta is not None else ""))
+            self.report(f"step {self.done}/{self.total}"   # the ETA before what may be cut
+                        + (f", ETA ~{duration(eta)}" if eta is not None else "") + f": {message}")
 
 
 def duration(seconds: float) -> str:
