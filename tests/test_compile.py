@@ -170,9 +170,15 @@ def test_cli_plan_line_says_whether_steps_are_compiled(tmp_path):
     runner = CliRunner()
     res = runner.invoke(cli, ["caption", str(path), "--set", "generation.max_new_tokens=8"])
     assert res.exit_code == 0, res.output
+    # by default one short line (cli/detail.py); the reasons under -v
+    assert "tinyworld-caption · chain (γ auto ≤ 12) · fast path on · " in res.stderr
+    assert "compiled steps" not in res.stderr and "CPU threads" not in res.stderr
+    res = runner.invoke(cli, ["caption", str(path), "--set", "generation.max_new_tokens=8", "-v"])
+    assert res.exit_code == 0, res.output
     assert "compiled steps off (auto: not measured on this hardware" in res.stderr
+    assert "profile tinyworld-caption: target zoo:tinyworld/" in res.stderr
     res = runner.invoke(cli, ["caption", str(path), "--compile", "on", "--set", "drafting.gamma=3",
-                               "--set", "generation.max_new_tokens=8"])
+                               "--set", "generation.max_new_tokens=8", "--verbose"])
     assert res.exit_code == 0, res.output
     assert "compiled steps on: target, draft (runtime.compile is on)" in res.stderr
     assert "compile warm-up:" in res.stderr

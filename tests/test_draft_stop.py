@@ -179,5 +179,6 @@ def test_the_summary_counts_the_chains_cut_by_confidence():
         with ui.stderr.capture() as out:
             ui.summary_table(summary, "chain (γ auto ≤ 12)", True)
         return " ".join(out.get().replace("│", " ").split())   # a wrapped cell read on
-    assert "rounds: 27 drafted (19 cut by confidence), 0 plain" in table(19)
-    assert "rounds: 27 drafted, 0 plain" in table(0)
+    assert "rounds 27 drafted (19 stopped early: draft unsure), 0 by the target alone" in table(19)
+    assert "rounds 27 drafted, 0 by the target alone" in table(0)
+    assert "draft length chosen (γ) 12.00 per round on average (auto, at most 12)" in table(0)

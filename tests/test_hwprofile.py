@@ -272,3 +272,90 @@ def test_probe_inputs_are_drawn_here_from_the_seed():
     frames = probe_frames(random.Random(0), 5)
     assert len(frames) == 5 and frames[0].shape == (64, 64, 3) and frames[0].dtype == "uint8"
     assert (frames[0] != frames[-1]).any()
+
+
+def test_the_sense_checks_flag_a_wider_verify_measured_faster_and_eq1_above_tau():
+    """Issue 60's run printed T_p(γ+1=5) 2.132 ms below T_p 6.047 ms and an Eq. 1 speedup
+    of 4.99x at τ=4: a wider verification cheaper than a narrower one on the same kernels,
+    and a speedup above τ, are timed again and, still off, flagged."""
+    from vlmspec_cli.tasks.hwprofile import expected_speedups
+    from vlmspec_cli.tasks.hwprofile_checks import (Steps, check_eq1, check_verify,
+                                                    narrower_faster)
+
+    assert narrower_faster({1: 6.047, 2: 6.1, 5: 2.132}, wide=False) == [(2, 5)]
+    assert narrower_faster({1: 6.047, 5: 2.132}, wide=False) == [(1, 5)]
+    # a CPU target's several-row forwards run on faster kernels than its one-row step:
+    # below T_p(1) is no fault there, below half of it is
+    assert narrower_faster({1: 10.0, 2: 8.5, 4: 9.0, 8: 9.6}, wide=True) == []
+    assert narrower_faster({1: 6.047, 5: 2.132}, wide=True) == [(1, 5)]
+    assert narrower_faster({1: 1.0, 2: 1.05, 8: 1.2, 16: 1.15}, wide=False) == []   # noise
+    reports, asked = [], []
+    steps = Steps([], reports.append)
+    table = {31: {1: 6.047, 2: 6.1, 5: 2.132}, 64: {1: 6.0, 5: 6.3}}
+
+    def still_off(s, ks):
+        asked.append((s, ks))
+        return {k: table[s][k] for k in ks}
+
+    suspect = check_verify(table, False, still_off, steps)
+    assert asked == [(31, [2, 5])]                          # only the offending pair, once
+    assert suspect == ["T_p(5) 2.132 ms below T_p(2) 6.100 ms at S=31"]
+    assert reports and reports[0].startswith("step 1/1: timing 2, 5 tokens after 31 positions again")
+    fixed = check_verify(table, False, lambda s, ks: {2: 6.1, 5: 6.4}, None)
+    assert fixed == [] and table[31][5] == 6.4
+    expected = expected_speedups(None, 4, 0.112, 2.132 / 6.047)
+    assert expected["4.0"]["eq1_measured_verify"] == pytest.approx(4.99, abs=0.02)
+    flagged = check_eq1(expected, False, 2.132 / 6.047, 5)
+    assert "Eq. 1 speedup at τ=4.0: 5.00x, above τ (T_p(5) measured 0.35 of T_p(1))" in flagged
+    assert all("above τ" in f for f in flagged)
+    assert check_eq1(expected_speedups(None, 4, 0.112, 1.1), False, 1.1, 5) == []
+
+
+def test_profile_steps_report_counts_and_an_eta():
+    from vlmspec_cli.tasks.hwprofile_checks import Steps
+
+    clock, reports = [0.0], []
+    steps = Steps(["verify", "verify", "batch"], reports.append, clock=lambda: clock[0])
+    steps("first")
+    clock[0] = 10.0
+    steps("second")
+    clock[0] = 20.0
+    steps("third")
+    steps("one more")                   # not in the plan: counted, N grows with it
+    assert reports[0] == "step 1/3: first"            # nothing timed yet: no ETA
+    assert reports[1] == "step 2/3, ETA ~13s: second"    # 10 s per verify, a batch is 40/150
+    assert reports[2] == "step 3/3, ETA ~3s: third"
+    assert reports[3] == "step 4/4, ETA ~0s: one more"
+
+
+def test_profile_prints_its_steps_and_says_the_remarks_in_words_under_v():
+    """Where stderr is no terminal each step is a line ("measuring step i/N, ETA ~Xs: …"),
+    counted up to N exactly; TABED's remarks are sentences, shown under -v only."""
+    import re
+
+    args = ["profile", *QUICK, "--warmup", "0", "--contexts", "32", "--set", "method=none"]
+    res = CliRunner().invoke(cli, [*args, "-v"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    steps = [tuple(map(int, m)) for m in re.findall(r"^measuring step (\d+)/(\d+)[:,] ", res.stderr, re.M)]
+    assert [i for i, _ in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 4
+    assert steps[-1][0] == steps[-1][1], steps              # the last step is step N/N
+    assert "ETA ~" in res.stderr
+    assert "TABED's Remark 1: verifying up to 10 tokens costs about one target step;" in res.stderr
+    assert "remark1" not in res.stderr and "does not hold" not in res.stderr
+    assert isinstance(json.loads(CliRunner().invoke(cli, [*args, "--json", "-q"]).stdout)
+                      ["measurements"]["suspect"], list)
+
+
+def test_the_remarks_said_in_words():
+    from vlmspec_cli.cli.hwprofile_table import remark_lines
+
+    lines = remark_lines({"remark1_target_vs_gamma": {"max_rel_dev": 0.5884, "holds": False},
+                          "remark2_draft_vs_S": {"max_rel_dev": 0.01, "holds": True},
+                          "remark3_draft_vs_B": None})
+    assert lines == [
+        "TABED's Remark 1: verifying up to 10 tokens costs about one target step; here it "
+        "varies by up to 59% with the tokens verified.",
+        "TABED's Remark 2: a draft step costs the same at any context length; holds here "
+        "(within 1%).",
+        "TABED's Remark 3: drafting several rows at once costs about one row; not measured "
+        "here (one timing only)."]

@@ -24,25 +24,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-WIDTH = 100
+WIDTH = 80     # a new user's terminal (issue 60: every command read at 80 columns)
 COMMAND = [sys.executable, "-m", "vlmspec_cli", "caption", "examples/images/", "--max-new-tokens", "8"]
 BAR = "━"
 
 
-def _env() -> dict:
-    env = dict(os.environ, TERM="xterm-256color", COLUMNS=str(WIDTH), LINES="30",
+def _env(width: int = WIDTH) -> dict:
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS=str(width), LINES="30",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for name in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         env.pop(name, None)
     return env
 
 
-def run_in_pty(argv: list[str], timeout: float = 180.0) -> tuple[int, str]:
-    """(exit code, everything written to the terminal), stdin/stdout/stderr on one pty."""
+def run_in_pty(argv: list[str], timeout: float = 180.0, width: int = WIDTH) -> tuple[int, str]:
+    """(exit code, everything written to the terminal), stdin/stdout/stderr on one pty
+    ``width`` columns wide."""
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, WIDTH, 0, 0))
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, env=_env(),
-                            close_fds=True)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, width, 0, 0))
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=ROOT,
+                            env=_env(width), close_fds=True)
     os.close(slave)
     out, deadline = b"", time.monotonic() + timeout
     try:
@@ -101,6 +102,29 @@ def screen(text: str) -> list[str]:
     return lines
 
 
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"   # rich's "dots", ui.Status's spinner
+
+
+def assert_reads_cleanly(raw: str, width: int = WIDTH) -> list[str]:
+    """What a person sees after the command, replayed: no line of vlmspec's own wider than
+    the terminal (results, TSV lines on stdout, stay whole as a pipe gets them: they hold
+    a tab), no escape sequence the screen model does not know (it would show as text), no
+    bar or spinner left, the cursor shown again and colours reset. Returns the lines."""
+    from rich.cells import cell_len
+
+    lines = screen(raw)
+    wide = [line for line in lines if "\t" not in line and cell_len(line) > width]
+    assert not wide, "lines wider than the terminal:\n" + "\n".join(wide)
+    assert not any("\x1b" in line for line in lines), [line for line in lines if "\x1b" in line]
+    left = [line for line in lines if any(c in line for c in SPINNER)
+            or BAR in line and not any(c in line for c in "┏┳┓┡╇┩")]   # (a table's rules)
+    assert not left, f"a bar or spinner was left on the screen: {left}"
+    assert raw.rfind("\x1b[?25l") <= raw.rfind("\x1b[?25h"), "the cursor was left hidden"
+    styles = re.findall(r"\x1b\[([0-9;]*)m", raw)
+    assert not styles or styles[-1] in ("", "0"), f"a style was left on: {styles[-1]}"
+    return lines
+
+
 def test_results_stand_whole_on_their_own_lines_above_the_bars():
     piped = subprocess.run(COMMAND, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
     assert piped.returncode == 0, piped.stderr
@@ -115,6 +139,7 @@ def test_results_stand_whole_on_their_own_lines_above_the_bars():
     glued = [line for line in lines if BAR in line and ".png\t" in line]
     assert not glued, glued
     assert not any(BAR in line for line in lines), "a stale bar was left on the screen"
+    assert_reads_cleanly(raw)
     # the bytes of each result reach the terminal as they reach a pipe (no tab expansion)
     for result in results:
         assert result + "\r\n" in raw

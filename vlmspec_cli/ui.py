@@ -10,12 +10,16 @@ to a bar and then partly erased. Results are then printed through the display's 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.segment import Segment
 from rich.table import Table
+
+from vlmspec_cli.summary_words import acceptance_rows, length_rows
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 _shared: Progress | None = None    # the live progress display, while stdout shares its terminal
@@ -65,6 +69,17 @@ def same_terminal() -> bool:
         return False
 
 
+def piped_to_a_reader() -> bool:
+    """Whether stdout is a pipe (or socket) while stderr is a terminal: the pipe's reader
+    (``| head -1``, ``| grep``) most likely writes to this terminal too, between the
+    redraws of a live display, which then erased its lines and left stale bars above them."""
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+        return bool((stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)) and sys.stderr.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 class _Verbatim:
     """A line written as it is: no markup, tab expansion, wrapping or cropping."""
 
@@ -102,7 +117,7 @@ class BatchUI:
 
     def __enter__(self) -> "BatchUI":
         global _shared
-        if not self.quiet:
+        if not self.quiet and not piped_to_a_reader():   # no bars drawn over a reader's lines
             shared = same_terminal()
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -179,20 +194,9 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
     table.add_row("items", f"{summary.items} ({summary.done} done, {summary.skipped} skipped)")
     table.add_row("failures", str(summary.failures), style="red" if summary.failures else None)
     table.add_row("method", method)
-    if s.num_draft_tokens and drafts:   # (rounds that all decoded plain have no acceptance)
-        table.add_row("mean acceptance length", f"{s.mean_accept_len:.3f}")
-        table.add_row("draft acceptance rate", f"{s.draft_accept_rate:.3f}")
-        rates = " ".join(f"{c / s.num_drafts:.2f}" for c in s.accepted_per_pos)
-        table.add_row("acceptance per position", rates)
-    if s.draft_length and drafts:   # drafting.length auto
-        d = s.draft_length
-        mean = (f"mean γ {d['mean_gamma']:.2f} (≤ {d['max']})" if d["rounds_drafted"]
-                else f"no round drafted (γ ≤ {d['max']})")
-        cut = f" ({d['rounds_stopped']} cut by confidence)" if d.get("rounds_stopped") else ""
-        table.add_row("draft length (auto)", f"{mean}; rounds: {d['rounds_drafted']} drafted"
-                                             f"{cut}, {d['rounds_plain']} plain")
-        if d.get("off_reason"):
-            table.add_row("drafting off", d["off_reason"])
+    if drafts:   # τ and γ in words (summary_words.py)
+        for name, value in acceptance_rows(s) + length_rows(s.draft_length):
+            table.add_row(name, escape(value))
     table.add_row("new tokens", str(s.new_tokens))
     if summary.done:   # nothing decoded (all skipped or failed): no rate to give
         table.add_row("tokens/s", f"{summary.tokens_per_s:.1f}")
@@ -220,7 +224,6 @@ def profiles_table(rows) -> None:
     """``rows``: (name, task, path, description). In a terminal long cells wrap (a path
     folds, never cut short); written to a file or a pipe, the table is as wide as its
     longest row, so every path stays whole on its line."""
-    from rich.cells import cell_len
 
     headers = ("name", "task", "description", "path")
     cells = [(name, task, description, str(path)) for name, task, path, description in rows]
@@ -248,81 +251,44 @@ def profiles_table(rows) -> None:
 
 
 class Status:
-    """A one-line spinner on stderr for long measurements (nothing when quiet)."""
+    """A one-line spinner on stderr for long measurements (nothing when quiet). With
+    ``log``, where stderr is no terminal (a log file, a CI job), each update is a line of
+    its own instead: a long command's steps and ETA are not lost there."""
 
-    def __init__(self, quiet: bool = False, label: str = "measuring") -> None:
+    def __init__(self, quiet: bool = False, label: str = "measuring", log: bool = False) -> None:
         self.quiet = quiet
         self.label = label
+        self.log = log and not quiet and not stderr.is_terminal
         self._status = None
 
     def __enter__(self) -> "Status":
-        if not self.quiet:
+        if not self.quiet and not self.log:
             self._status = stderr.status(f"{escape(self.label)}…")
             self._status.__enter__()
         return self
 
     def update(self, message: str) -> None:
-        if self._status is not None:
-            self._status.update(f"{escape(self.label)} {escape(message)}")
+        if self.log:
+            info(f"{self.label} {message}")
+        elif self._status is not None:   # one line, the spinner's 2 cells beside it
+            text, room = f"{self.label} {message}", stderr.width - 3
+            if cell_len(text) > room:
+                text = set_cell_size(text, room - 1) + "…"
+            self._status.update(escape(text))
 
     def __exit__(self, *exc) -> None:
         if self._status is not None:
             self._status.__exit__(*exc)
 
 
-def latency_table(hardware: dict) -> None:
-    m = hardware["measurements"]
-    table = Table(title=f"vlmspec profile — {escape(hardware['device'])}", title_justify="left",
+def latency_table(device: str, rows) -> None:
+    """``vlmspec profile``'s table: ``rows`` of (metric, value, flagged), cli/hwprofile_table.py."""
+    table = Table(title=f"vlmspec profile — {escape(device)}", title_justify="left",
                   show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
-    table.add_row("profile", f"{m['profile']} ({m['method']}, γ={m['gamma']}, draft rows {m['draft_rows']})")
-    if m.get("threads_job_ms"):
-        jobs = ", ".join(f"{n}: {ms:.0f} ms ({m['threads_prefill_ms'][n]:.0f} prefill)"
-                         for n, ms in m["threads_job_ms"].items())
-        table.add_row("CPU threads: 3 sample requests", jobs)
-        table.add_row("CPU threads: fastest", f"{hardware['threads']} decoding, "
-                                              f"{hardware['prefill_threads']} prefilling")
-    table.add_row("prefill (sample request)", f"{hardware['prefill_ms']:.2f} ms")
-    table.add_row("target step T_p", f"{hardware['target_ms']:.3f} ms")
-    verified = f"round={m['round_width']}" if "round_width" in m else f"γ+1={m['gamma'] + 1}"
-    table.add_row(f"target verify T_p({verified})", f"{hardware['target_verify_ms']:.3f} ms")
-    if hardware.get("draft_ms") is not None:
-        table.add_row("draft step T_q", f"{hardware['draft_ms']:.3f} ms")
-        table.add_row("latency ratio T_q/T_p", f"{hardware['latency_ratio']:.3f}")
-    if hardware.get("compiled_target_ms") is not None:
-        table.add_row("target step T_p, compiled", f"{hardware['compiled_target_ms']:.3f} ms")
-        if hardware.get("compiled_draft_ms") is not None:
-            table.add_row("draft step T_q, compiled", f"{hardware['compiled_draft_ms']:.3f} ms")
-        table.add_row("compile warm-up", f"{hardware['compile_warmup_s']:.1f} s")
-    if m.get("verify_over_step") is not None:
-        table.add_row(f"T_p({verified.split('=')[0]}) / T_p(1)", f"{m['verify_over_step']:.2f}")
-    r = m.get("rounds") or {}
-    if r.get("rounds_drafting"):
-        table.add_row(f"{r['method']} rounds (sample requests)",
-                      f"{r['rounds_drafting']} drafting, {r['drafted_per_round']:.1f} proposals, "
-                      f"{r['levels_per_round']:.1f} levels each")
-        table.add_row(f"{r['method']}: drafting per round", f"{r['draft_ms_per_round']:.3f} ms")
-        table.add_row(f"{r['method']}: verifying + rest per round", f"{r['verify_ms_per_round']:.3f} ms")
-        table.add_row(f"{r['method']}: drafting per level / T_p",
-                      f"{r['draft_ms_per_level']:.3f} ms ({r['draft_per_level_over_target_step']:.3f})")
-    for k, f in (m.get("frames") or {}).items():
-        parts = [f"{f['prompt_tokens']} positions", f"prefill {f['prefill_ms']:.1f} ms"]
-        if f.get("target_step_ms") is not None:
-            parts.append(f"step {f['target_step_ms']:.2f} ms")
-        if f.get("draft_ms_per_level") is not None:
-            parts.append(f"drafting {f['draft_ms_per_level']:.2f} ms/level")
-        table.add_row(f"video of {k} frames", ", ".join(parts))
-    for name, r in m["remarks"].items():
-        if r is None:     # one timing, nothing to compare it with
-            table.add_row(name.replace("_", " "), "not measured (one point)")
-            continue
-        verdict = "holds" if r["holds"] else "does not hold"
-        table.add_row(name.replace("_", " "), f"|ΔT/T| ≤ {r['max_rel_dev']:.3f} ({verdict})",
-                      style=None if r["holds"] else "yellow")
-    for tau, e in m["expected_speedup"].items():
-        table.add_row(f"Eq. 1 speedup at τ={tau}", f"{e['eq1']:.2f}x (with measured T_p(γ+1): "
-                      f"{e['eq1_measured_verify']:.2f}x)")
+    for name, value, flagged in rows:
+        table.add_row(escape(name), escape(value), style="yellow" if flagged else None)
     stderr.print(table)
 
 

@@ -9,6 +9,7 @@ import click
 from vlmspec_cli.cli.common import (decoding_profile, fail, json_line, model_options, nonempty_path,
                                     print_plan, profile_option, records_sink, set_option,
                                     start_decoding, stdout_guard)
+from vlmspec_cli.cli.detail import verbose, verbose_option
 from vlmspec_cli.cli.stops import exit_130_on_interrupt
 from vlmspec_cli.cli.types import Count, FiniteFloat, Seed
 
@@ -78,6 +79,7 @@ def _list(ctx, param, value):
 @click.option("--force", is_flag=True, help="Overwrite an existing --plot file (only a PNG vlmspec wrote).")
 @click.option("--dry-run", is_flag=True, help="Show the profile, methods and samples; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr (errors still shown).")
+@verbose_option
 def bench(dataset, methods, categories, limit, batch_size, profile, sets, max_new_tokens,
           temperature, seed, device, out, as_json, plot_path, force, dry_run, quiet):
     """Compare drafting methods on a benchmark's workload, per category.
@@ -111,7 +113,7 @@ def bench(dataset, methods, categories, limit, batch_size, profile, sets, max_ne
                                "category": it.group, "error": getattr(it, "reason", None)}
                               for it in plan.items])
         return
-    if not quiet:
+    if not quiet and verbose():   # else one short line once the models are loaded
         ui.info(f"profile {prof.name}: target {prof.target.model}; methods "
                 + ", ".join(plan.label(m) for m in plan.methods))
     emit = stdout_guard(lambda r: click.echo(json_line(r)) if as_json else None,
@@ -156,7 +158,8 @@ def _run(plan, sink, emit, quiet):
         fail(str(exc))
     tokens = len(plan.samples) * plan.profiles[plan.methods[0]].generation.max_new_tokens
     for i, session in enumerate(sessions.values()):
-        start_decoding(session, tokens, quiet or i > 0)
+        start_decoding(session, tokens, quiet or i > 0,   # one line: the methods all run
+                       methods=", ".join(plan.label(m) for m in plan.methods))
     with ui.BatchUI(quiet=quiet, label="benchmarking", recorded="record(s) (sample, method)") as events:
         return run_bench(plan, sessions, events, sink=sink, emit=emit)
 

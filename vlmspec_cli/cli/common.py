@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from vlmspec_cli.cli.detail import lossy_row, verbose_option
 from vlmspec_cli.cli.types import Count, FiniteFloat, Seed
 from vlmspec_cli.drafting_inputs import parse_inputs  # noqa: F401  (--inputs M,T -> names)
 
@@ -214,6 +215,7 @@ def decode_options(noun: str, column: str):
                      help=f"Show the resolved profile and the {noun}s; load nothing."),
         click.option("--quiet", "-q", is_flag=True,
                      help="No progress or summary on stderr (errors still shown)."),
+        verbose_option,
     ]
 
     def decorate(command):
@@ -358,20 +360,6 @@ def stdout_failed(exc: OSError) -> str:
     return f"cannot write ({exc.strerror or exc})"
 
 
-def lossy_row(prof) -> dict:
-    """The summary's "lossless: no (why)" row when an option changes the output from the
-    target's own (profile.lossless); {} when lossless."""
-    t = prof.target
-    reasons = [why for lossy, why in (
-        (prof.prune.active, "visual-token pruning"),
-        (prof.acceptance == "relaxed", "relaxed acceptance"),
-        (t.quantize == "int8" and t.int8_threshold > 0, "int8 outlier decomposition"))
-        if lossy]
-    if prof.lossless and not reasons:
-        return {}
-    return {"lossless": f"no ({', '.join(reasons) or 'a lossy option'})"}
-
-
 def finish_batch(prof, summary, quiet: bool, extra: dict | None = None,
                  outputs: str = "output(s)") -> None:
     """The summary table (``extra``: rows of the command's own, before the lossy row), a
@@ -468,11 +456,14 @@ def draft_summary(prof) -> str:
 
 
 
-def start_decoding(session, expected_tokens: int, quiet: bool) -> None:
-    """Before a batch: decide ``runtime.compile`` for its size, say on stderr which models
-    take the fast path and whether their steps are compiled, and run the compile warm-up
-    as its own phase."""
+def start_decoding(session, expected_tokens: int, quiet: bool, methods: str | None = None,
+                   extra: str = "") -> None:
+    """Before a batch: decide ``runtime.compile`` for its size, say on stderr in one line
+    what runs (cli/detail.py; with -v which models take the fast path, the threads and
+    whether their steps are compiled, and why), and run the compile warm-up as its own
+    phase. ``methods``, ``extra``: for the short line (bench's methods, a video's frames)."""
     from vlmspec_cli import ui
+    from vlmspec_cli.cli.detail import short_line, verbose
     from vlmspec_cli.session import SessionError
 
     try:
@@ -480,9 +471,10 @@ def start_decoding(session, expected_tokens: int, quiet: bool) -> None:
     except SessionError as exc:
         fail(str(exc))
     if not quiet:
-        ui.info(session.fast_path_summary())
+        ui.info(session.fast_path_summary() if verbose() else
+                short_line(session, methods, extra))
     if compiled:
         with ui.Status(quiet, "compiling decoding steps (warm-up)"):
             seconds = session.warm_up()
-        if not quiet:
+        if not quiet and verbose():
             ui.info(f"compile warm-up: {seconds:.1f} s")

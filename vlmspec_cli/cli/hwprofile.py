@@ -9,6 +9,7 @@ import click
 
 from vlmspec_cli.cli.common import (decoding_profile, fail, model_options, nonempty_path,
                                     profile_option, set_option)
+from vlmspec_cli.cli.detail import verbose, verbose_option
 from vlmspec_cli.cli.types import Count, FiniteFloat, IntList
 
 
@@ -65,6 +66,7 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
                                             "a hardware profile / a PNG vlmspec wrote; never the --profile).")
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
+@verbose_option
 def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats, warmup, tau,
                 compile_steps, frames, threads, force, as_json, quiet):
     """Measure this hardware: target and draft step times, the latency ratio T_q/T_p,
@@ -101,7 +103,7 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
         fail(str(exc))
     if note:
         ui.warning(note)
-    with ui.Status(quiet) as status:
+    with ui.Status(quiet, log=True) as status:   # "step i/N, ETA ~Xs: …"
         try:
             hardware = run_profile(session, contexts=extra, warmup=warmup, repeats=repeats,
                                    tau=tau, progress=status.update, compile_steps=compile_steps,
@@ -110,7 +112,7 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
         except ValueError as exc:
             fail(str(exc))
     if not quiet:
-        ui.latency_table(hardware)
+        show_table(hardware)
     existed = {str(p) for p in (write_path, plot_path) if p and os.path.lexists(p)}
     try:
         written = save_outputs(write_path, plot_path, hardware, prof.source, force)
@@ -125,3 +127,17 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
         click.echo(hardware_yaml(hardware, prof.source), nl=False)
 
 
+
+
+def show_table(hardware: dict) -> None:
+    """The table; with -v TABED's remarks said as sentences; a line for what is still off."""
+    from vlmspec_cli import ui
+    from vlmspec_cli.cli.hwprofile_table import latency_rows, remark_lines, suspect_line
+
+    ui.latency_table(hardware["device"], latency_rows(hardware))
+    if verbose():
+        for line in remark_lines(hardware["measurements"]["remarks"]):
+            ui.info(line)
+    line = suspect_line(hardware)
+    if line:
+        ui.warning(line)

@@ -12,6 +12,7 @@ from vlmspec_cli.cli.common import (TSV_HELP, decoding_profile, echo_result, fai
                                     method_option, model_options, nonempty_path, print_plan,
                                     profile_option, set_option, start_decoding, stdout_guard,
                                     tsv_field)
+from vlmspec_cli.cli.detail import verbose, verbose_option
 from vlmspec_cli.cli.types import Count, FiniteFloat, Seed, Utf8Text
 
 DEFAULT_IMAGE_PROFILE = "tinyworld-image"
@@ -74,6 +75,7 @@ failed (the rest were still written), 2 usage, profile or model-loading error.
 @click.option("--compare", is_flag=True, help="Also decode with the target alone: speedup and identity.")
 @click.option("--dry-run", is_flag=True, help="Show the resolved profile and the planned files; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or summary on stderr (errors still shown).")
+@verbose_option
 def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg, temperature,
                    seed, device, fast_path, compile_steps, heatmap, force, skip_existing, as_json, compare, dry_run, quiet):
     """Generate images from text prompts with an autoregressive image-token model
@@ -114,7 +116,7 @@ def generate_image(prompts, prompts_file, n, out_dir, profile, sets, method, cfg
     _hold_out_dir(out_dir)
     if prof.sampling.temperature == 0 and prof.image.images_per_prompt > 1 and not quiet:
         ui.warning("temperature 0: the images of a prompt are identical; use -t 1 for variety")
-    if not quiet:
+    if not quiet and verbose():   # else one short line once the models are loaded
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
                 + (f", draft {prof.draft.model}" if method_cls.uses_draft else "")
                 + (", relaxed acceptance (lossy)" if prof.acceptance == "relaxed" else ""))

@@ -11,6 +11,7 @@ from typing import Callable
 
 from vlmspec_cli.cli.common import (draft_summary, fail, finish_batch, print_plan, record_printer,
                                     records_sink, start_decoding)
+from vlmspec_cli.cli.detail import verbose
 from vlmspec_cli.cli.stops import exit_130_on_interrupt
 
 
@@ -33,7 +34,7 @@ def run_job_command(prof, items, *, noun: str, out: str | None, as_json: bool, c
     if dry_run:
         print_plan(prof, noun, [(item.path, item.error) for item in items], as_json=as_json)
         return
-    if not quiet:
+    if not quiet and verbose():   # else one short line once the models are loaded
         ui.info(f"profile {prof.name}: target {prof.target.model}, method {prof.method}"
                 + draft_summary(prof) + about)
     with (records_sink(out, input_files(items), trace, prof) as (sink, trace_sink),
@@ -46,7 +47,8 @@ def run_job_command(prof, items, *, noun: str, out: str | None, as_json: bool, c
                     session.check_prompt_fits(prof.generation.prompt)
             except (SessionError, ModelLoadError, ValueError) as exc:
                 fail(str(exc))
-            start_decoding(session, len(items) * prof.generation.max_new_tokens, quiet)
+            start_decoding(session, len(items) * prof.generation.max_new_tokens, quiet,
+                           extra=about.removeprefix(", "))
         label = "describing" if noun.startswith("video") else "captioning"
         with remote_context(), ui.BatchUI(quiet=quiet, label=label) as events:
             if remote is not None:

@@ -16,13 +16,13 @@ import transformers
 import yaml
 
 from vlmspec_cli.runtime.fast.latency import (LatencyTables, eq1_speedup, measure_tables, median_ms,
-                                         time_extend,
-                                         remarks)
+                                              remarks, time_extend, time_widths)
 from vlmspec_cli.runtime.limits import position_limit, prompt_tokens
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.round.round_timing import time_rounds
 from vlmspec_cli.runtime.threads import ThreadPlan
 from vlmspec_cli.fileio import same_file
+from vlmspec_cli.tasks.hwprofile_checks import Steps, check_eq1, check_verify
 from vlmspec_cli.tasks.output_files import (OWN_PNG, OutputRefused, check_output, is_profile,
                                             write_checked, written_by)
 from vlmspec_cli.tasks.probe_media import VIDEO_SECONDS, probe_frames, probe_image
@@ -112,42 +112,41 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
     thread count (``threads``: the counts to try), which then stays set for every other
     measurement. With ``compile_steps`` also the compiled steps (runtime.compile) and their
     warm-up; for a video profile also prefill, target step and drafting as the video grows
-    (``frames``)."""
+    (``frames``). ``progress`` hears "step i/N, ETA ~Xs: …" before each step
+    (tasks/hwprofile_checks.py); the T_p(k) and Eq. 1 found off are timed again and what
+    stays off is listed as ``measurements.suspect``."""
     profile = session.profile
     target, draft = session.target, session.draft
     gamma, width = session.method.gamma(profile), session.method.round_width(profile)
     rows = draft_rows(profile)
+    counts = thread_counts(threads)
+    frames = (frames or [4, 8, 16, 32]) if profile.task == "video" else None
+    steps = Steps(plan_steps(session, contexts, batches, counts, compile_steps, frames), progress)
+    make_request, remeasure = _samplers(session, warmup, repeats)
+    by_threads = measure_threads(session, make_request, counts, steps)
     if profile.task == "image":   # guided two-row forwards of image tokens
-        from vlmspec_cli.tasks.hwprofile_image import image_request, image_tables
+        from vlmspec_cli.tasks.hwprofile_image import image_tables
 
-        def make_request(seed: int) -> Request:
-            return image_request(target, seed)
-    else:
-        def make_request(seed: int) -> Request:
-            return sample_request(profile, seed)
-    by_threads = measure_threads(session, make_request, thread_counts(threads), progress)
-    if profile.task == "image":
-        tables = image_tables(session, warmup, repeats, progress)
+        tables = image_tables(session, warmup, repeats, steps)
         prompt_len = s0 = next(iter(tables.target_verify_ms))
     else:
         tables, prompt_len, s0 = text_tables(session, contexts, verify_tokens, batches, warmup,
-                                             repeats, progress)
+                                             repeats, steps)
+    wide = target.fast is not None and target.fast.wide is not None
+    suspect = check_verify(tables.target_verify_ms, wide, remeasure, steps)
     t_p = tables.target_ms(s0, 1)
     t_verify = tables.target_ms(s0, width)   # a round as the method feeds it (chain: γ + 1)
     t_q = tables.draft_step_ms[rows][s0] if draft is not None else None
     ratio = t_q / t_p if t_q is not None else None
-    rounds = measure_rounds(session, t_p, make_request, progress)
+    rounds = measure_rounds(session, t_p, make_request, steps)
     if ratio is None and rounds and rounds.get("draft_ms_per_level") is not None:
         # no separate draft model (a hidden-state head, a twig): its drafting per level
         ratio = rounds["draft_ms_per_level"] / t_p
-    expected = {}
-    if ratio is not None:
-        for t in sorted(set(TAUS) | ({tau} if tau else set())):
-            expected[str(t)] = {"eq1": round(eq1_speedup(t, gamma, ratio), 3),
-                                "eq1_measured_verify": round(eq1_speedup(t, gamma, ratio, t_verify / t_p), 3)}
-    compiled = (measure_compiled(session, s0, rows, warmup, repeats, progress)
+    expected = expected_speedups(tau, gamma, ratio, t_verify / t_p)
+    suspect += check_eq1(expected, wide, t_verify / t_p, width)
+    compiled = (measure_compiled(session, s0, rows, warmup, repeats, steps)
                 if compile_steps else {})
-    by_frames = (measure_frames(session, frames or [4, 8, 16, 32], warmup, repeats, progress)
+    by_frames = (measure_frames(session, frames, warmup, repeats, steps)
                  if profile.task == "video" else None)
     return {
         "latency_ratio": round(ratio, 4) if ratio is not None else None,
@@ -167,13 +166,7 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
             "method": profile.method, "gamma": gamma, "draft_rows": rows, "prompt_tokens": prompt_len,
             "warmup": warmup, "repeats": repeats,
             **({"round_width": width} if width != gamma + 1 else {}),   # a tree's round
-            "target_verify_ms": {s: {k: round(v, 4) for k, v in row.items()}
-                                 for s, row in tables.target_verify_ms.items()},
-            "draft_step_ms": {b: {s: round(v, 4) for s, v in row.items()}
-                              for b, row in tables.draft_step_ms.items()},
-            "target_batch_ms": {b: {k: round(v, 4) for k, v in row.items()}
-                                for b, row in tables.target_batch_ms.items()},
-            "remarks": remarks(tables),
+            **tables_dict(tables),
             "expected_speedup": expected,
             # T_p(round width)/T_p(1): what verifying a round costs in target steps
             "verify_over_step": round(t_verify / t_p, 4),
@@ -181,8 +174,67 @@ def run_profile(session, *, contexts: list[int] | None = None, verify_tokens: li
             **({"frames": by_frames} if by_frames is not None else {}),
             **({"threads_job_ms": by_threads["job_ms"],
                 "threads_prefill_ms": by_threads["prefill_ms"]} if by_threads else {}),
+            # timings still off after a second measurement (tasks/hwprofile_checks.py)
+            "suspect": suspect,
         },
     }
+
+
+def _samplers(session, warmup: int, repeats: int):
+    """(make_request(seed), remeasure(S, widths)) of the profile's task: its sample
+    requests, and T_p(k) timed again as its tables time it."""
+    profile, target = session.profile, session.target
+    if profile.task == "image":
+        from vlmspec_cli.tasks.hwprofile_image import image_request, time_guided_extend
+
+        return (lambda seed: image_request(target, seed),
+                lambda s, ks: time_guided_extend(target, ks, warmup, repeats)[1])
+    return (lambda seed: sample_request(profile, seed),
+            lambda s, ks: time_widths(target, s, ks, 1, warmup, repeats))
+
+
+def tables_dict(tables: LatencyTables) -> dict:
+    """The latency tables and TABED's remarks, rounded, as the YAML keeps them."""
+    return {
+        "target_verify_ms": {s: {k: round(v, 4) for k, v in row.items()}
+                             for s, row in tables.target_verify_ms.items()},
+        "draft_step_ms": {b: {s: round(v, 4) for s, v in row.items()}
+                          for b, row in tables.draft_step_ms.items()},
+        "target_batch_ms": {b: {k: round(v, 4) for k, v in row.items()}
+                            for b, row in tables.target_batch_ms.items()},
+        "remarks": remarks(tables),
+    }
+
+
+def expected_speedups(tau: float | None, gamma: int, ratio: float | None,
+                      verify_over_step: float) -> dict:
+    """Eq. 1 at each τ of TAUS (and ``tau``): with T_p(γ) ≈ T_p, and with the measured one."""
+    if ratio is None:
+        return {}
+    return {str(t): {"eq1": round(eq1_speedup(t, gamma, ratio), 3),
+                     "eq1_measured_verify": round(eq1_speedup(t, gamma, ratio, verify_over_step), 3)}
+            for t in sorted(set(TAUS) | ({tau} if tau else set()))}
+
+
+def plan_steps(session, contexts: list[int] | None, batches: list[int] | None,
+               counts: list[int], compile_steps: bool, frames: list[int] | None) -> list[str]:
+    """The kinds of run_profile's steps, in order (Steps weighs them): one per progress
+    call the measurements make."""
+    profile, target = session.profile, session.target
+    kinds = ["threads"] * len(counts) if target.device.type == "cpu" else []
+    if profile.task == "image":
+        kinds += ["image"] + ["draft"] * (session.draft is not None) + ["prefill"]
+    else:
+        prompt_len = prompt_tokens(target, sample_request(profile).messages)
+        n_s = len(context_lengths(target, prompt_len, contexts))
+        n_b = len(set(batches or [1, 2, 3, 4]) | {draft_rows(profile)})
+        kinds += ["prefill"] + ["verify"] * n_s + ["batch"] * n_b
+        kinds += ["draft"] * (n_s * n_b if session.draft is not None else 0)
+    kinds += ["rounds"] * bool(session.method.drafts)
+    if compile_steps:
+        draft = session.draft
+        kinds += ["compile", "compiled"] + ["compiled"] * (draft is not None and draft.fast is not None)
+    return kinds + ["frames"] * len(frames or [])
 
 
 def thread_counts(given: list[int] | None) -> list[int]:

@@ -89,28 +89,66 @@ def time_feed(lm, cache, feed: torch.Tensor, warmup: int, repeats: int) -> float
     return ms
 
 
+def time_feeds(lm, cache, feeds: list[torch.Tensor], warmup: int, repeats: int) -> list[float]:
+    """The median ms of the adapter's forward of each of ``feeds`` after ``cache`` (cut back
+    after every call), the feeds timed in turn: every pass times each feed once, in
+    alternating order. Timed one feed after another, a slow spell of the machine (other
+    processes) slowed only the sizes timed in it: on a loaded machine a five-token
+    verification measured a third of a one-token step (issue 60); in turn, every size
+    sees the same load."""
+    context = cache_length(cache)
+
+    def step(feed):
+        lm.adapter.extend(lm, feed, cache)
+        truncate_cache(cache, context)
+
+    for _ in range(warmup):
+        for feed in feeds:
+            step(feed)
+    synchronize(lm.device)
+    samples: list[list[float]] = [[] for _ in feeds]
+    order = list(range(len(feeds)))
+    for _ in range(repeats):
+        for i in order:
+            t0 = time.perf_counter()
+            step(feeds[i])
+            synchronize(lm.device)
+            samples[i].append((time.perf_counter() - t0) * 1000.0)
+        order.reverse()
+    assert cache_length(cache) == context
+    return [statistics.median(x) for x in samples]
+
+
+def time_widths(lm, context: int, widths: list[int], rows: int, warmup: int,
+                repeats: int) -> dict[int, float]:
+    """{k: ms} of one forward of k new tokens per row after ``context`` cached positions,
+    for every k of ``widths``, timed in turn (``time_feeds``)."""
+    cache, last = _filled_cache(lm, context, rows)
+    feeds = [last.expand(rows, k).contiguous() for k in widths]
+    return dict(zip(widths, time_feeds(lm, cache, feeds, warmup, repeats)))
+
+
 def measure_tables(target, draft, contexts: list[int], verify_tokens: list[int], batches: list[int],
                    warmup: int = 3, repeats: int = 15,
                    progress: Callable[[str], None] | None = None) -> LatencyTables:
     tables = LatencyTables()
-    for s in contexts:
-        tables.target_verify_ms[s] = {}
-        for k in verify_tokens:
-            if progress:
-                progress(f"target: S={s}, verifying {k}")
-            tables.target_verify_ms[s][k] = time_extend(target, s, k, 1, warmup, repeats)
+    verify_tokens = sorted(verify_tokens)
+    for s in contexts:   # the widths timed in turn: T_p(k) against T_p(1) under one load
+        if progress:
+            progress(f"target verifying {verify_tokens[0]}-{verify_tokens[-1]} tokens after {s} positions")
+        tables.target_verify_ms[s] = time_widths(target, s, verify_tokens, 1, warmup, repeats)
     for b in batches:  # T_p(B, S_0, k): requests verified together (B > 1 batching)
-        tables.target_batch_ms[b] = {}
-        for k in sorted({1, max(k for k in verify_tokens if k <= 8)}):
-            if progress:
-                progress(f"target: B={b}, verifying {k}")
-            tables.target_batch_ms[b][k] = time_extend(target, contexts[0], k, b, warmup, repeats)
+        if progress:
+            progress(f"target verifying {b} row{'s' if b > 1 else ''} together")
+        tables.target_batch_ms[b] = time_widths(
+            target, contexts[0], sorted({1, max(k for k in verify_tokens if k <= 8)}), b,
+            warmup, repeats)
     if draft is not None:
         for b in batches:
             tables.draft_step_ms[b] = {}
             for s in contexts:
                 if progress:
-                    progress(f"draft: B={b}, S={s}")
+                    progress(f"draft step: {b} row{'s' if b > 1 else ''} after {s} positions")
                 tables.draft_step_ms[b][s] = time_extend(draft, s, 1, b, warmup, repeats)
     return tables
 
