@@ -162,7 +162,7 @@ class MethodOption(click.Option):
     shown (method_catalogue.py): importing the methods' modules imports torch and
     transformers, seconds that --help must not take."""
 
-    def __init__(self, *args, task: str, **kwargs) -> None:
+    def __init__(self, *args, task: str | None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.task = task
 
@@ -176,9 +176,12 @@ class MethodOption(click.Option):
         return super().get_help_record(ctx)
 
 
-def method_option(task: str):
-    return click.option("--method", "-m", cls=MethodOption, task=task,
-                        help="the drafting method [profile: method].")
+def method_option(task: str | None = None, short: bool = True):
+    """``--method NAME`` (and ``-m`` where the command has no other ``-m``): the profile's
+    ``method``. ``task``: the command's (its help lists that task's methods); None where
+    the profile decides it (calibrate, profile)."""
+    return click.option("--method", *(("-m",) if short else ()), cls=MethodOption, task=task,
+                        metavar="NAME", help="the drafting method [profile: method].")
 
 
 set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
