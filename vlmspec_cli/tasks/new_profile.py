@@ -138,22 +138,27 @@ def new_profile(name: str, model: str, draft: str | None, method: str | None,
     from vlmspec_cli.session import SessionError, foreign_companions, match_companions
     from vlmspec_cli.tasks.calibrate_io import pinned_settings
 
+    try:   # --set first: its method and task count as --method's and --task's
+        pinned = pinned_settings(load_profile(None, sets), sets) if sets else {}
+    except ProfileError as exc:
+        raise NewProfileError(str(exc)) from None
+    said = "--method " if method else "--set method="   # how its errors name it
+    method, task = method or pinned.pop("method", None), task or pinned.pop("task", None)
     adapter = _family(model)
     task = _task(task, adapter, model)
+    prof = with_settings(Profile(), {"name": name, "task": task, "target.model": _local(model),
+                                     "draft.model": _local(draft) if draft else None},
+                         source="profiles new")
+    picked = method or _default_method(prof)
     try:
-        pinned = pinned_settings(load_profile(None, sets), sets) if sets else {}
-        prof = with_settings(Profile(), {"name": name, "task": task, "target.model": _local(model),
-                                         "draft.model": _local(draft) if draft else None},
-                             source="profiles new")
-        picked = method or _default_method(prof)
-        prof = with_settings(prof, {"method": picked, "description": _description(
-            model, adapter, picked)}, source=f"--method {picked}")
-        cls = method_class(prof.method)
-    except (ProfileError, ValueError) as exc:
-        raise NewProfileError(f"--method {method}: {exc}" if method and "method" in str(exc)
-                              else str(exc)) from None
+        cls = method_class(picked)
+    except ValueError as exc:   # unknown: the valid names
+        raise NewProfileError(f"{said}{picked}: {exc}") from None
     if task not in cls.tasks:
-        raise NewProfileError(f"--method {picked}: " + cls.task_error(task, _methods(task)))
+        raise NewProfileError(f"{said}{picked}: {cls.task_error(task, _methods(task))}")
+    prof = with_settings(prof, {"method": picked,
+                                "description": _description(model, adapter, picked)},
+                         source=f"--method {picked}")
     notes = [] if method else [_why_method(prof, bool(draft))]
     if adapter is None:
         notes.append(f"the family of '{model}' is not known here (no config.json on this "
@@ -306,7 +311,9 @@ def render(profile, keys: list[str], family: str | None) -> str:
             lines += _commented(f"{head}:", NOTES.get(head, ""))
         for leaf in leaves:
             key = f"{head}.{leaf}" if head else leaf
-            note = NOTES.get(key, "set with --set").format(command=command)
+            note = NOTES.get(key, "set by --set (README, Profiles, and the section's "
+                                  "comments in vlmspec_cli/profile/schema.py say what it "
+                                  "does)").format(command=command)
             if key == "target.model" and family:
                 note += f"; its family (model_type {family}) comes from its config.json"
             value = profile
