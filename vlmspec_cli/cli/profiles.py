@@ -94,7 +94,8 @@ def profiles_new(name, model, draft, method, task, sets, out, force):
                    "its value in NAME (default: the default profile), tab-separated.")
 def profiles(name, sets, keys):
     """List the available profiles, or show one fully resolved (includes, defaults and
-    --set applied) as YAML on stdout.
+    --set applied) as YAML on stdout (`profiles NAME` or `profiles show NAME`); `profiles
+    new NAME --model DIR` writes a commented profile for a model.
 
     \b
     Examples:
