@@ -48,6 +48,7 @@ def _settings(path: Path) -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.quick
 def test_the_written_profile_loads_as_made_is_commented_and_decodes(folders):
     res = run("profiles", "new", "mine", "--model", "./my-vlm", "--draft", "my-draft")
     assert res.exit_code == 0, res.output
