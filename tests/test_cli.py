@@ -226,6 +226,40 @@ def test_model_and_draft_point_every_decoding_command_at_folders(images, tmp_pat
     assert res.exit_code == 2
 
 
+def test_method_is_one_option_on_every_decoding_command_and_calibrate_profile_bench(images):
+    """--method NAME beside --model/--draft on caption, describe-video, generate-image,
+    calibrate, profile and bench (bench's -m is --methods): the profile's method without
+    YAML. An unknown name is one line listing the valid ones, a method of another task one
+    line naming the command it is for, both before anything loads."""
+    _, paths = images
+    video = str(ROOT / "examples/videos/red-circle-left-to-right.mp4")
+    mmspec = str(ROOT / "examples/mmspec/mmspec.jsonl")
+    for args, method in ((["caption", str(paths[0])], "hidden"), (["describe-video", video], "hidden"),
+                         (["generate-image", "a red circle"], "tree"), (["bench", mmspec], "hidden")):
+        res = run([*args, "--method", method, "--dry-run", "--json"])
+        assert res.exit_code == 0, (args, res.output)
+        assert json.loads(res.stdout)["profile"]["method"] == method
+    assert "hidden" in json.loads(run(["bench", mmspec, "--method", "hidden", "--dry-run",
+                                       "--json"]).stdout)["methods"][1]
+    for command in ("calibrate", "profile", "bench"):   # the profile decides the task: each
+        help_text = " ".join(run([command, "--help"]).output.split())   # method's are named
+        assert "--method NAME" in help_text, command
+        assert ("adt (image: ADT-Tree" in help_text) == (command != "bench"), command
+    wrong = {"calibrate": [str(paths[0])], "profile": [], "bench": [mmspec, "--dry-run"],
+             "caption": [str(paths[0]), "--dry-run"]}
+    for command, args in wrong.items():
+        res = run([command, *args, "--method", "chian"])
+        assert res.exit_code == 2, (command, res.output)
+        assert res.stderr.count("\n") == 1 and "unknown method 'chian'" in res.stderr
+        assert "chain, eagle3, hidden, none" in res.stderr
+        res = run([command, *args, "--method", "adt"])
+        assert res.exit_code == 2, (command, res.output)
+        assert res.stderr == ("error: method 'adt' adapts trees to an image-token grid: it is "
+                              "for generate-image; use method 'tree' here\n"), command
+    res = run(["profile", "-p", "tinyworld-image", "--method", "hidden"])
+    assert res.exit_code == 2 and "generate-image supports methods none, tree, adt, not 'hidden'" in res.stderr
+
+
 def test_dry_run_and_profiles_show_resolved_profile(images):
     _, paths = images
     res = run(["caption", str(paths[0]), "--dry-run", "--set", "drafting.gamma=3", "--temperature", "0.5"])

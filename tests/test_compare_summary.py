@@ -87,6 +87,17 @@ def test_a_run_where_speculation_did_not_pay_ends_with_one_line_of_advice():
     off = BatchSummary()
     off.stats.draft_length = length_section(12, [20, 2], probes=2, rates=None)
     assert speed_advice(prof, off).startswith("drafting did not pay here and was switched off")
+    mostly = BatchSummary()   # drafting on in some rounds past its probes, off in most
+    mostly.stats.draft_length = length_section(12, [30, 4, 6], probes=3, rates=None)
+    assert speed_advice(prof, mostly).startswith(
+        "drafting paid too rarely here and was off for 30 of 40 rounds: the target decoded "
+        "alone in those; `vlmspec calibrate INPUTS -p tinyworld-caption --write tuned`")
+    mostly.compared, mostly.baseline_wall_s, mostly.stats.wall_s = 1, 0.5, 1.0   # both: one line
+    assert speed_advice(prof, mostly).startswith(
+        "decoding was slower than the target alone (0.50x); drafting paid too rarely here")
+    half = BatchSummary()     # off in half the rounds: it paid in the others
+    half.stats.draft_length = length_section(12, [20, 4, 16], probes=3, rates=None)
+    assert speed_advice(prof, half) is None
     paid = BatchSummary(compared=1, baseline_wall_s=2.0)
     paid.stats.wall_s = 1.0
     paid.stats.draft_length = length_section(12, [3, 0, 0, 9], probes=1, rates=None)

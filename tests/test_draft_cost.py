@@ -91,3 +91,5 @@ def test_the_target_drafting_for_itself_decodes_alone_and_the_summary_says_why()
     assert "drafting off" in proc.stderr and "cannot pay on a CPU" in proc.stderr
     assert "tokens per target pass" not in proc.stderr
     assert "none (auto, at most 12)" in proc.stderr and "0 drafted" in proc.stderr
+    advice = [line for line in proc.stderr.splitlines() if "vlmspec calibrate" in line]
+    assert len(advice) == 1 and "drafting did not pay here and was switched off" in advice[0]

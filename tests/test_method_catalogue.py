@@ -15,7 +15,7 @@ from vlmspec_cli.drafters import base, method_names
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("task", ["caption", "video", "image"])
+@pytest.mark.parametrize("task", ["caption", "video", "image", None])   # None: calibrate, profile
 def test_the_catalogue_reads_what_the_registry_holds(task):
     assert method_catalogue.method_help(task) == base.method_help(task)
     assert list(method_catalogue.catalogue()) == method_names()
@@ -39,7 +39,8 @@ def test_the_catalogue_follows_inheritance_and_import_order(tmp_path, monkeypatc
         method_catalogue.catalogue.cache_clear()
 
 
-@pytest.mark.parametrize("command", ["caption", "describe-video", "generate-image"])
+@pytest.mark.parametrize("command", ["caption", "describe-video", "generate-image", "calibrate",
+                                     "profile", "bench"])
 def test_help_imports_no_torch(command):
     """caption --help took 2.4-5.5 s: the methods' modules (torch, transformers) were
     imported to list them."""

@@ -80,6 +80,8 @@ def test_the_examples_pass_dry_run_in_order(examples, tmp_path, monkeypatch):
             sub = cli.commands[args[0]]
             if "--write" in args:
                 written.add(args[args.index("--write") + 1])
+            if args[:2] == ["profiles", "new"]:   # writes profiles/NAME.yaml
+                written.add(args[2])
             if not any(p.name == "dry_run" for p in sub.params):
                 continue
             profile = next((args[i + 1] for i, a in enumerate(args) if a in ("-p", "--profile")), None)

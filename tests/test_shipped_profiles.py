@@ -194,3 +194,19 @@ def test_every_tinyworld_profile_decodes_on_one_thread():
     for name in names:
         runtime = load_profile(str(SHIPPED / f"{name}.yaml")).runtime
         assert runtime.threads == 1 and runtime.prefill_threads == "auto", name
+
+
+def test_every_shipped_profile_drafts_at_auto_length_or_says_why_not():
+    """Issue 60: auto is the draft length everywhere it applies (chains, trees, heads,
+    videos, images); a shipped profile that pins fixed says why on that line."""
+    from vlmspec_cli.drafters import method_class
+
+    for path in sorted(SHIPPED.glob("*.yaml")):
+        prof = load_profile(str(path))
+        pinned = [line for line in path.read_text().splitlines()
+                  if line.strip().startswith("length:") and "fixed" in line]
+        for line in pinned:
+            assert "#" in line and len(line.split("#", 1)[1].strip()) > 20, (path.name, line)
+        if not pinned and method_class(prof.method).drafts and prof.generation.batch_size == 1:
+            assert prof.drafting.length == "auto", path.name
+    assert load_profile(str(SHIPPED / "tinyworld-image.yaml")).drafting.length == "auto"

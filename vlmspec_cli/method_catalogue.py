@@ -76,8 +76,27 @@ def _assignment(stmt: ast.stmt) -> tuple[str | None, ast.expr | None]:
     return None, None
 
 
-def method_help(task: str) -> str:
-    """--method's help for a command: every method of the task with what it does."""
-    parts = [f"{name} ({m['help']})" if m["help"] else name
-             for name, m in catalogue().items() if task in m["tasks"]]
-    return ", ".join(parts[:-1]) + f" or {parts[-1]}" + " [profile: method]."
+TASKS = ("caption", "video", "image")
+
+
+def method_help(task: str | None) -> str:
+    """--method's help for a command: every method of the task with what it does (no
+    ``task``: a command whose profile decides the task, each method with the tasks it
+    serves where it does not serve all)."""
+    return format_help(catalogue(), task)
+
+
+def format_help(methods: dict[str, dict], task: str | None) -> str:
+    """--method's help from ``{name: {"tasks": (...), "help": "..."}}`` (this module's
+    reading, or the imported registry's: drafters/base.py ``method_help``)."""
+    parts = []
+    for name, m in methods.items():
+        if task is not None and task not in m["tasks"]:
+            continue
+        note = m["help"]
+        if task is None and set(TASKS) - set(m["tasks"]):   # "caption and video: …"
+            tasks = " and ".join(t for t in TASKS if t in m["tasks"])
+            note = f"{tasks}: {note}" if note else f"{tasks} only"
+        parts.append(f"{name} ({note})" if note else name)
+    end = " [profile: method]." if task else "; which apply follows the profile's task [profile: method]."
+    return ", ".join(parts[:-1]) + f" or {parts[-1]}" + end

@@ -243,6 +243,15 @@ def match_companions(profile) -> tuple[object, list[str]]:
     return profile, notes
 
 
+def foreign_companions(profile) -> list[str]:
+    """The roles (``hidden``, ``twig``, …) of the profile's method whose model is a shipped
+    head or twig trained for another target than the profile's (``validate_method``
+    refuses them): ``profiles new`` writes null there, for the user's own."""
+    return [role for role, name in method_class(profile.method).models(profile)
+            if (trained := _trained_for(name)) is not None
+            and not _same_model(trained, profile.target.model)]
+
+
 def validate_method(profile) -> type[DraftingMethod]:
     """Checks that need no model: run them before loading anything (and for --dry-run).
     Returns the method's class."""

@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from vlmspec_cli.cli.common import (decoding_profile, fail, json_line, model_options, nonempty_path,
-                                    print_plan, profile_option, records_sink, set_option,
+from vlmspec_cli.cli.common import (decoding_profile, fail, json_line, method_option, model_options,
+                                    nonempty_path, print_plan, profile_option, records_sink, set_option,
                                     start_decoding, stdout_guard)
 from vlmspec_cli.cli.detail import verbose, verbose_option
 from vlmspec_cli.cli.stops import exit_130_on_interrupt
@@ -54,7 +54,7 @@ def _list(ctx, param, value):
 @click.option("--methods", "-m", callback=_list, metavar="LIST",
               help="Methods to compare, comma-separated (none,chain,tree,hidden,tabed,twig,...); "
                    "target-only (none) always runs, it is the reference [default: the "
-                   "profile's method].")
+                   "profile's method, or --method's].")
 @click.option("--categories", callback=_list, metavar="LIST",
               help="Only these categories (MMSpec's topic, else category; case, _ and - ignored).")
 @click.option("--limit", type=Count(min=1),
@@ -64,6 +64,7 @@ def _list(ctx, param, value):
                    "[profile: generation.batch_size, default 1].")
 @profile_option()
 @model_options
+@method_option("caption", short=False)
 @set_option
 @click.option("--max-new-tokens", type=Count(min=1), help="Token limit per reply.")
 @click.option("--temperature", "-t", type=FiniteFloat(min=0), help="0 = greedy (default); >0 samples.")
@@ -80,7 +81,7 @@ def _list(ctx, param, value):
 @click.option("--dry-run", is_flag=True, help="Show the profile, methods and samples; load nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr (errors still shown).")
 @verbose_option
-def bench(dataset, methods, categories, limit, batch_size, profile, sets, max_new_tokens,
+def bench(dataset, methods, categories, limit, batch_size, profile, method, sets, max_new_tokens,
           temperature, seed, device, out, as_json, plot_path, force, dry_run, quiet):
     """Compare drafting methods on a benchmark's workload, per category.
 
@@ -94,7 +95,7 @@ def bench(dataset, methods, categories, limit, batch_size, profile, sets, max_ne
     from vlmspec_cli.tasks.bench import BenchError, make_plan
     from vlmspec_cli.tasks.inputs import InputError
 
-    cli_values = {"generation.max_new_tokens": max_new_tokens, "generation.batch_size": batch_size,
+    cli_values = {"method": method, "generation.max_new_tokens": max_new_tokens, "generation.batch_size": batch_size,
                   "sampling.temperature": temperature, "sampling.seed": seed,
                   "target.device": device, "draft.device": device}
     prof = decoding_profile(profile, sets, cli_values, task="caption")

@@ -9,8 +9,8 @@ import time
 
 import click
 
-from vlmspec_cli.cli.common import (decoding_profile, fail, model_keys, model_options,
-                                    nonempty_path, profile_option, set_option)
+from vlmspec_cli.cli.common import (decoding_profile, fail, method_option, model_keys,
+                                    model_options, nonempty_path, profile_option, set_option)
 from vlmspec_cli.cli.types import Count, FiniteFloat, IntList, Seed
 from vlmspec_cli.tasks.calibrate_model import hardware_mismatch
 from vlmspec_cli.tasks.records import SCHEMA
@@ -64,6 +64,7 @@ def _gammas(gammas: list[int], method, base) -> list[int]:
 @click.argument("samples", nargs=-1, metavar="SAMPLES...")
 @profile_option()
 @model_options
+@method_option()
 @set_option
 @click.option("--gammas", type=IntList(min=1, max=64),   # 64: profile.schema.MAX_GAMMA
               default="1,2,3,4,5,6,8", show_default=True, metavar="G,G,...",
@@ -94,8 +95,8 @@ def _gammas(gammas: list[int], method, base) -> list[int]:
                                             "profile, never the base or one it includes).")
 @click.option("--json", "as_json", is_flag=True, help="Print all candidates as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
-def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, eagle3_heads, twigs,
-                  max_new_tokens, seed, device, write_name, force, as_json, quiet):
+def calibrate_cmd(samples, profile, method, sets, gammas, top, budget, margin, heads, eagle3_heads,
+                  twigs, max_new_tokens, seed, device, write_name, force, as_json, quiet):
     """Pick the method and its parameters that decode SAMPLES fastest here.
 
     Measures the acceptance of every configuration the profile's task allows once (chain
@@ -119,9 +120,9 @@ def calibrate_cmd(samples, profile, sets, gammas, top, budget, margin, heads, ea
     if not samples:
         raise click.UsageError("no SAMPLES given (images, videos or directories; prompts for an "
                                "image profile)")
-    prof = decoding_profile(profile, sets, {"generation.max_new_tokens": max_new_tokens,
-                                         "sampling.seed": seed, "target.device": device,
-                                         "draft.device": device}, task=None)
+    prof = decoding_profile(profile, sets, {"method": method, "sampling.seed": seed,
+                                         "generation.max_new_tokens": max_new_tokens,
+                                         "target.device": device, "draft.device": device})
     heads, twigs = _absolute_folders(heads, "--hidden"), _absolute_folders(twigs, "--twig")
     eagle3_heads = _absolute_folders(eagle3_heads, "--eagle3")
     items = _sample_items(prof.task, samples)

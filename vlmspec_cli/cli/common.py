@@ -163,7 +163,7 @@ class MethodOption(click.Option):
     shown (method_catalogue.py): importing the methods' modules imports torch and
     transformers, seconds that --help must not take."""
 
-    def __init__(self, *args, task: str, **kwargs) -> None:
+    def __init__(self, *args, task: str | None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.task = task
 
@@ -177,9 +177,12 @@ class MethodOption(click.Option):
         return super().get_help_record(ctx)
 
 
-def method_option(task: str):
-    return click.option("--method", "-m", cls=MethodOption, task=task,
-                        help="the drafting method [profile: method].")
+def method_option(task: str | None = None, short: bool = True):
+    """``--method NAME`` (and ``-m`` where the command has no other ``-m``): the profile's
+    ``method``. ``task``: the command's (its help lists that task's methods); None where
+    the profile decides it (calibrate, profile)."""
+    return click.option("--method", *(("-m",) if short else ()), cls=MethodOption, task=task,
+                        metavar="NAME", help="the drafting method [profile: method].")
 
 
 set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
@@ -383,21 +386,25 @@ def finish_batch(prof, summary, quiet: bool, extra: dict | None = None,
 
 def speed_advice(prof, summary) -> str | None:
     """One line when speculation did not pay in this run: measured slower than the target
-    alone (--compare), or drafting switched off for every round (drafting.length auto)
-    but its probes; and what to try. None otherwise."""
-    d = summary.stats.draft_length
-    off = bool(d) and d["rounds_plain"] > 0 and d["rounds_drafted"] <= d["probes"]
+    alone (--compare), or drafting switched off (drafting.length auto) for every round but
+    its probes, or for most rounds; and what to try. None otherwise."""
+    d = summary.stats.draft_length or {"rounds_plain": 0, "rounds_drafted": 0, "probes": 0}
+    plain, drafted = d["rounds_plain"], d["rounds_drafted"]
+    said = []
     if summary.speedup is not None and summary.speedup < 1.0:
-        said = f"decoding was slower than the target alone ({summary.speedup:.2f}x)"
-    elif off:
-        said = ("drafting did not pay here and was switched off: the target decoded alone"
-                + (f" ({d['off_reason']})" if d.get("off_reason") else ""))
-    else:
+        said.append(f"decoding was slower than the target alone ({summary.speedup:.2f}x)")
+    if plain and drafted <= d["probes"]:
+        said.append("drafting did not pay here and was switched off: the target decoded alone"
+                    + (f" ({d['off_reason']})" if d.get("off_reason") else ""))
+    elif plain > drafted:
+        said.append(f"drafting paid too rarely here and was off for {plain} of "
+                    f"{plain + drafted} rounds: the target decoded alone in those")
+    if not said:
         return None
     ctx = click.get_current_context(silent=True)
     given = ctx.meta.get(_MODELS, {}) if ctx is not None else {}
     models = "".join(f" {OPTION_OF_KEY[k]} {shlex.quote(v)}" for k, v in given.items())
-    return (f"{said}; `vlmspec calibrate INPUTS -p {_profile_ref(prof)}{models} --write tuned` "
+    return (f"{'; '.join(said)}; `vlmspec calibrate INPUTS -p {_profile_ref(prof)}{models} --write tuned` "
             "measures which method and γ pay on this machine (or a draft trained on this "
             "target's answers: README, Your own models)")
 

@@ -7,8 +7,8 @@ import os
 
 import click
 
-from vlmspec_cli.cli.common import (decoding_profile, fail, model_options, nonempty_path,
-                                    profile_option, set_option)
+from vlmspec_cli.cli.common import (decoding_profile, fail, method_option, model_options,
+                                    nonempty_path, profile_option, set_option)
 from vlmspec_cli.cli.detail import verbose, verbose_option
 from vlmspec_cli.cli.types import Count, FiniteFloat, IntList
 
@@ -37,6 +37,7 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 @click.command("profile", epilog=EPILOG_PROFILE)
 @profile_option()
 @model_options
+@method_option()
 @set_option
 @click.option("--device", help="auto | cpu | cuda | cuda:N | mps, for target and draft.")
 @click.option("--write", "write_path", type=click.Path(dir_okay=False), metavar="FILE.yaml",
@@ -67,7 +68,7 @@ Then put `include: hw-cpu.yaml` in a profile to carry the measured numbers.
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress or table on stderr.")
 @verbose_option
-def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats, warmup, tau,
+def profile_cmd(profile, method, sets, device, write_path, plot_path, contexts, repeats, warmup, tau,
                 compile_steps, frames, threads, force, as_json, quiet):
     """Measure this hardware: target and draft step times, the latency ratio T_q/T_p,
     TABED's Remarks 1-3 and Eq. 1's expected speedup, written as a YAML hardware profile.
@@ -82,7 +83,8 @@ def profile_cmd(profile, sets, device, write_path, plot_path, contexts, repeats,
                                              save_outputs)
     from vlmspec_cli.tasks.output_files import OutputRefused
 
-    prof = decoding_profile(profile, sets, {"target.device": device, "draft.device": device})
+    prof = decoding_profile(profile, sets, {"method": method, "target.device": device,
+                                            "draft.device": device})
     if prof.task == "image" and (contexts or compile_steps):
         fail(f"{'--contexts' if contexts else '--compile'}: profile '{prof.name}' is for task "
              "'image', timed at its sample prompt and without compiled steps")

@@ -202,11 +202,13 @@ def tree_section(profile, policy: bool = False) -> dict:
     return out | {"policy": t.policy} if policy else out
 
 
-def method_help(task: str) -> str:
-    """--method's help for a command: every method of the task with what it does."""
-    names = [n for n in method_names() if task in _REGISTRY[n].tasks]
-    parts = [f"{n} ({_REGISTRY[n].help})" if _REGISTRY[n].help else n for n in names]
-    return ", ".join(parts[:-1]) + f" or {parts[-1]}" + " [profile: method]."
+def method_help(task: str | None) -> str:
+    """--method's help for a command (method_catalogue.format_help): every method of the
+    task with what it does; no ``task``: every method, with the tasks it serves."""
+    from vlmspec_cli.method_catalogue import format_help
+
+    return format_help({n: {"tasks": tuple(_REGISTRY[n].tasks), "help": _REGISTRY[n].help}
+                        for n in method_names()}, task)
 
 
 def first_searched(profile) -> str:

@@ -130,8 +130,9 @@ def method_profiles(base, names: list[str], batch_size: int = 1) -> dict[str, ob
         try:
             profile = with_settings(base, settings, source=f"method {name}")
             validate_method(profile)
-        except (SessionError, ValueError) as exc:
-            raise SessionError(f"method {name}: {exc}") from None
+        except (SessionError, ValueError) as exc:   # named once ("method adt: method 'adt' …")
+            said = str(exc)
+            raise SessionError(said if f"'{name}'" in said else f"method {name}: {said}") from None
         out[name] = profile
     return out
 
