@@ -69,6 +69,7 @@ class TreeSettings:
 class HiddenDrafter(DraftingMethod):
     tasks = ("caption", "video")
     uses_draft = False
+    batches = True       # chains (check: a tree decodes one request at a time)
     help = "HiViS/Sparrow head on the target's text hidden states"
     searched_first = ("video",)
 
@@ -97,6 +98,17 @@ class HiddenDrafter(DraftingMethod):
     def check(cls, profile) -> None:
         if not profile.hidden.model:
             raise ValueError("method 'hidden' needs a trained head: set hidden.model")
+        cls.check_batch_shape(profile)
+
+    @classmethod
+    def check_batch_shape(cls, profile) -> None:
+        """Batches (generation.batch_size > 1) draft chains: each row's head state is its
+        own, the target verifies every row's chain in one ragged forward. A tree's
+        per-row masks and positions are not in that forward yet."""
+        if cls.settings(profile).tree and profile.generation.batch_size > 1:
+            raise ValueError(f"{cls.name}.tree: true drafts one request at a time; "
+                             f"generation.batch_size > 1 (--batch-size) drafts {cls.name} "
+                             f"chains: --set {cls.name}.tree=false or --batch-size 1")
 
     @classmethod
     def models(cls, profile) -> list[tuple[str, str | None]]:
@@ -313,8 +325,10 @@ class HiddenDrafter(DraftingMethod):
         f = state.features
         end = st.row_start + (0 if st.rows is None else st.rows.shape[0])
         if f is not None and f.ids is None and f.start == end:
-            kept = int(state.target_cache.get_seq_length()) - f.start
-            new = self._target_rows(f.hidden[:kept])
+            # the fed rows the target kept: all but a chain's rejected proposals (a tree's
+            # were cut to its kept path in ``Verdict.roll_back``); a row of a batch has no
+            # cache of its own to read this from
+            new = self._target_rows(f.hidden[:f.hidden.shape[0] - verdict.rejected])
             st.rows = new if st.rows is None else torch.cat([st.rows, new])
         state.features = None
         if st.tree is not None:

@@ -96,32 +96,49 @@ class RaggedCache:
         """Run each row's new tokens (rows may feed different numbers, or none) through the
         model in one forward; returns per row the logits (len(feed), V) of its tokens.
         Shorter feeds are left-padded with invalid slots."""
+        return [logits for logits, _ in self.feed_hidden(feeds, None)]
+
+    def feed_hidden(self, feeds: list[list[int]], layer
+                    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """``feed``, and per row the hidden states (len(feed), H) of its tokens at
+        ``layer`` (transformers' ``hidden_states`` index, or a tuple of them concatenated:
+        a hidden-state drafter's; None: not asked for, None returned)."""
         lm = self.lm
         t = max(len(f) for f in feeds)
         if t == 0:
-            return [torch.empty(0) for _ in feeds]
+            return [(torch.empty(0), None) for _ in feeds]
         ids = torch.zeros((self.rows, t), dtype=torch.long, device=lm.device)
         new_valid = torch.zeros((self.rows, t), dtype=torch.bool, device=lm.device)
         for b, f in enumerate(feeds):
             if f:
                 ids[b, t - len(f):] = torch.tensor(f, device=lm.device)
                 new_valid[b, t - len(f):] = True
-        logits = self.feed_tensor(ids, new_valid)
-        return [logits[b, t - len(f):] for b, f in enumerate(feeds)]
+        logits, hidden = self._forward(ids, new_valid, layer)
+        return [(logits[b, t - len(f):], None if hidden is None else hidden[b, t - len(f):])
+                for b, f in enumerate(feeds)]
 
     def feed_tensor(self, ids: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
         """``feed`` for tokens already on the device: ids (B, t), and new_valid (B, t) says
         which of them a row feeds (the others are padding, invalid slots). Returns the
         logits (B, t, V); nothing is read back to the host."""
+        return self._forward(ids, new_valid, None)[0]
+
+    def _forward(self, ids: torch.Tensor, new_valid: torch.Tensor, layer):
+        """(logits (B, t, V), the chosen layer's states (B, t, H) or None)."""
         lm = self.lm
         # each fed token at its row's next position; padding slots get a harmless position
         positions = self.next_pos[:, None] + new_valid.long().cumsum(-1) - 1
         positions = positions.clamp_min(0)
         mask = torch.cat([self.valid, new_valid], dim=1).long()
-        logits = lm.adapter.extend(lm, ids, self.cache, attention_mask=mask, position_ids=positions)
+        if layer is None:
+            out = lm.adapter.extend(lm, ids, self.cache, attention_mask=mask,
+                                    position_ids=positions), None
+        else:
+            out = lm.adapter.extend_hidden(lm, ids, self.cache, layer, attention_mask=mask,
+                                           position_ids=positions)
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.next_pos = self.next_pos + new_valid.sum(-1)
-        return logits
+        return out
 
     def rollback(self, drop: list[int]) -> None:
         """Forget the last ``drop[b]`` tokens of row b (rejected proposals): mark its last

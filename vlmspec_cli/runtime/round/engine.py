@@ -120,9 +120,10 @@ class SpeculativeEngine:
         state.stats.prefill_s = time.perf_counter() - t0
         return state
 
-    def _prefill_target(self, state: DecodeState) -> None:
+    def _prefill_target(self, state: DecodeState, static: bool = True) -> None:
         """The target's prefill over the request's prompt and media: its cache, the first
-        token's logits and, for a hidden-state drafter, the prompt's features."""
+        token's logits and, for a hidden-state drafter, the prompt's features. ``static``
+        False: a transformers cache (a request that joins a batch's ragged cache)."""
         if self.runs_target:
             # a self-speculative drafter shares layers with the target and runs its
             # prefill itself (setting target_cache and target_next_logits) with its own
@@ -131,7 +132,7 @@ class SpeculativeEngine:
         lm, request = self.target, state.request
         videos = {"videos": request.videos} if request.videos else {}
         inputs = lm.adapter.encode(lm, state.prompt, request.images or None, **videos)
-        state.target_cache = lm.adapter.new_cache(lm)
+        state.target_cache = lm.adapter.new_cache(lm, static=static)
         if self.hidden_layer is None:
             state.target_next_logits = lm.adapter.prefill(lm, inputs, state.target_cache)[0]
             return
@@ -199,7 +200,7 @@ class SpeculativeEngine:
         """Target logits (n_b, V) for each row's ``feed.ids`` after its cache (None where
         nothing is fed): the batch's rows in one forward over the ragged cache."""
         if self.rows is not None:
-            return self.rows.feed([f.ids for f in feeds])
+            return self._feed_rows(states, feeds)
         (state,), (feed,) = states, feeds
         if not feed.ids:
             return [None]
@@ -210,6 +211,18 @@ class SpeculativeEngine:
         return [self.extend(state, ids,
                             attention_mask=attention_for(lm, feed.allowed, state.target_cache),
                             position_ids=feed.positions[None].to(lm.device))]
+
+    def _feed_rows(self, states: list[DecodeState], feeds: list[TargetFeed]) -> list[torch.Tensor]:
+        """The batch's rows in one forward over the ragged cache (chains: each row's feed
+        at its own next positions). For a hidden-state drafter each row that fed tokens
+        gets their states of the chosen layer on ``state.features``, from the row's own
+        position: what ``extend`` gives a request decoded alone."""
+        starts = self.rows.next_pos.tolist()
+        outs = self.rows.feed_hidden([f.ids for f in feeds], self.hidden_layer)
+        for state, start, (_, hidden) in zip(states, starts, outs):
+            if hidden is not None and len(hidden):
+                state.features = TargetFeatures(hidden, start)
+        return [logits for logits, _ in outs]
 
     def extend(self, state: DecodeState, ids: torch.Tensor, **extra) -> torch.Tensor:
         """Target logits (n, V) for ``ids`` (1, n) after the target cache (``extra``: a tree's
@@ -291,7 +304,8 @@ class SpeculativeEngine:
                 if any(row.state.done for row in rows):
                     keep = [i for i, row in enumerate(rows) if not row.state.done]
                     for row in rows:
-                        if row.state.done:
+                        if row.state.done:    # the drafter's record, as alone
+                            self.drafter.finish(row.state)
                             yield row.item, self._result(row.state, row.started)
                     rows = [rows[i] for i in keep]
                     self.rows.keep_rows(keep)
@@ -315,13 +329,12 @@ class SpeculativeEngine:
         self.threads.enter("prefill")
         try:
             t0 = time.perf_counter()
-            lm = self.target
             state = self._new_state(request)
-            single = lm.adapter.new_cache(lm, static=False)
-            inputs = lm.adapter.encode(lm, state.prompt, request.images or None)
-            state.target_next_logits = lm.adapter.prefill(lm, inputs, single)[0]
+            self._prefill_target(state, static=False)
+            single = state.target_cache
             self.rows.add_row(single, cache_length(single))
             self.drafter.admit(state)
+            state.target_cache = None     # the row lives on in the batch's cache
             state.stats.prefill_s = time.perf_counter() - t0
             return _Row(item, state, t0)
         finally:
