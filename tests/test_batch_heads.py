@@ -18,7 +18,7 @@ from test_batch import _batched, requests_  # noqa: F401  (requests_: the fixtur
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.profile import ModelSpec
-from vlmspec_cli.runtime.models.loading import (load_hidden_head, load_model,
+from vlmspec_cli.runtime.models.loading import (load_eagle3_head, load_hidden_head, load_model,
                                                 use_fast_path)
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
@@ -30,6 +30,13 @@ GREEDY = SamplingParams(0.0)
 @pytest.fixture(scope="module")
 def hidden_head(zoo_target):
     return load_hidden_head("zoo:tinyworld/llava-hidden", zoo_target)
+
+
+@pytest.fixture(scope="module")
+def deep():
+    """The shipped profiles' 32-layer target and its shipped EAGLE-3 head."""
+    target = load_model(ModelSpec(model="zoo:tinyworld/llava-target-deep", device="cpu"), "target")
+    return target, load_eagle3_head("zoo:tinyworld/llava-deep-eagle3", target)
 
 
 @pytest.fixture
@@ -69,6 +76,12 @@ def _check_equal_alone(method, target, head, gamma, batch_size, reqs):
 def test_batched_hidden_equals_each_request_alone(target_path, hidden_head, requests_,
                                                   batch_size):
     _check_equal_alone("hidden", target_path, hidden_head, 5, batch_size, requests_)
+
+
+@pytest.mark.parametrize("batch_size", [3, 8])
+def test_batched_eagle3_equals_each_request_alone(deep, requests_, batch_size):
+    target, head = deep
+    _check_equal_alone("eagle3", target, head, 4, batch_size, requests_[:9])
 
 
 def _law(lm, messages, prefix: list[int], params) -> torch.Tensor:
@@ -123,7 +136,7 @@ def _records(result):
     return {r["input"]: r for r in map(json.loads, result.stdout.splitlines())}
 
 
-@pytest.mark.parametrize("profile", ["tinyworld-hidden"])
+@pytest.mark.parametrize("profile", ["tinyworld-hidden", "tinyworld-eagle3"])
 def test_cli_shipped_head_profiles_batch(tmp_path, profile):
     """The shipped profiles (by path: their 32-layer target and its shipped head) caption a
     folder at --batch-size 3 exactly as at 1, and as target-only (--compare)."""
@@ -141,10 +154,12 @@ def test_cli_shipped_head_profiles_batch(tmp_path, profile):
     assert all(r["compare"]["identical"] for r in b.values())
 
 
-@pytest.mark.parametrize("method", ["hidden"])
+@pytest.mark.parametrize("method", ["hidden", "eagle3"])
 def test_a_head_drafting_trees_refuses_a_batch_in_one_line(method):
     res = CliRunner().invoke(cli, ["caption", "x.png", "--batch-size", "2", "--method", method,
-                                   "--set", f"{method}.tree=true"])
+                                   "--set", f"{method}.tree=true",
+                                   "--set", f"{method}.model=zoo:tinyworld/llava-deep-{method}"])
     assert res.exit_code == 2
-    lines = [line for line in res.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and f"{method}.tree" in lines[0] and "batch" in lines[0], res.output
+    errors = [line for line in res.output.splitlines() if "error" in line]
+    assert len(errors) == 1 and f"{method}.tree" in errors[0] and "batch" in errors[0], res.output
+    assert "--batch-size 1" in errors[0]

@@ -61,7 +61,6 @@ def check_target(head, target) -> int:
 class Eagle3Drafter(HiddenDrafter):
     tasks = ("caption", "video")
     uses_draft = False
-    batches = False
     help = "a published EAGLE-3 head (SpecForge/vLLM/SGLang layout)"
     searched_first = ()
     head_kind = "EAGLE-3 head"
