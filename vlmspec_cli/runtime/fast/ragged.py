@@ -59,19 +59,25 @@ class RaggedCache:
                 if layer.is_initialized and layer.keys.numel()]
 
     # -- rows joining and leaving ----------------------------------------------------
-    def add_row(self, single: DynamicCache, length: int) -> int:
-        """Append a request prefilled alone (a batch-1 cache of ``length`` positions);
-        returns its row index. Whichever side is shorter is left-padded."""
+    def add_row(self, single: DynamicCache | StaticKVCache, length: int) -> int:
+        """Append a request prefilled alone (a batch-1 cache of ``length`` positions, a
+        transformers cache or a static one, whose buffers the caller may recycle after:
+        its positions are copied); returns its row index. Whichever side is shorter is
+        left-padded."""
         width = max(self.width, length) if self.rows else length
-        layers = [(layer.keys, layer.values) for layer in single.layers if layer.is_initialized]
+        if isinstance(single, StaticKVCache):
+            layers = [(single.keys[i, :, :, :length], single.values[i, :, :, :length])
+                      for i in range(single.keys.shape[0])]
+        else:
+            layers = [(layer.keys, layer.values) for layer in single.layers
+                      if layer.is_initialized]
         if self.rows == 0:
             merged = layers
         else:
             mine = self._tensors()
             if len(mine) != len(layers):
                 raise ValueError("caches of different depth cannot share a batch")
-            merged = [(torch.cat([_pad_left(ak, width), _pad_left(bk, width)]),
-                       torch.cat([_pad_left(av, width), _pad_left(bv, width)]))
+            merged = [(_stack_rows(ak, bk, width), _stack_rows(av, bv, width))
                       for (ak, av), (bk, bv) in zip(mine, layers)]
         self._set(merged)
         row_valid = torch.zeros((1, width), dtype=torch.bool, device=self.valid.device)
@@ -85,11 +91,15 @@ class RaggedCache:
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in ``rows`` (finished requests leave the batch)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
-        self._set([(k.index_select(0, index), v.index_select(0, index))
-                   for k, v in self._tensors()])
-        self.valid = self.valid.index_select(0, index)
+        valid = self.valid.index_select(0, index)
+        used = valid.any(0).nonzero().flatten()
+        first, last = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 0)
+        # the kept rows' columns that one of them uses, gathered in one copy
+        self._set([(k[:, :, first:last].index_select(0, index),
+                    v[:, :, first:last].index_select(0, index))
+                   for k, v in self._tensors()] if rows else [])
+        self.valid = valid[:, first:last]
         self.next_pos = self.next_pos.index_select(0, index)
-        self.trim(copy=True)
 
     # -- forwards --------------------------------------------------------------------
     def feed(self, feeds: list[list[int]]) -> list[torch.Tensor]:
@@ -155,17 +165,17 @@ class RaggedCache:
         self.compact()
 
     # -- reclaiming space ------------------------------------------------------------
-    def trim(self, copy: bool = False) -> None:
+    def trim(self) -> None:
         """Drop columns at either end that no row uses (a slice, no copy of the rest). A
-        static cache drops leading columns only with ``copy`` (a row left: it is copied
-        anyway); per round only trailing ones, by length."""
+        static cache drops only trailing ones, by length (leading ones go when a row
+        leaves, ``keep_rows``, or at ``compact``)."""
         if self.rows == 0:
             self.cache = self._new_cache()
             self.valid = self.valid[:, :0]
             return
         used = self.valid.any(0).nonzero().flatten()
         first, last = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 0)
-        if isinstance(self.cache, StaticKVCache) and not copy:
+        if isinstance(self.cache, StaticKVCache):
             # the trailing columns go by length (no copy); leading ones wait for compact
             first = 0
             self.cache.length = min(self.cache.length, last)
@@ -209,10 +219,10 @@ class RaggedCache:
         self.cache = fresh
 
 
-def _pad_left(x: torch.Tensor, width: int) -> torch.Tensor:
-    """(B, H, S, D) → (B, H, width, D) with zeros before the S columns."""
-    missing = width - x.shape[2]
-    if missing <= 0:
-        return x
-    pad = x.new_zeros(x.shape[0], x.shape[1], missing, x.shape[3])
-    return torch.cat([pad, x], dim=2)
+def _stack_rows(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
+    """Rows a (B, H, Sa, D) above rows b (B', H, Sb, D), each right-aligned in ``width``
+    columns with zeros before it: (B + B', H, width, D), written once."""
+    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], width, a.shape[3])
+    out[: a.shape[0], :, width - a.shape[2]:] = a
+    out[a.shape[0]:, :, width - b.shape[2]:] = b
+    return out

@@ -120,10 +120,9 @@ class SpeculativeEngine:
         state.stats.prefill_s = time.perf_counter() - t0
         return state
 
-    def _prefill_target(self, state: DecodeState, static: bool = True) -> None:
+    def _prefill_target(self, state: DecodeState) -> None:
         """The target's prefill over the request's prompt and media: its cache, the first
-        token's logits and, for a hidden-state drafter, the prompt's features. ``static``
-        False: a transformers cache (a request that joins a batch's ragged cache)."""
+        token's logits and, for a hidden-state drafter, the prompt's features."""
         if self.runs_target:
             # a self-speculative drafter shares layers with the target and runs its
             # prefill itself (setting target_cache and target_next_logits) with its own
@@ -132,7 +131,7 @@ class SpeculativeEngine:
         lm, request = self.target, state.request
         videos = {"videos": request.videos} if request.videos else {}
         inputs = lm.adapter.encode(lm, state.prompt, request.images or None, **videos)
-        state.target_cache = lm.adapter.new_cache(lm, static=static)
+        state.target_cache = lm.adapter.new_cache(lm)
         if self.hidden_layer is None:
             state.target_next_logits = lm.adapter.prefill(lm, inputs, state.target_cache)[0]
             return
@@ -330,11 +329,15 @@ class SpeculativeEngine:
         try:
             t0 = time.perf_counter()
             state = self._new_state(request)
-            self._prefill_target(state, static=False)
+            # prefilled as a request alone (on the fast path: straight into a static
+            # cache, whose buffers go back to the pool for the next row to join)
+            self._prefill_target(state)
             single = state.target_cache
             self.rows.add_row(single, cache_length(single))
             self.drafter.admit(state)
             state.target_cache = None     # the row lives on in the batch's cache
+            if isinstance(single, StaticKVCache):
+                single.recycle()
             state.stats.prefill_s = time.perf_counter() - t0
             return _Row(item, state, t0)
         finally:
