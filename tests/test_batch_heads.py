@@ -84,6 +84,39 @@ def test_batched_eagle3_equals_each_request_alone(deep, requests_, batch_size):
     _check_equal_alone("eagle3", target, head, 4, batch_size, requests_[:9])
 
 
+def test_a_request_that_fails_to_start_leaves_the_head_batch_going(zoo_target, hidden_head,
+                                                                  requests_):
+    reqs = requests_[:5]
+
+    def admit(r):
+        if r is reqs[1]:
+            raise ValueError("cannot read this one")
+        return r
+
+    outcomes = {id(r): res for r, res in _engine("hidden", zoo_target, hidden_head, 3,
+                                                 batch_size=2).run(reqs, admit)}
+    assert isinstance(outcomes[id(reqs[1])], ValueError)
+    alone = _engine("hidden", zoo_target, hidden_head, 3)
+    for r in (reqs[0], reqs[2], reqs[3], reqs[4]):
+        assert outcomes[id(r)].tokens == alone.generate(r).tokens
+
+
+def test_a_tree_in_a_batch_is_refused_and_fails_its_rows(
+        zoo_target, hidden_head, requests_):
+    """Built without a profile (no session to refuse it), a tree-drafting head says it
+    cannot batch (``check_batch``, which the session's batched engine asks), and a batch run
+    anyway fails its rows (a tree reads the row's own target cache): none decodes."""
+    from vlmspec_cli.drafters.hidden import TreeSettings
+
+    drafter = create_drafter("hidden", target=zoo_target, head=hidden_head, sampling=GREEDY,
+                             eos_ids=eos_token_ids(zoo_target), tree=TreeSettings(3, 2, 6))
+    with pytest.raises(ValueError, match="one request at a time"):
+        drafter.check_batch()
+    engine = SpeculativeEngine(zoo_target, drafter, 3, GREEDY, 2)
+    outcomes = [res for _, res in engine.run(requests_[:2], lambda r: r)]
+    assert len(outcomes) == 2 and all(isinstance(o, Exception) for o in outcomes)
+
+
 def _law(lm, messages, prefix: list[int], params) -> torch.Tensor:
     """The target's warped next-token law after the prompt and ``prefix``."""
     images = [im for m in messages for im in m.images]
@@ -152,6 +185,9 @@ def test_cli_shipped_head_profiles_batch(tmp_path, profile):
     assert set(a) == set(b) and len(a) == 4
     assert all(a[k]["output"] == b[k]["output"] for k in a)
     assert all(r["compare"]["identical"] for r in b.values())
+    # the records keep their shape: the same fields, the head's own report included
+    assert all(set(a[k]) == set(b[k]) - {"compare"} for k in a)
+    assert all("draft_cache" in a[k]["stats"] and "draft_cache" in b[k]["stats"] for k in a)
 
 
 @pytest.mark.parametrize("method", ["hidden", "eagle3"])

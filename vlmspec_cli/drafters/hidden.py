@@ -110,6 +110,11 @@ class HiddenDrafter(DraftingMethod):
                              f"generation.batch_size > 1 (--batch-size) drafts {cls.name} "
                              f"chains: --set {cls.name}.tree=false or --batch-size 1")
 
+    def check_batch(self) -> None:
+        if self.tree is not None:   # (built without a profile: the API's own drafter)
+            raise ValueError(f"a {self.name} head drafting trees decodes one request at a "
+                             f"time; batches (--batch-size > 1) draft {self.name} chains")
+
     @classmethod
     def models(cls, profile) -> list[tuple[str, str | None]]:
         return [(cls.name, cls.settings(profile).model)]
