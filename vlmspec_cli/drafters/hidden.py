@@ -20,6 +20,11 @@ states not yet read by the head (from position ``row_start``). A round:
 The very first token has no head state yet: the target's own prefill distribution p is
 used as q (x_1 ~ p, accepted with probability min(1, p/q) = 1), as EAGLE does.
 
+Batches (generation.batch_size > 1, chains only): each row's ``HiddenState`` is its own
+(its head cache, the target states it has not read), and the engine's one forward over the
+batch's ragged target cache hands each row its states (``state.features``), so a row
+proposes and accepts exactly as the request would alone; the head runs row by row.
+
 Drafts are verified by the target as usual, so the method is lossless.
 """
 

@@ -263,10 +263,11 @@ class SpeculativeEngine:
             progress: Callable[[T, DecodeState], None] | None = None,
             ) -> Iterator[tuple[T, Result | Exception]]:
         """Decode every item, ``batch_size`` rows together, each at its own pace: every
-        round is ``step_rows`` over the rows (one draft forward per drafted position, one
-        target forward), each row keeping its own accepted length, positions and cache
-        length in a shared ragged cache; per row the round is exactly a request's decoded
-        alone, so each emits the same tokens at temperature 0. A row that finishes leaves
+        round is ``step_rows`` over the rows (a chain's draft: one forward per drafted
+        position for every row; the hidden-state heads: row by row; one target forward),
+        each row keeping its own accepted length, positions and cache length in a shared
+        ragged cache; per row the round is exactly a request's decoded alone, so each
+        emits the same tokens at temperature 0. A row that finishes leaves
         at once and the next request is prefilled alone and joins. Yields (item, Result) as
         rows finish, or (item, exception) when building or prefilling its request failed,
         or when a round failed (then every row of that batch fails; the next requests
