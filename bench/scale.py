@@ -22,6 +22,12 @@ every vlmspec row; the HF rows are reported as measured); memory = model weights
     python bench/scale.py [--n 16] [--max-new-tokens 48] [--batch-sizes 1,2,4,8]
                           [--precisions none,int8,nf4] [--fast-paths off,on] [--threads 2]
                           [--json out.json] [--markdown]
+
+``--folder``: a folder instead (bench/scale_folder.py): examples/images and crops of the
+sample photos (``--photos-from``, benchlib.photo_set) captioned by the shipped profiles'
+32-layer target, target-only and each method (``--methods``: chain, hidden, eagle3) at
+each batch size, interleaved over ``--passes``, every output checked against the single
+engine's target-only decoding, row by row.
 """
 
 from __future__ import annotations
@@ -134,8 +140,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--folder", action="store_true",
+                    help="a folder of images and photos, target-only and --methods (above)")
+    ap.add_argument("--methods", default="chain,hidden,eagle3")
+    ap.add_argument("--photos-from", default=None,
+                    help="the folder holding china.jpg and flower.jpg (scikit-learn's samples)")
+    ap.add_argument("--inputs", type=int, default=64, help="--folder: images + photo crops")
+    ap.add_argument("--passes", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.folder:
+        from scale_folder import run_folder
+
+        return run_folder(args)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     reqs = make_requests(args.n, args.max_new_tokens, args.seed)
     draft = load_model(ModelSpec(model=DRAFT, device="cpu"), "draft")

@@ -284,8 +284,9 @@ def validate_method(profile) -> type[DraftingMethod]:
         raise SessionError("runtime.compile: on compiles the fast path's steps; it needs "
                            "runtime.fast_path auto or on, not off")
     if profile.generation.batch_size > 1 and not method.batches:
+        *most, last = _supporting(lambda m: m.batches)
         raise SessionError(f"generation.batch_size > 1 (--batch-size) works with methods "
-                           f"{' and '.join(_supporting(lambda m: m.batches))}; "
+                           f"{', '.join(most)} and {last}; "
                            f"'{profile.method}' decodes one request at a time (use --batch-size 1)")
     try:
         method.check(profile)

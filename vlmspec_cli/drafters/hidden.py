@@ -20,6 +20,11 @@ states not yet read by the head (from position ``row_start``). A round:
 The very first token has no head state yet: the target's own prefill distribution p is
 used as q (x_1 ~ p, accepted with probability min(1, p/q) = 1), as EAGLE does.
 
+Batches (generation.batch_size > 1, chains only): each row's ``HiddenState`` is its own
+(its head cache, the target states it has not read), and the engine's one forward over the
+batch's ragged target cache hands each row its states (``state.features``), so a row
+proposes and accepts exactly as the request would alone; the head runs row by row.
+
 Drafts are verified by the target as usual, so the method is lossless.
 """
 
@@ -69,6 +74,7 @@ class TreeSettings:
 class HiddenDrafter(DraftingMethod):
     tasks = ("caption", "video")
     uses_draft = False
+    batches = True       # chains (check: a tree decodes one request at a time)
     help = "HiViS/Sparrow head on the target's text hidden states"
     searched_first = ("video",)
     search_rank = 1       # a head trained on the target's own states
@@ -98,6 +104,22 @@ class HiddenDrafter(DraftingMethod):
     def check(cls, profile) -> None:
         if not profile.hidden.model:
             raise ValueError("method 'hidden' needs a trained head: set hidden.model")
+        cls.check_batch_shape(profile)
+
+    @classmethod
+    def check_batch_shape(cls, profile) -> None:
+        """Batches (generation.batch_size > 1) draft chains: each row's head state is its
+        own, the target verifies every row's chain in one ragged forward. A tree's
+        per-row masks and positions are not in that forward yet."""
+        if cls.settings(profile).tree and profile.generation.batch_size > 1:
+            raise ValueError(f"{cls.name}.tree: true drafts one request at a time; "
+                             f"generation.batch_size > 1 (--batch-size) drafts {cls.name} "
+                             f"chains: --set {cls.name}.tree=false or --batch-size 1")
+
+    def check_batch(self) -> None:
+        if self.tree is not None:   # (built without a profile: the API's own drafter)
+            raise ValueError(f"a {self.name} head drafting trees decodes one request at a "
+                             f"time; batches (--batch-size > 1) draft {self.name} chains")
 
     @classmethod
     def models(cls, profile) -> list[tuple[str, str | None]]:
@@ -314,8 +336,10 @@ class HiddenDrafter(DraftingMethod):
         f = state.features
         end = st.row_start + (0 if st.rows is None else st.rows.shape[0])
         if f is not None and f.ids is None and f.start == end:
-            kept = int(state.target_cache.get_seq_length()) - f.start
-            new = self._target_rows(f.hidden[:kept])
+            # the fed rows the target kept: all but a chain's rejected proposals (a tree's
+            # were cut to its kept path in ``Verdict.roll_back``); a row of a batch has no
+            # cache of its own to read this from
+            new = self._target_rows(f.hidden[:f.hidden.shape[0] - verdict.rejected])
             st.rows = new if st.rows is None else torch.cat([st.rows, new])
         state.features = None
         if st.tree is not None:

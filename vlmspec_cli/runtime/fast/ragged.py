@@ -59,19 +59,25 @@ class RaggedCache:
                 if layer.is_initialized and layer.keys.numel()]
 
     # -- rows joining and leaving ----------------------------------------------------
-    def add_row(self, single: DynamicCache, length: int) -> int:
-        """Append a request prefilled alone (a batch-1 cache of ``length`` positions);
-        returns its row index. Whichever side is shorter is left-padded."""
+    def add_row(self, single: DynamicCache | StaticKVCache, length: int) -> int:
+        """Append a request prefilled alone (a batch-1 cache of ``length`` positions, a
+        transformers cache or a static one, whose buffers the caller may recycle after:
+        its positions are copied); returns its row index. Whichever side is shorter is
+        left-padded."""
         width = max(self.width, length) if self.rows else length
-        layers = [(layer.keys, layer.values) for layer in single.layers if layer.is_initialized]
+        if isinstance(single, StaticKVCache):
+            layers = [(single.keys[i, :, :, :length], single.values[i, :, :, :length])
+                      for i in range(single.keys.shape[0])]
+        else:
+            layers = [(layer.keys, layer.values) for layer in single.layers
+                      if layer.is_initialized]
         if self.rows == 0:
             merged = layers
         else:
             mine = self._tensors()
             if len(mine) != len(layers):
                 raise ValueError("caches of different depth cannot share a batch")
-            merged = [(torch.cat([_pad_left(ak, width), _pad_left(bk, width)]),
-                       torch.cat([_pad_left(av, width), _pad_left(bv, width)]))
+            merged = [(_stack_rows(ak, bk, width), _stack_rows(av, bv, width))
                       for (ak, av), (bk, bv) in zip(mine, layers)]
         self._set(merged)
         row_valid = torch.zeros((1, width), dtype=torch.bool, device=self.valid.device)
@@ -85,43 +91,64 @@ class RaggedCache:
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in ``rows`` (finished requests leave the batch)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
-        self._set([(k.index_select(0, index), v.index_select(0, index))
-                   for k, v in self._tensors()])
-        self.valid = self.valid.index_select(0, index)
+        valid = self.valid.index_select(0, index)
+        used = valid.any(0).nonzero().flatten()
+        first, last = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 0)
+        # the kept rows' columns that one of them uses, gathered in one copy
+        self._set([(k[:, :, first:last].index_select(0, index),
+                    v[:, :, first:last].index_select(0, index))
+                   for k, v in self._tensors()] if rows else [])
+        self.valid = valid[:, first:last]
         self.next_pos = self.next_pos.index_select(0, index)
-        self.trim(copy=True)
 
     # -- forwards --------------------------------------------------------------------
     def feed(self, feeds: list[list[int]]) -> list[torch.Tensor]:
         """Run each row's new tokens (rows may feed different numbers, or none) through the
         model in one forward; returns per row the logits (len(feed), V) of its tokens.
         Shorter feeds are left-padded with invalid slots."""
+        return [logits for logits, _ in self.feed_hidden(feeds, None)]
+
+    def feed_hidden(self, feeds: list[list[int]], layer
+                    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """``feed``, and per row the hidden states (len(feed), H) of its tokens at
+        ``layer`` (transformers' ``hidden_states`` index, or a tuple of them concatenated:
+        a hidden-state drafter's; None: not asked for, None returned)."""
         lm = self.lm
         t = max(len(f) for f in feeds)
         if t == 0:
-            return [torch.empty(0) for _ in feeds]
+            return [(torch.empty(0), None) for _ in feeds]
         ids = torch.zeros((self.rows, t), dtype=torch.long, device=lm.device)
         new_valid = torch.zeros((self.rows, t), dtype=torch.bool, device=lm.device)
         for b, f in enumerate(feeds):
             if f:
                 ids[b, t - len(f):] = torch.tensor(f, device=lm.device)
                 new_valid[b, t - len(f):] = True
-        logits = self.feed_tensor(ids, new_valid)
-        return [logits[b, t - len(f):] for b, f in enumerate(feeds)]
+        logits, hidden = self._forward(ids, new_valid, layer)
+        return [(logits[b, t - len(f):], None if hidden is None else hidden[b, t - len(f):])
+                for b, f in enumerate(feeds)]
 
     def feed_tensor(self, ids: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
         """``feed`` for tokens already on the device: ids (B, t), and new_valid (B, t) says
         which of them a row feeds (the others are padding, invalid slots). Returns the
         logits (B, t, V); nothing is read back to the host."""
+        return self._forward(ids, new_valid, None)[0]
+
+    def _forward(self, ids: torch.Tensor, new_valid: torch.Tensor, layer):
+        """(logits (B, t, V), the chosen layer's states (B, t, H) or None)."""
         lm = self.lm
         # each fed token at its row's next position; padding slots get a harmless position
         positions = self.next_pos[:, None] + new_valid.long().cumsum(-1) - 1
         positions = positions.clamp_min(0)
         mask = torch.cat([self.valid, new_valid], dim=1).long()
-        logits = lm.adapter.extend(lm, ids, self.cache, attention_mask=mask, position_ids=positions)
+        if layer is None:
+            out = lm.adapter.extend(lm, ids, self.cache, attention_mask=mask,
+                                    position_ids=positions), None
+        else:
+            out = lm.adapter.extend_hidden(lm, ids, self.cache, layer, attention_mask=mask,
+                                           position_ids=positions)
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.next_pos = self.next_pos + new_valid.sum(-1)
-        return logits
+        return out
 
     def rollback(self, drop: list[int]) -> None:
         """Forget the last ``drop[b]`` tokens of row b (rejected proposals): mark its last
@@ -138,17 +165,17 @@ class RaggedCache:
         self.compact()
 
     # -- reclaiming space ------------------------------------------------------------
-    def trim(self, copy: bool = False) -> None:
+    def trim(self) -> None:
         """Drop columns at either end that no row uses (a slice, no copy of the rest). A
-        static cache drops leading columns only with ``copy`` (a row left: it is copied
-        anyway); per round only trailing ones, by length."""
+        static cache drops only trailing ones, by length (leading ones go when a row
+        leaves, ``keep_rows``, or at ``compact``)."""
         if self.rows == 0:
             self.cache = self._new_cache()
             self.valid = self.valid[:, :0]
             return
         used = self.valid.any(0).nonzero().flatten()
         first, last = (int(used[0]), int(used[-1]) + 1) if len(used) else (0, 0)
-        if isinstance(self.cache, StaticKVCache) and not copy:
+        if isinstance(self.cache, StaticKVCache):
             # the trailing columns go by length (no copy); leading ones wait for compact
             first = 0
             self.cache.length = min(self.cache.length, last)
@@ -192,10 +219,10 @@ class RaggedCache:
         self.cache = fresh
 
 
-def _pad_left(x: torch.Tensor, width: int) -> torch.Tensor:
-    """(B, H, S, D) → (B, H, width, D) with zeros before the S columns."""
-    missing = width - x.shape[2]
-    if missing <= 0:
-        return x
-    pad = x.new_zeros(x.shape[0], x.shape[1], missing, x.shape[3])
-    return torch.cat([pad, x], dim=2)
+def _stack_rows(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
+    """Rows a (B, H, Sa, D) above rows b (B', H, Sb, D), each right-aligned in ``width``
+    columns with zeros before it: (B + B', H, width, D), written once."""
+    out = a.new_zeros(a.shape[0] + b.shape[0], a.shape[1], width, a.shape[3])
+    out[: a.shape[0], :, width - a.shape[2]:] = a
+    out[a.shape[0]:, :, width - b.shape[2]:] = b
+    return out

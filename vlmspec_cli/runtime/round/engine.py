@@ -199,7 +199,7 @@ class SpeculativeEngine:
         """Target logits (n_b, V) for each row's ``feed.ids`` after its cache (None where
         nothing is fed): the batch's rows in one forward over the ragged cache."""
         if self.rows is not None:
-            return self.rows.feed([f.ids for f in feeds])
+            return self._feed_rows(states, feeds)
         (state,), (feed,) = states, feeds
         if not feed.ids:
             return [None]
@@ -210,6 +210,18 @@ class SpeculativeEngine:
         return [self.extend(state, ids,
                             attention_mask=attention_for(lm, feed.allowed, state.target_cache),
                             position_ids=feed.positions[None].to(lm.device))]
+
+    def _feed_rows(self, states: list[DecodeState], feeds: list[TargetFeed]) -> list[torch.Tensor]:
+        """The batch's rows in one forward over the ragged cache (chains: each row's feed
+        at its own next positions). For a hidden-state drafter each row that fed tokens
+        gets their states of the chosen layer on ``state.features``, from the row's own
+        position: what ``extend`` gives a request decoded alone."""
+        starts = self.rows.next_pos.tolist()
+        outs = self.rows.feed_hidden([f.ids for f in feeds], self.hidden_layer)
+        for state, start, (_, hidden) in zip(states, starts, outs):
+            if hidden is not None and len(hidden):
+                state.features = TargetFeatures(hidden, start)
+        return [logits for logits, _ in outs]
 
     def extend(self, state: DecodeState, ids: torch.Tensor, **extra) -> torch.Tensor:
         """Target logits (n, V) for ``ids`` (1, n) after the target cache (``extra``: a tree's
@@ -251,10 +263,11 @@ class SpeculativeEngine:
             progress: Callable[[T, DecodeState], None] | None = None,
             ) -> Iterator[tuple[T, Result | Exception]]:
         """Decode every item, ``batch_size`` rows together, each at its own pace: every
-        round is ``step_rows`` over the rows (one draft forward per drafted position, one
-        target forward), each row keeping its own accepted length, positions and cache
-        length in a shared ragged cache; per row the round is exactly a request's decoded
-        alone, so each emits the same tokens at temperature 0. A row that finishes leaves
+        round is ``step_rows`` over the rows (a chain's draft: one forward per drafted
+        position for every row; the hidden-state heads: row by row; one target forward),
+        each row keeping its own accepted length, positions and cache length in a shared
+        ragged cache; per row the round is exactly a request's decoded alone, so each
+        emits the same tokens at temperature 0. A row that finishes leaves
         at once and the next request is prefilled alone and joins. Yields (item, Result) as
         rows finish, or (item, exception) when building or prefilling its request failed,
         or when a round failed (then every row of that batch fails; the next requests
@@ -291,7 +304,8 @@ class SpeculativeEngine:
                 if any(row.state.done for row in rows):
                     keep = [i for i, row in enumerate(rows) if not row.state.done]
                     for row in rows:
-                        if row.state.done:
+                        if row.state.done:    # the drafter's record, as alone
+                            self.drafter.finish(row.state)
                             yield row.item, self._result(row.state, row.started)
                     rows = [rows[i] for i in keep]
                     self.rows.keep_rows(keep)
@@ -315,13 +329,16 @@ class SpeculativeEngine:
         self.threads.enter("prefill")
         try:
             t0 = time.perf_counter()
-            lm = self.target
             state = self._new_state(request)
-            single = lm.adapter.new_cache(lm, static=False)
-            inputs = lm.adapter.encode(lm, state.prompt, request.images or None)
-            state.target_next_logits = lm.adapter.prefill(lm, inputs, single)[0]
+            # prefilled as a request alone (on the fast path: straight into a static
+            # cache, whose buffers go back to the pool for the next row to join)
+            self._prefill_target(state)
+            single = state.target_cache
             self.rows.add_row(single, cache_length(single))
             self.drafter.admit(state)
+            state.target_cache = None     # the row lives on in the batch's cache
+            if isinstance(single, StaticKVCache):
+                single.recycle()
             state.stats.prefill_s = time.perf_counter() - t0
             return _Row(item, state, t0)
         finally:
