@@ -49,13 +49,19 @@ def _equal_and_drafted(session, requests, reference_of) -> None:
     assert accepted > 0, "the draft was never accepted"
 
 
-def test_the_default_is_the_deep_pair_and_equals_its_greedy_decoding(default_session):
-    """The shipped default: the 32-layer target (zoo/deepen.py) with the 1-layer draft
-    distilled on its answers (zoo/distill_draft.py)."""
+def test_the_default_is_the_deep_target_and_its_head_and_equals_its_greedy_decoding(default_session):
+    """The shipped default: the 32-layer target (zoo/deepen.py) drafted by its own
+    hidden-state head, length auto (what calibrate ranks first on the examples, beside the
+    EAGLE-3 head); its draft model, the 1-layer draft distilled on the target's answers
+    (zoo/distill_draft.py), serves -m chain and the other draft-model methods."""
     target = default_session.target
     assert target.model.config.text_config.num_hidden_layers == 32
-    assert default_session.draft.model.config.text_config.num_hidden_layers == 1
-    assert default_session.profile.draft.model == "zoo:tinyworld/llava-deep-draft"
+    profile = default_session.profile
+    assert (profile.method, profile.hidden.model) == ("hidden", "zoo:tinyworld/llava-deep-hidden")
+    assert default_session.method.draft_length(profile) == "auto"
+    assert profile.draft.model == "zoo:tinyworld/llava-deep-draft"
+    chain = build_session(shipped("tinyworld-caption", "method=chain"), target=target)
+    assert chain.draft.model.config.text_config.num_hidden_layers == 1
     # the profile's runtime.threads: 1 while decoding, the process's count prefilling at
     # most (auto: fewer while other processes use the cores; the rest of the suite decodes
     # on the suite's count, tests/conftest.py)
@@ -210,3 +216,31 @@ def test_every_shipped_profile_drafts_at_auto_length_or_says_why_not():
         if not pinned and method_class(prof.method).drafts and prof.generation.batch_size == 1:
             assert prof.drafting.length == "auto", path.name
     assert load_profile(str(SHIPPED / "tinyworld-image.yaml")).drafting.length == "auto"
+
+
+def test_model_on_the_default_without_method_decodes_with_what_it_has(tmp_path):
+    """The default's head was trained for its own target: `--model OTHER` without
+    --method decodes with the draft model's chain (the profile names a draft), or
+    target-only without one, saying so in one line; the head stays where it fits."""
+    from vlmspec_cli.runtime.models.loading import resolve_model_source
+    from vlmspec_cli.session import method_for_models
+
+    other = str(resolve_model_source("zoo:tinyworld/llava-target"))    # a folder, no zoo name
+    kept, note = method_for_models(shipped("tinyworld-caption"))
+    assert kept.method == "hidden" and note == ""
+    chain, note = method_for_models(shipped("tinyworld-caption", f"target.model={other}"))
+    assert chain.method == "chain" and note.startswith("method hidden reads a hidden model "
+                                                       "trained for another target")
+    assert "decoding with chain with draft zoo:tinyworld/llava-deep-draft" in note
+    alone, note = method_for_models(shipped("tinyworld-caption", f"target.model={other}",
+                                            "draft.model=null"))
+    assert alone.method == "none" and "decoding with none" in note
+    env = {k: v for k, v in os.environ.items() if k != "VLMSPEC_PROFILES"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    image = sorted((ROOT / "examples" / "images").glob("*.png"))[0]
+    proc = subprocess.run([sys.executable, "-m", "vlmspec_cli", "caption", str(image), "--model", other,
+                           "--draft", "zoo:tinyworld/llava-draft", "--max-new-tokens", "8",
+                           "--json", "--device", "cpu"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["method"] == "chain" and "decoding with chain" in proc.stderr

@@ -252,6 +252,31 @@ def foreign_companions(profile) -> list[str]:
             and not _same_model(trained, profile.target.model)]
 
 
+def method_for_models(profile) -> tuple[object, str]:
+    """The default profile's method reads a head or twig trained for its own target (the
+    shipped default drafts with its target's hidden-state head): pointed at another target
+    (``--model``) for which none is shipped, a command without ``--method`` decodes with
+    what the given models allow, as before the default took a head: the first method of the
+    task with a draft model where the profile names a draft, else target-only decoding; and
+    a line saying so. Unchanged (and "") where the method's models fit the target."""
+    from vlmspec_cli.drafters import method_names
+    from vlmspec_cli.profile import with_settings
+
+    roles = foreign_companions(profile)
+    if not roles:
+        return profile, ""
+    task = [n for n in method_names() if profile.task in method_class(n).tasks]
+    drafting = [n for n in task if method_class(n).drafts and method_class(n).uses_draft]
+    name = drafting[0] if drafting and profile.draft.model else \
+        next(n for n in task if not method_class(n).drafts)
+    old = profile.method
+    profile = with_settings(profile, {"method": name}, source="--model")
+    using = f"{name} with draft {profile.draft.model}" if method_class(name).uses_draft else name
+    return profile, (f"method {old} reads a {roles[0]} model trained for another target, and "
+                     f"none is shipped for {profile.target.model}: decoding with {using} "
+                     f"(--method picks another)")
+
+
 def validate_method(profile) -> type[DraftingMethod]:
     """Checks that need no model: run them before loading anything (and for --dry-run).
     Returns the method's class."""

@@ -91,7 +91,7 @@ def decoding_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task
     target), saying so on stderr; one trained for another target and none shipped for
     this one is refused by ``validate_method``."""
     from vlmspec_cli import ui
-    from vlmspec_cli.session import SessionError, match_companions
+    from vlmspec_cli.session import SessionError, match_companions, method_for_models
 
     prof = load_profile(profile, sets, cli, task)
     try:
@@ -100,9 +100,16 @@ def decoding_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task
         return prof
     except ValueError as exc:            # an unknown method: named where it was set
         fail(f"{_method_origin(profile, sets, cli)}: {exc}")
+    if profile is None and "method" not in option_labels(cli) and not _method_set(sets):
+        prof, note = method_for_models(prof)   # --model: the default's head is not for it
+        notes += [note] if note else []
     for note in notes:
         ui.info(note)
     return prof
+
+
+def _method_set(sets: tuple[str, ...]) -> bool:
+    return any(str(item).partition("=")[0].strip() == "method" for item in sets)
 
 
 def _method_origin(profile: str | None, sets: tuple[str, ...], cli: dict) -> str:
