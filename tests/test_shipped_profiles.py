@@ -225,7 +225,9 @@ def test_model_on_the_default_without_method_decodes_with_what_it_has(tmp_path):
     from vlmspec_cli.runtime.models.loading import resolve_model_source
     from vlmspec_cli.session import method_for_models
 
-    other = str(resolve_model_source("zoo:tinyworld/llava-target"))    # a folder, no zoo name
+    # a target no head is shipped for: the 1-layer draft's folder (the 8-layer target's
+    # folder would do no such thing: it is the zoo's llava-target, whose head is shipped)
+    other = str(resolve_model_source("zoo:tinyworld/llava-draft"))
     kept, note = method_for_models(shipped("tinyworld-caption"))
     assert kept.method == "hidden" and note == ""
     chain, note = method_for_models(shipped("tinyworld-caption", f"target.model={other}"))

@@ -27,7 +27,8 @@ Examples:
       --write img-tuned
   vlmspec calibrate -p tinyworld-video examples/videos/ --write video-tuned
   # your own heads and twigs
-  vlmspec calibrate shots/ --hidden ./my-head --eagle3 ./my-eagle3 --twig ./my-twig
+  vlmspec calibrate shots/ --hidden ./my-head --eagle3 ./my-eagle3 \\
+      --twig ./my-twig
 
 \b
 What is searched, by the profile's task:
