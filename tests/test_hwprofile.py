@@ -120,6 +120,7 @@ def test_profile_of_a_video_profile_times_every_length(tmp_path):
                for f in (short, long_))
     assert data["measurements"]["rounds"]["method"] == "hidden" and data["latency_ratio"] > 0
     assert "video of 16 frames" in res.stderr
+    assert "Remark" not in res.stderr and "remark" not in res.stderr   # under -v only
     (n, total), = _steps(res.stderr)[-1:]    # the frames' steps counted in N up front
     last = [line for line in res.stderr.splitlines() if line.startswith(f"measuring step {n}/")]
     assert n == total and re.fullmatch(rf"measuring step {n}/{n}, ETA ~\S+: video of 16 frames "
