@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -119,6 +120,11 @@ def test_profile_of_a_video_profile_times_every_length(tmp_path):
                for f in (short, long_))
     assert data["measurements"]["rounds"]["method"] == "hidden" and data["latency_ratio"] > 0
     assert "video of 16 frames" in res.stderr
+    assert "Remark" not in res.stderr and "remark" not in res.stderr   # under -v only
+    (n, total), = _steps(res.stderr)[-1:]    # the frames' steps counted in N up front
+    last = [line for line in res.stderr.splitlines() if line.startswith(f"measuring step {n}/")]
+    assert n == total and re.fullmatch(rf"measuring step {n}/{n}, ETA ~\S+: video of 16 frames "
+                                       r"\(\d+ positions\)", last[0]), last
     with Image.open(png) as im:
         assert im.format == "PNG"
     res = CliRunner().invoke(cli, ["profile", "--frames", "4", "-q"])
@@ -328,16 +334,20 @@ def test_profile_steps_report_counts_and_an_eta():
     assert reports[3] == "step 4/4, ETA ~0s: one more"
 
 
+def _steps(stderr: str) -> list[tuple[int, int]]:
+    """(i, N) of each "measuring step i/N…" line, checked to count 1, 2, … without a gap."""
+    steps = [tuple(map(int, m)) for m in re.findall(r"^measuring step (\d+)/(\d+)[:,] ", stderr, re.M)]
+    assert [i for i, _ in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 4, stderr
+    return steps
+
+
 def test_profile_prints_its_steps_and_says_the_remarks_in_words_under_v():
     """Where stderr is no terminal each step is a line ("measuring step i/N, ETA ~Xs: …"),
     counted up to N exactly; TABED's remarks are sentences, shown under -v only."""
-    import re
-
     args = ["profile", *QUICK, "--warmup", "0", "--contexts", "32", "--set", "method=none"]
     res = CliRunner().invoke(cli, [*args, "-v"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    steps = [tuple(map(int, m)) for m in re.findall(r"^measuring step (\d+)/(\d+)[:,] ", res.stderr, re.M)]
-    assert [i for i, _ in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 4
+    steps = _steps(res.stderr)
     assert steps[-1][0] == steps[-1][1], steps              # the last step is step N/N
     assert "ETA ~" in res.stderr
     assert "TABED's Remark 1: verifying up to 10 tokens costs about one target step;" in res.stderr

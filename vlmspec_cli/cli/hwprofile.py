@@ -78,9 +78,9 @@ def profile_cmd(profile, method, sets, device, write_path, plot_path, contexts, 
     from vlmspec_cli import ui
     from vlmspec_cli.runtime.models.loading import ModelLoadError
     from vlmspec_cli.session import SessionError, build_session
-    from vlmspec_cli.tasks.hwprofile import (check_contexts, check_frames, check_outputs,
-                                             hardware_yaml, run_profile, sample_request,
-                                             save_outputs)
+    from vlmspec_cli.tasks.hwprofile import (check_contexts, check_frames, run_profile,
+                                             sample_request)
+    from vlmspec_cli.tasks.hwprofile_files import check_outputs, hardware_yaml, save_outputs
     from vlmspec_cli.tasks.output_files import OutputRefused
 
     prof = decoding_profile(profile, sets, {"method": method, "target.device": device,
