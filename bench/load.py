@@ -9,7 +9,8 @@ process: both sides of a row's ratio see the same conditions):
   (china.jpg, flower.jpg, read as files from ``--photos-from``, a ``pip install --target``
   of scikit-learn; nothing of it is imported) cut into ``--photos`` crops at seeded sizes
   and places and rescaled, written into a temporary folder;
-- ``bad``: the demo with a draft whose decoder layers are redrawn at random
+- ``bad``: the demo's draft-model chain (``method=chain``: the default drafts with the
+  target's own head) with a draft whose decoder layers are redrawn at random
   (bench/benchlib.py's ``bad_draft``): τ ≈ 1, drafting never pays;
 - ``video``: ``vlmspec describe-video examples/videos/ --compare`` (its default profile);
 - ``control``: the demo with ``--set method=none``: target-only against target-only, an
@@ -90,7 +91,7 @@ def commands(args, photos: Path | None) -> dict[str, list[str]]:
     if "photos" in args.rows:
         rows["photos"] = py + ["caption", str(photos), "--compare", "--json"]
     if "bad" in args.rows:
-        rows["bad"] = py + ["caption", "examples/images/", "--compare", "--json",
+        rows["bad"] = py + ["caption", "examples/images/", "--compare", "--json", "--set", "method=chain",
                             "--set", f"draft.model={bad_draft(Path(args.bad_draft))}"]
     if "video" in args.rows:
         rows["video"] = py + ["describe-video", "examples/videos/", "--compare", "--json"]

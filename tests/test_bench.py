@@ -36,9 +36,10 @@ def records(output: str) -> list[dict]:
 # -- without models ----------------------------------------------------------------------------
 
 def test_each_method_gets_what_it_needs_beside_the_profiles_own():
-    """The shipped default profile is written for chain: hidden and twig take the head and
-    twig shipped for its deep target, TABED pairs its input with text; every one is
-    checked, and target-only comes first whatever the order asked."""
+    """Beside the shipped default (its target's hidden-state head): twig takes the twig
+    shipped for its deep target, TABED pairs the draft's input with text, chain drafts with
+    the profile's draft; every one is checked, and target-only comes first whatever the
+    order asked."""
     from vlmspec_cli.profile import load_profile
     from vlmspec_cli.tasks.bench import method_names, method_profiles
 
@@ -49,7 +50,8 @@ def test_each_method_gets_what_it_needs_beside_the_profiles_own():
     assert profiles["hidden"].hidden.model == "zoo:tinyworld/llava-deep-hidden"
     assert profiles["twig"].twig.model == "zoo:tinyworld/llava-deep-twig"
     assert list(profiles["tabed"].drafting.inputs) == ["multimodal", "text"]
-    assert profiles["chain"] == base and profiles["none"].method == "none"
+    assert profiles["hidden"] == base and profiles["none"].method == "none"
+    assert profiles["chain"].method == "chain" and profiles["chain"].draft == base.draft
     ensemble = load_profile(str(ROOT / "profiles" / "tinyworld-tabed.yaml"))    # M, T, C, P
     profiles = method_profiles(ensemble, method_names(ensemble, ["chain", "tree", "tabed"]))
     assert list(profiles["chain"].drafting.inputs) == list(profiles["tree"].drafting.inputs) \

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from vlmspec_cli.cli import cli
+from vlmspec_cli.profile import load_profile
 from vlmspec_cli.tasks.calibrate_plan import MAX_PAIRED_REPEATS, SearchClock, paired_repeats
 from vlmspec_cli.tasks.calibrate_space import Probe, next_probe
 
@@ -109,8 +110,11 @@ def test_a_spent_budget_still_probes_every_family_and_ends_soon(tmp_path):
     out = json.loads(res.stdout)
     cands = out["candidates"]
     assert {c["method"] for c in cands} == {"chain", "tree", "tabed", "hidden", "eagle3", "twig", "none"}, out["skipped"]
-    firsts = [c for c in cands if c["method"] not in ("none", "chain")]
-    assert all(c["probe_samples"] == 1 for c in firsts)
+    # the profile's own configuration (its method: the shipped head) on every sample first,
+    # then each other family on the one sample the spent budget leaves
+    own = load_profile(str(ROOT / "profiles" / "tinyworld-caption.yaml")).method
+    assert {c["probe_samples"] for c in cands if c["method"] == own and not c["tree"]} == {3}
+    assert all(c["probe_samples"] == 1 for c in cands if c["method"] not in ("none", own))
     assert any(s.endswith("(budget)") for s in out["skipped"])
     measured = [c for c in cands if c["speedup"] is not None and c["method"] != "none"]
     assert len(measured) >= 1 and all(c["mismatches"] == 0 for c in cands)

@@ -23,10 +23,18 @@ def run(args):
 
 
 def _row(stderr: str, name: str) -> str:
-    """The value of the summary row ``name`` (the table is drawn with box characters)."""
-    line = next((line for line in stderr.splitlines() if name in line), None)
-    assert line is not None, f"no '{name}' row in:\n{stderr}"
-    return line.split(name, 1)[1].strip(" │|")
+    """The value of the summary row ``name`` (the table is drawn with box characters), with
+    the lines it wraps onto (their first column empty) joined."""
+    lines = stderr.splitlines()
+    i = next((i for i, line in enumerate(lines) if name in line), None)
+    assert i is not None, f"no '{name}' row in:\n{stderr}"
+    value = [lines[i].split(name, 1)[1].strip(" │|")]
+    for line in lines[i + 1:]:
+        cells = line.strip("│|").split("│")
+        if len(cells) != 2 or cells[0].strip():
+            break
+        value.append(cells[1].strip())
+    return " ".join(value)
 
 
 def _shots(folder, n: int, seed: int):

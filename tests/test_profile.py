@@ -31,7 +31,7 @@ def test_default_profile_values(monkeypatch):
     assert p.task == "caption"
     assert p.target == ModelSpec(model="zoo:tinyworld/llava-target-deep")
     assert p.draft == ModelSpec(model="zoo:tinyworld/llava-deep-draft")
-    assert p.method == "chain"
+    assert p.method == "hidden" and p.hidden.model == "zoo:tinyworld/llava-deep-hidden"
     assert p.drafting == DraftingSpec(gamma=12, length="auto", inputs=["multimodal"])
     assert p.sampling.temperature == 0.0 and isinstance(p.sampling.temperature, float)
     assert p.sampling.seed == 0
@@ -41,13 +41,16 @@ def test_default_profile_values(monkeypatch):
     assert p.source.endswith("tinyworld-caption.yaml")
     # Shipped default profile equals the dataclass defaults apart from name/description,
     # its thread count (tiny models: 1 thread; the key's default is auto), γ (calibrated
-    # for the tiny pair; the key's default, 5, is the real pairs'); its draft length is the
-    # key's default, auto (chosen per round, up to γ; drafting off while it does not pay)
+    # for the tiny pair; the key's default, 5, is the real pairs'), its method and head (its
+    # target's own hidden-state head; the key's default, chain, needs no trained head); its
+    # draft length is the key's default, auto (chosen per round, up to γ; drafting off while
+    # it does not pay)
     assert p.runtime.threads == 1 and Profile().runtime.threads == "auto"
     assert Profile().drafting.gamma == 5 and Profile().drafting.length == "auto"
     shipped = profile_to_dict(p) | {"name": "x", "description": ""}
     shipped["runtime"]["threads"] = "auto"
     shipped["drafting"]["gamma"] = 5
+    shipped["method"], shipped["hidden"]["model"] = Profile().method, Profile().hidden.model
     assert shipped == profile_to_dict(Profile()) | {"name": "x"}
 
 
