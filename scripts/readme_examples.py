@@ -10,11 +10,11 @@ from a fresh copy of the repository.
 The pages are README.md, then docs/*.md in the site's order (mkdocs.yml's nav). Each
 ```bash block's lines (continuations joined) and each ```python block run with
 ``bash -o pipefail`` / ``python`` in a copy of the repository's tracked files, one after
-the other in the page's order, so a later example sees what an earlier one of the same
-page wrote (the image examples' files, `calibrate --write tuned` for `--profile tuned`),
-as a user following that page would; each page starts from its own fresh copy (the
-README's quick start repeats commands a page shows, `--write` included). What it
-provides first:
+the other in page order, so a later example sees what an earlier one wrote (the image
+examples' files, `calibrate --write tuned` for `--profile tuned`, docs/own-models.md's
+my-models/ for docs/methods.md's EAGLE-3 head), as a reader following the pages would.
+The README runs in a fresh copy of its own: its quick start repeats commands the pages
+show, `--write` included. What it provides first:
 
 - ``vlmspec`` and ``python`` on PATH: this interpreter, with the copy on PYTHONPATH;
 - the inputs the README names as your own files, made from examples/ (``photo.png``,
@@ -286,12 +286,12 @@ def main(argv=None) -> int:
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="vlmspec-readme-"))
     print(f"# {sys.executable}, {len(examples)} examples, copies in {base}", flush=True)
     t0, rows = time.monotonic(), []
-    for page in dict.fromkeys(ex.page for ex in examples):
-        mine = [ex for ex in examples if ex.page == page]
+    for group in ("README", "docs"):   # the README in a copy of its own, the pages in one
+        mine = [ex for ex in examples if (ex.page == "README.md") == (group == "README")]
         if all(ex.skip for ex in mine):
             rows += run_examples(mine, base, args.timeout, lambda s: print(s, flush=True))
             continue
-        folder = base / page.replace("/", "-").removesuffix(".md")   # a fresh copy per page
+        folder = base / group
         work = folder / "repo"
         work.mkdir(parents=True)
         _copy_repo(work)
