@@ -1,15 +1,20 @@
-"""Run the README's examples as written, in order, from a fresh copy of the repository.
+"""Run the examples of the README and of every docs/ page as written, in order, each page
+from a fresh copy of the repository.
 
     python scripts/readme_examples.py                 # every example that runs offline on a CPU
     python scripts/readme_examples.py --list          # what would run, what is skipped and why
     python scripts/readme_examples.py --only 'generate-image|describe-video'
+    python scripts/readme_examples.py --page docs/own-models.md   # one page's examples
     python scripts/readme_examples.py --all           # the slow ones too (profile --compile)
 
-Each ```bash block's lines (continuations joined) and each ```python block run with
+The pages are README.md, then docs/*.md in the site's order (mkdocs.yml's nav). Each
+```bash block's lines (continuations joined) and each ```python block run with
 ``bash -o pipefail`` / ``python`` in a copy of the repository's tracked files, one after
-the other in README order, so a later example sees what an earlier one wrote (the
-image examples' files, `calibrate --write tuned` for `--profile tuned`), as a user
-following the README would. What it provides first:
+the other in page order, so a later example sees what an earlier one wrote (the image
+examples' files, `calibrate --write tuned` for `--profile tuned`, docs/own-models.md's
+my-models/ for docs/methods.md's EAGLE-3 head), as a reader following the pages would.
+The README runs in a fresh copy of its own: its quick start repeats commands the pages
+show, `--write` included. What it provides first:
 
 - ``vlmspec`` and ``python`` on PATH: this interpreter, with the copy on PYTHONPATH;
 - the inputs the README names as your own files, made from examples/ (``photo.png``,
@@ -62,15 +67,51 @@ FIXTURES = ("photo.png", "photo.jpg", "img.png", "shots/", "photos/", "imgs/", "
 
 @dataclass
 class Example:
-    line: int          # README line where the example starts
+    line: int          # the page's line where the example starts
     kind: str          # "bash" or "python"
     text: str
     skip: str = ""     # why it does not run ("" = it runs)
+    page: str = "README.md"   # the page, relative to the repository's root
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """README.md, then the docs site's pages in its nav order (mkdocs.yml), then any page
+    of docs/ the nav leaves out."""
+    import yaml
+
+    nav: list[str] = []
+
+    def walk(entries) -> None:
+        for entry in entries or []:
+            value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+            if isinstance(value, list):
+                walk(value)
+            elif isinstance(value, str) and value.endswith(".md"):
+                nav.append(value)
+
+    config = root / "mkdocs.yml"
+    if config.is_file():
+        walk((yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("nav"))
+    docs = root / "docs"
+    listed = [docs / name for name in nav if (docs / name).is_file()]
+    rest = sorted(p for p in docs.glob("**/*.md") if p not in listed) if docs.is_dir() else []
+    return [root / "README.md", *listed, *rest]
+
+
+def extract_all(root: Path = ROOT, run_slow: bool = False) -> list[Example]:
+    """Every page's examples (pages()), page after page."""
+    return [ex for page in pages(root) for ex in extract(page, run_slow)]
 
 
 def extract(readme: Path = ROOT / "README.md", run_slow: bool = False) -> list[Example]:
-    """The README's examples in order: each command of a ```bash block (a line, with its
+    """One page's examples in order: each command of a ```bash block (a line, with its
     backslash continuations), each ```python block whole."""
+    page = readme.resolve().relative_to(ROOT).as_posix() if readme.resolve().is_relative_to(ROOT) \
+        else readme.name
     lines = readme.read_text(encoding="utf-8").splitlines()
     out: list[Example] = []
     i = 0
@@ -85,7 +126,7 @@ def extract(readme: Path = ROOT / "README.md", run_slow: bool = False) -> list[E
             i += 1
         i += 1
         if fence.group(1) == "python":
-            out.append(Example(start + 1, "python", "\n".join(body) + "\n"))
+            out.append(Example(start + 1, "python", "\n".join(body) + "\n", page=page))
             continue
         j = 0
         while j < len(body):
@@ -101,7 +142,7 @@ def extract(readme: Path = ROOT / "README.md", run_slow: bool = False) -> list[E
                     break
             j += 1
             if text.strip() and not text.lstrip().startswith("#"):
-                out.append(Example(start + first + 1, "bash", text.strip()))
+                out.append(Example(start + first + 1, "bash", text.strip(), page=page))
     rules = SKIP + ([] if run_slow else SLOW)
     for ex in out:
         ex.skip = next((why for pattern, why in rules if re.search(pattern, ex.text, re.M)), "")
@@ -201,7 +242,7 @@ def run_examples(examples: list[Example], work: Path, timeout: float, log) -> li
     for ex in examples:
         if ex.skip:
             rows.append((ex, None, 0.0, ex.skip))
-            log(f"README:{ex.line}  skipped  {ex.text.splitlines()[0][:90]}  ({ex.skip})")
+            log(f"{ex.where}  skipped  {ex.text.splitlines()[0][:90]}  ({ex.skip})")
             continue
         argv = (["bash", "-o", "pipefail", "-c", ex.text] if ex.kind == "bash"
                 else [sys.executable, "-c", ex.text])
@@ -215,7 +256,7 @@ def run_examples(examples: list[Example], work: Path, timeout: float, log) -> li
         wall = time.monotonic() - t0
         tail = next((l for l in reversed(err.strip().splitlines()) if l.strip()), "")
         rows.append((ex, rc, wall, tail))
-        log(f"README:{ex.line}  exit {rc}  {wall:6.1f} s  {ex.text.splitlines()[0][:90]}"
+        log(f"{ex.where}  exit {rc}  {wall:6.1f} s  {ex.text.splitlines()[0][:90]}"
             + (f"\n    {tail[:300]}" if rc else ""))
     return rows
 
@@ -229,26 +270,35 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per example")
     ap.add_argument("--keep", metavar="DIR", help="work in DIR (kept) instead of a temp folder")
+    ap.add_argument("--page", metavar="PATH", help="only this page's examples (README.md, "
+                    "docs/NAME.md)")
     args = ap.parse_args(argv)
-    examples = extract(run_slow=args.all)
+    chosen = [ROOT / args.page] if args.page else pages()
+    examples = [ex for page in chosen for ex in extract(page, run_slow=args.all)]
     if args.only:
         for ex in examples:
             if not ex.skip and not re.search(args.only, ex.text):
                 ex.skip = "not selected (--only)"
     if args.list:
         for ex in examples:
-            print(f"README:{ex.line}\t{ex.kind}\t{ex.skip or 'runs'}\t{ex.text.splitlines()[0]}")
+            print(f"{ex.where}\t{ex.kind}\t{ex.skip or 'runs'}\t{ex.text.splitlines()[0]}")
         return 0
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="vlmspec-readme-"))
-    work = base / "repo"
-    work.mkdir(parents=True)
-    _copy_repo(work)
-    make_fixtures(work)
-    bounded_profiles(work, args.max_new_tokens)
-    _shims(base / "bin", work)
-    print(f"# {sys.executable}, {len(examples)} examples, copy in {work}", flush=True)
-    t0 = time.monotonic()
-    rows = run_examples(examples, work, args.timeout, lambda s: print(s, flush=True))
+    print(f"# {sys.executable}, {len(examples)} examples, copies in {base}", flush=True)
+    t0, rows = time.monotonic(), []
+    for group in ("README", "docs"):   # the README in a copy of its own, the pages in one
+        mine = [ex for ex in examples if (ex.page == "README.md") == (group == "README")]
+        if all(ex.skip for ex in mine):
+            rows += run_examples(mine, base, args.timeout, lambda s: print(s, flush=True))
+            continue
+        folder = base / group
+        work = folder / "repo"
+        work.mkdir(parents=True)
+        _copy_repo(work)
+        make_fixtures(work)
+        bounded_profiles(work, args.max_new_tokens)
+        _shims(folder / "bin", work)
+        rows += run_examples(mine, work, args.timeout, lambda s: print(s, flush=True))
     ran = [r for r in rows if r[1] is not None]
     failed = [r for r in ran if r[1] != 0]
     print(f"# {len(ran)} ran ({len(failed)} failed), {len(rows) - len(ran)} skipped, "
@@ -256,7 +306,6 @@ def main(argv=None) -> int:
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
     return 1 if failed else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

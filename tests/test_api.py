@@ -1,7 +1,7 @@
 """The Python API (vlmspec_cli/api.py, issue 36) on the tinyworld models: each call gives
 what the CLI gives for the same input and settings (output text, tokens' stats), a PIL
 image what its file gives, a transformers model loaded by the user what the same
-weights give through a profile; the README's snippet runs."""
+weights give through a profile; docs/python-api.md's snippet runs."""
 
 from __future__ import annotations
 
@@ -88,13 +88,13 @@ def test_a_users_transformers_model_drafted_by_a_method(pipe):
 
 
 def test_the_readme_snippet_runs(monkeypatch):
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Python API", 1)[1]
+    text = (ROOT / "docs" / "python-api.md").read_text(encoding="utf-8")
+    section = text.split("# Python API", 1)[1]
     snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     monkeypatch.chdir(ROOT)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(snippet, "README.md", "exec"), {})
+        exec(compile(snippet, "docs/python-api.md", "exec"), {})
     lines = out.getvalue().splitlines()
     assert len(lines) >= 3 and all(line.strip() for line in lines), out.getvalue()
 

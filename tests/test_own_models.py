@@ -1,4 +1,4 @@
-"""Your own models, as the README's "Your own models" section walks them: a tiny
+"""Your own models, as docs/own-models.md walks them: a tiny
 random-weight Qwen2.5-VL pair saved with ``save_pretrained`` next to a profile file that
 names them by relative path, run from another directory through caption, describe-video
 (the caption profile becomes a video one), profile, calibrate and a hidden-state head
@@ -75,9 +75,9 @@ def test_method_refuses_a_head_or_twig_trained_for_another_target(tmp_path, meth
     assert hint in line
 
 
-# ------------------------------------------------------------------ the README's walk
+# ----------------------------------------------------------- docs/own-models.md's walk
 def readme_examples():
-    """scripts/readme_examples.py as a module (it extracts the README's examples)."""
+    """scripts/readme_examples.py as a module (it extracts the README's and docs' examples)."""
     import importlib.util
     import sys
 
@@ -91,18 +91,19 @@ def readme_examples():
 
 
 def _readme_walk():
-    """The README's "A model folder, end to end": its python block (the models), its
-    yaml block (the profile) and its commands, as the README writes them."""
+    """docs/own-models.md's "A model folder, end to end": its python block (the models), its
+    yaml block (the profile) and its commands, as the page writes them."""
     import importlib.util
     import re
     import shlex
 
     module = readme_examples()
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("### A model folder, end to end")
+    page = ROOT / "docs" / "own-models.md"
+    readme = page.read_text()
+    start = readme.index("## A model folder, end to end")
     first = readme[:start].count("\n") + 1
     last = first + readme[start:readme.index("The adapter is picked by", start)].count("\n")
-    examples = [ex for ex in module.extract() if first <= ex.line <= last]
+    examples = [ex for ex in module.extract(page) if first <= ex.line <= last]
     (build,) = [ex.text for ex in examples if ex.kind == "python"]
     (written,) = [ex.text for ex in examples if ex.text.startswith("cat > ")]
     path, profile = re.fullmatch(r"cat > (\S+) <<'EOF'\n(.*\n)EOF", written, re.S).groups()
@@ -112,7 +113,7 @@ def _readme_walk():
     return build, profile, commands
 
 
-# what the README runs for real, cut to seconds: the last value of an option wins
+# what the page runs for real, cut to seconds: the last value of an option wins
 CHEAPER = {"caption": ["--max-new-tokens", "4"], "describe-video": ["--max-new-tokens", "4", "--frames", "4"],
            "profile": ["--repeats", "3", "--warmup", "0"],
            "calibrate": ["--budget", "1", "--gammas", "2", "--top", "1", "--max-new-tokens", "4"],
@@ -135,7 +136,7 @@ def test_the_readme_walk_runs_on_a_tiny_random_model(tmp_path, monkeypatch, caps
     video = ROOT / "examples" / "videos" / "red-circle-left-to-right.mp4"
     (tmp_path / "examples" / "videos" / video.name).write_bytes(video.read_bytes())
     monkeypatch.chdir(tmp_path)
-    exec(compile(build, "README.md (A model folder, end to end)", "exec"), {"__name__": "walk"})
+    exec(compile(build, "docs/own-models.md (A model folder, end to end)", "exec"), {"__name__": "walk"})
     assert {p.name for p in (tmp_path / "my-models" / "target").iterdir()} >= {
         "config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja",
         "preprocessor_config.json"}

@@ -1,9 +1,9 @@
-"""The README's shell examples, as written: every one is found (scripts/readme_examples.py
-extracts them), every vlmspec command among them parses (its options exist, its values
-convert), and each that has --dry-run passes it in a folder holding the inputs the README
-names (the script's fixtures), in README order. Running them all for real takes minutes:
-that is the script's job (`python scripts/readme_examples.py`, recorded in
-bench/RESULTS.md)."""
+"""The shell examples of the README and of every docs/ page, as written: every one is found
+(scripts/readme_examples.py extracts them, README.md then the pages in mkdocs.yml's nav
+order), every vlmspec command among them parses (its options exist, its values convert),
+and each that has --dry-run passes it in a folder holding the inputs the pages name (the
+script's fixtures), in page order. Running them all for real takes minutes: that is the
+script's job (`python scripts/readme_examples.py`, recorded in bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,32 @@ def _vlmspec_commands(text: str) -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def examples():
-    return readme_examples().extract()
+    return readme_examples().extract_all()
+
+
+def test_every_page_is_read():
+    """README.md first, then every page of docs/ (those the nav names in its order, then
+    any it leaves out): an example moved from the README to a page stays checked."""
+    module = readme_examples()
+    names = [p.relative_to(ROOT).as_posix() for p in module.pages()]
+    assert names[0] == "README.md"
+    assert sorted(names[1:]) == sorted(p.relative_to(ROOT).as_posix()
+                                       for p in (ROOT / "docs").glob("**/*.md"))
+    with_examples = {ex.page for ex in module.extract_all()}
+    for page in ("README.md", "docs/captioning.md", "docs/own-models.md", "docs/tuning.md",
+                 "docs/methods.md", "docs/image-generation.md", "docs/video.md",
+                 "docs/python-api.md", "docs/benchmarks.md", "docs/scale-out.md"):
+        assert page in with_examples, page
+
+
+def test_a_page_outside_the_nav_is_read_too(tmp_path):
+    module = readme_examples()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("x\n")
+    (tmp_path / "docs" / "a.md").write_text("```bash\nvlmspec caption photo.png\n```\n")
+    (tmp_path / "docs" / "b.md").write_text("b\n")
+    (tmp_path / "mkdocs.yml").write_text("nav:\n  - B: b.md\n")
+    assert [p.name for p in module.pages(tmp_path)] == ["README.md", "b.md", "a.md"]
 
 
 def test_every_example_is_found_and_each_skip_says_why(examples):
@@ -54,11 +79,11 @@ def test_every_vlmspec_example_parses(examples):
         for args in _vlmspec_commands(ex.text):
             ctx = cli.make_context("vlmspec", list(args), resilient_parsing=True)
             sub = cli.get_command(ctx, args[0])
-            assert sub is not None, f"README:{ex.line}: no command {args[0]}"
+            assert sub is not None, f"{ex.where}: no command {args[0]}"
             try:
                 sub.make_context(args[0], list(args[1:]), parent=ctx)
             except Exception as exc:   # click's usage errors
-                pytest.fail(f"README:{ex.line}: {' '.join(args)}: {exc}")
+                pytest.fail(f"{ex.where}: {' '.join(args)}: {exc}")
 
 
 def test_the_examples_pass_dry_run_in_order(examples, tmp_path, monkeypatch):
@@ -88,6 +113,6 @@ def test_the_examples_pass_dry_run_in_order(examples, tmp_path, monkeypatch):
             res = CliRunner().invoke(cli, [*args, "--dry-run"], catch_exceptions=False)
             if profile in written:
                 continue
-            assert res.exit_code == 0, f"README:{ex.line}: {' '.join(args)}: {res.stderr}"
+            assert res.exit_code == 0, f"{ex.where}: {' '.join(args)}: {res.stderr}"
             checked += 1
     assert checked >= 30

@@ -1,4 +1,4 @@
-"""The record schema: README's "Output record" table lists exactly the fields the records of
+"""The record schema: docs/output-record.md's table lists exactly the fields the records of
 each command carry (caption, caption --chat, describe-video, generate-image), every record
 says ``"schema": SCHEMA``, and an --out file written before ``schema`` existed still
 resumes. One short run of each command (CliRunner, shipped examples) feeds every test."""
@@ -25,21 +25,21 @@ FAST = ["-q", "--device", "cpu", "--json"]
 
 
 def readme_fields() -> dict[str, set[str]]:
-    """README's Output record table: field -> the tasks whose records carry it."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Output record\n", 1)[1].split("\n## ", 1)[0]
+    """docs/output-record.md's table: field -> the tasks whose records carry it."""
+    text = (ROOT / "docs" / "output-record.md").read_text(encoding="utf-8")
+    section = text.split("# Output record\n", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         m = re.match(r"\| `([^`]+)` \|.*\| ([a-z, ]+) \|$", line)
         if m:
-            assert m.group(1) not in rows, f"README lists {m.group(1)} twice"
+            assert m.group(1) not in rows, f"docs/output-record.md lists {m.group(1)} twice"
             rows[m.group(1)] = set(m.group(2).split(", "))
-    assert rows, "README's Output record section has no field table"
+    assert rows, "docs/output-record.md has no field table"
     return rows
 
 
 def record_fields(record: dict) -> set[str]:
-    """A record's fields as the README names them (stats.x, compare.x, videos[].x)."""
+    """A record's fields as docs/output-record.md names them (stats.x, compare.x, videos[].x)."""
     out = set(record)
     for key in NESTED:
         value = record.get(key)
@@ -122,14 +122,14 @@ def test_every_record_has_the_schema_and_only_documented_fields(runs, task):
     for record in runs[task]:
         assert record["schema"] == SCHEMA
         undocumented = record_fields(record) - documented(task)
-        assert not undocumented, f"{task} record fields missing from README: {undocumented}"
+        assert not undocumented, f"{task} record fields missing from docs/output-record.md: {undocumented}"
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_the_readme_lists_no_field_a_record_does_not_carry(runs, task):
     seen = set().union(*(record_fields(r) for r in runs[task]))
     never = documented(task) - seen - optional_fields(task)
-    assert not never, f"README lists {task} fields its records do not carry: {never}"
+    assert not never, f"docs/output-record.md lists {task} fields its records do not carry: {never}"
 
 
 def test_stats_rows_are_every_stats_field():
