@@ -172,6 +172,9 @@ class Session:
         engine = SpeculativeEngine(self.target, self.engine.drafter, self.engine.gamma,
                                    self.sampling, p.generation.batch_size)
         engine.threads = self.threads
+        # drafting.length auto: each row's k by its own length model over the process's
+        # costs (round_policy.AutoLength.admit)
+        engine.use_policy(self.engine.policy)
         return engine
 
 

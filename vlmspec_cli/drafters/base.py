@@ -114,11 +114,10 @@ class DraftingMethod(Drafter):
     @classmethod
     def draft_length(cls, profile) -> str:
         """``drafting.length`` as it applies: a method drafting chains of up to γ or trees
-        (γ: their depth, each round's tree cut to the k chosen), one request at a time,
-        takes it as set; batches (generation.batch_size > 1: every row drafts γ) and no
-        drafting are fixed."""
-        alone = cls.drafts and profile.generation.batch_size == 1
-        return profile.drafting.length if alone else "fixed"
+        (γ: their depth, each round's tree cut to the k chosen) takes it as set (in a
+        batch, generation.batch_size > 1, each row's k is its own); no drafting is
+        fixed."""
+        return profile.drafting.length if cls.drafts else "fixed"
 
     @classmethod
     def describe(cls, profile) -> str:

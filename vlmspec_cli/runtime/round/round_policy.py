@@ -11,7 +11,9 @@ Two policies, one per ``drafting.length``:
   online) chooses k per round, 0 while drafting does not pay; a drafter that can wait
   (``Drafter.late_prefill``) is prefilled at its request's first drafted round, if any; a
   drafter that reads its own confidence (``Drafter.reads_confidence``) gets the rule that
-  may end its chain short of k (``DecodeState.draft_stop``, draft_stop.py).
+  may end its chain short of k (``DecodeState.draft_stop``, draft_stop.py). In a batch each
+  row chooses by its own length model (``row_model``): k per row, 0 for a row whose
+  drafting does not pay, in the same target forward.
 
 Lossless either way: k is decided before the round from earlier rounds only, and every
 token emitted is still the target's (verify.py).
@@ -19,6 +21,7 @@ token emitted is still the target's (verify.py).
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -71,6 +74,10 @@ class FixedLength:
         self.drafter.prepare(state)
         prefill_target()
         self.prefill_draft(state, False)
+
+    def admit(self, state: DecodeState) -> None:
+        """A request joins a batch as a row (SpeculativeEngine.run), target and drafter
+        prefilled."""
 
     def plan(self, states: list[DecodeState], budgets: list[int]) -> list[int]:
         """The proposals each row drafts this round, k_b ≤ budgets[b] (0: a plain step)."""
@@ -129,7 +136,8 @@ class AutoLength(FixedLength):
         ks = []
         for state, budget in zip(states, budgets):
             state.length.chose = state.target_next_logits is None
-            ks.append(self.auto.choose(state, budget) if state.length.chose and budget > 0 else 0)
+            auto = self._model(state)
+            ks.append(auto.choose(state, budget) if state.length.chose and budget > 0 else 0)
         for state, k in zip(states, ks):
             if k > 0 and state.draft_deferred:
                 self.auto.note_prefill(self.prefill_draft(state, True))
@@ -146,9 +154,44 @@ class AutoLength(FixedLength):
         tree's depth drafted, not its nodes)."""
         if state.length.chose:
             r = record
-            self.auto.observe(state, r.k, levels=r.levels, fed=r.fed, drafted=r.drafted,
+            self._model(state).observe(state, r.k, levels=r.levels, fed=r.fed, drafted=r.drafted,
                               accepted=r.accepted, draft_s=r.draft_s, verify_s=r.verify_s,
                               dropped=r.dropped, stopped=r.stopped)
 
+    def admit(self, state: DecodeState) -> None:
+        """A batch's row chooses its k by its own length model (``row_model``): rows
+        differ in acceptance, and one whose drafting does not pay decodes plain while the
+        others draft. Its drafter was prefilled at admission (nothing deferred)."""
+        row = row_model(self.auto)
+        row.start(state)
+        state.length.model = row
+
+    def _model(self, state: DecodeState) -> AutoGamma:
+        """The length model that decides ``state``'s rounds: its row's, or the process's."""
+        return state.length.model or self.auto
+
     def finish(self, state: DecodeState) -> None:
-        self.auto.finish(state)
+        auto = self._model(state)
+        auto.finish(state)
+        if auto is not self.auto:     # a batch's row: the process goes on where it left off
+            adopt(self.auto, auto)
+
+
+def row_model(auto: AutoGamma) -> AutoGamma:
+    """A batch row's own length model: its own on/off state, probes and backoff (and its own
+    acceptance: ``AutoGamma.start``), so each row's k follows its own acceptance. It starts
+    where the process stands (on or off, its backoff and rate) and shares the process's
+    round costs and acceptance prior: a row's round is timed as the batch's round (what
+    drafting it adds, and the one target forward every row is fed in), so a row drafts only
+    while its expected tokens pay for the round's drafting."""
+    row = copy.copy(auto)
+    row.probing = False
+    return row
+
+
+def adopt(auto: AutoGamma, row: AutoGamma) -> None:
+    """A batch's row finished: the process goes on where that row left off (on or off, its
+    backoff, probe cost and rate), as after a request decoded alone."""
+    auto.wait, auto.backoff, auto.probe_due, auto.on = row.wait, row.backoff, row.probe_due, row.on
+    auto.probe_cost, auto.tokens_w, auto.seconds_w = row.probe_cost, row.tokens_w, row.seconds_w
+    auto.request_tokens, auto.rounds = row.request_tokens, row.rounds
