@@ -37,6 +37,9 @@ class Recording(AutoLength):
     def plan(self, states, budgets):
         ks = super().plan(states, budgets)
         self.rounds.append({st.request.seed: k for st, k in zip(states, ks)})
+        # the confidence stop (draft_stop.py) is a request alone's: its own draft cache.
+        # A batch's rows, the last one left included, draft in the batch's
+        assert all(st.draft_stop is None for st in states)
         return ks
 
 

@@ -143,8 +143,10 @@ class AutoLength(FixedLength):
                 self.auto.note_prefill(self.prefill_draft(state, True))
                 state.draft_deferred = False
         # a request alone may end its chain short of k by the draft's confidence (a drafter
-        # that reads it; the rule is built for no other)
-        stops = len(states) == 1 and self.drafter.reads_confidence
+        # that reads it; the rule is built for no other); not a batch's last row left,
+        # which drafts in the batch's cache, not in a cache of its own
+        stops = (len(states) == 1 and states[0].length.model is None
+                 and self.drafter.reads_confidence)
         for state, k in zip(states, ks):
             state.draft_stop = self.auto.stop_rule(state, k) if stops else None
         return ks
