@@ -19,8 +19,8 @@ classmethods that need no model:
   ``round_width(profile)``: the most tokens one round feeds the target (γ + 1 for a
   chain, a tree's nodes + 1), what caches are sized for and a verify step is timed at;
   ``draft_length(profile)``: "auto" when its rounds' γ is chosen per round
-  (runtime/length/draft_length.py; a tree's depth), "fixed" otherwise (batches, no drafting,
-  the hidden-state heads' trees);
+  (runtime/length/draft_length.py; a tree's depth; in a batch, per row), "fixed" otherwise
+  (no drafting, the hidden-state heads' trees);
 - ``describe(profile)`` and ``label(profile)``: the line the CLI prints before decoding
   and the method's name with its shape in a summary;
 - ``record_fields(profile, task)``: what a record says of its settings;
