@@ -170,7 +170,7 @@ class AutoLength(FixedLength):
 
     def _model(self, state: DecodeState) -> AutoGamma:
         """The length model that decides ``state``'s rounds: its row's, or the process's."""
-        return state.length.model or self.auto
+        return (state.length.model if state.length is not None else None) or self.auto
 
     def finish(self, state: DecodeState) -> None:
         auto = self._model(state)
