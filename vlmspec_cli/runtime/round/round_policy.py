@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from vlmspec_cli.runtime.round.draft import Drafter
-from vlmspec_cli.runtime.length.draft_length import AutoGamma
+from vlmspec_cli.runtime.length.draft_length import WARMUP_ROUNDS, AutoGamma
 from vlmspec_cli.runtime.request import DecodeState
 
 
@@ -98,6 +98,12 @@ class AutoLength(FixedLength):
     def __init__(self, auto: AutoGamma) -> None:
         super().__init__()
         self.auto = auto
+        # a batch's round (rows with their own length models): its rows' records, timed
+        # once as the batch's when the last row's is in (``_observe_batch``)
+        self.batch: list[RoundRecord] = []
+        self.batch_rows = 0
+        self.batch_clean = True
+        self.batch_rounds = 0
 
     def prefill(self, state: DecodeState, prefill_target: Callable[[], None]) -> None:
         """A drafter that can wait is prefilled at the request's first drafted round, if any
@@ -138,6 +144,10 @@ class AutoLength(FixedLength):
             state.length.chose = state.target_next_logits is None
             auto = self._model(state)
             ks.append(auto.choose(state, budget) if state.length.chose and budget > 0 else 0)
+        if states and states[0].length.model is not None:    # a batch's rows
+            # the drafting is timed clean when no drafting row catches up on plain rounds
+            self.batch, self.batch_rows = [], len(states)
+            self.batch_clean = all(k == 0 or st.length.previous > 0 for st, k in zip(states, ks))
         for state, k in zip(states, ks):
             if k > 0 and state.draft_deferred:
                 self.auto.note_prefill(self.prefill_draft(state, True))
@@ -159,6 +169,26 @@ class AutoLength(FixedLength):
             self._model(state).observe(state, r.k, levels=r.levels, fed=r.fed, drafted=r.drafted,
                               accepted=r.accepted, draft_s=r.draft_s, verify_s=r.verify_s,
                               dropped=r.dropped, stopped=r.stopped)
+        if state.length.model is not None:
+            self.batch.append(record)
+            if len(self.batch) == self.batch_rows:
+                self._observe_batch(self.batch)
+
+    def _observe_batch(self, records: list[RoundRecord]) -> None:
+        """A batch's round, timed once: its cost is the batch's (one draft forward per
+        position for every row, one target forward as wide as the widest row's feed), so
+        the process's cost lines take it at its widest row's levels and feed, and the
+        rows' models price a length by them (``RowCosts``). Per row, the lines would take
+        the whole round's time at each row's own size: flat, a long chain looking as cheap
+        as a short one (every row then drafted long, 0.78x target-only batched where a
+        fixed γ = 5 made 1.25x)."""
+        self.batch_rounds += 1
+        fed = max(r.fed for r in records)
+        if self.batch_rounds <= WARMUP_ROUNDS or fed < 1:
+            return
+        levels = max(r.levels for r in records)
+        draft_s = records[0].draft_s if self.batch_clean else None
+        self.auto.costs.observe(levels, draft_s, fed, max(r.verify_s for r in records))
 
     def admit(self, state: DecodeState) -> None:
         """A batch's row chooses its k by its own length model (``row_model``): rows
@@ -183,12 +213,40 @@ def row_model(auto: AutoGamma) -> AutoGamma:
     """A batch row's own length model: its own on/off state, probes and backoff (and its own
     acceptance: ``AutoGamma.start``), so each row's k follows its own acceptance. It starts
     where the process stands (on or off, its backoff and rate) and shares the process's
-    round costs and acceptance prior: a row's round is timed as the batch's round (what
-    drafting it adds, and the one target forward every row is fed in), so a row drafts only
-    while its expected tokens pay for the round's drafting."""
+    acceptance prior and round costs, which time a batch's round as the batch's, at its
+    widest row (``AutoLength._observe_batch``): a row drafts k only while its expected
+    tokens pay for a batch round that wide."""
     row = copy.copy(auto)
     row.probing = False
+    row.costs = RowCosts(auto.costs)
     return row
+
+
+class RowCosts:
+    """A batch row's view of the process's round costs: it reads them and observes
+    nothing; the policy times each batch round once (``AutoLength._observe_batch``)."""
+
+    def __init__(self, costs) -> None:
+        self.costs = costs
+
+    def observe(self, *args) -> None:
+        pass
+
+    @property
+    def timed(self) -> int:
+        return self.costs.timed
+
+    def draft_s(self, levels: int) -> float | None:
+        return self.costs.draft_s(levels)
+
+    def verify_s(self, fed: int) -> float | None:
+        return self.costs.verify_s(fed)
+
+    def plain_s(self, cautious: bool = False) -> float | None:
+        return self.costs.plain_s(cautious)
+
+    def explore(self, k: int, budget: int) -> int:
+        return self.costs.explore(k, budget)
 
 
 def adopt(auto: AutoGamma, row: AutoGamma) -> None:
