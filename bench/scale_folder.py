@@ -7,7 +7,9 @@ The inputs: examples/images/*.png, then crops of scikit-learn's two sample photo
 32-layer tinyworld Llava target; ``--methods`` draft for it with its shipped companions
 (chain: llava-deep-draft reading the image; hidden: llava-deep-hidden; eagle3:
 llava-deep-eagle3), all at T = 0 with a fixed γ (``--gamma``, or per method:
-``hidden:3``; batches draft a fixed γ).
+``hidden:3``), or with ``drafting.length: auto`` (``hidden:auto``, ceiling ``--gamma``;
+``hidden:auto12``, ceiling 12): each row of the batch its own k, plain where drafting
+does not pay (round_policy.AutoLength, a fresh one per engine).
 
 Every (method, B) engine is warmed up once on B inputs, then the passes run interleaved
 (pass 1 of every engine, then pass 2, …) so that a shared machine's load drifts over all
@@ -34,7 +36,9 @@ from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.profile import ModelSpec
 from vlmspec_cli.runtime.models.loading import load_eagle3_head, load_hidden_head, load_model
 from vlmspec_cli.runtime.request import Message, Request
+from vlmspec_cli.runtime.length.draft_length import AutoGamma
 from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
+from vlmspec_cli.runtime.round.round_policy import AutoLength
 from vlmspec_cli.runtime.round.verify import SamplingParams
 from vlmspec_cli.zoo import world
 
@@ -71,6 +75,15 @@ def companion(method: str, target):
     return load(COMPANIONS[method], target)
 
 
+def method_spec(spec: str, gamma: int) -> tuple[str, int, bool]:
+    """"hidden" (γ = --gamma), "hidden:3" (γ 3), "hidden:auto" / "hidden:auto12" (auto
+    length, ceiling --gamma / 12): (method, γ or ceiling, auto)."""
+    name, _, rest = spec.partition(":")
+    auto = rest.startswith("auto")
+    digits = rest.removeprefix("auto")
+    return name, int(digits) if digits else gamma, auto
+
+
 def drafter_for(method: str, target, model):
     if method == "target-only":
         return None
@@ -97,10 +110,10 @@ def run_folder(args) -> None:
     tmp = tempfile.TemporaryDirectory()
     names, reqs = folder_requests(args, Path(tmp.name))
     target = load_model(ModelSpec(model=TARGET, device="cpu"), "target")
-    # "hidden:3": a method at its own γ (default --gamma)
-    methods = [("target-only", 1)] + [(m.split(":")[0], int(m.split(":")[1]) if ":" in m else args.gamma)
-                                      for m in args.methods.split(",") if m]
-    models = {m: companion(m, target) for m in {m for m, _ in methods[1:]}}
+    # "hidden:3": a method at its own γ (default --gamma); "hidden:auto12": auto, ceiling 12
+    methods = [("target-only", 1, False)] + [method_spec(m, args.gamma)
+                                             for m in args.methods.split(",") if m]
+    models = {m: companion(m, target) for m in {m for m, _, _ in methods[1:]}}
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     single = SpeculativeEngine(target, None, 1, GREEDY)
     single.generate(reqs[0])   # warm-up
@@ -108,12 +121,16 @@ def run_folder(args) -> None:
     ref = [single.generate(r).tokens for r in reqs]
     single_wall = time.perf_counter() - t0
     engines = {}
-    for m, gamma in methods:
-        name = m if m == "target-only" or len({g for n, g in methods if n == m}) == 1 \
-            else f"{m} γ={gamma}"
+    for m, gamma, auto in methods:
+        name = (f"{m} γ auto≤{gamma}" if auto else
+                m if m == "target-only" or len({(g, a) for n, g, a in methods if n == m}) == 1
+                else f"{m} γ={gamma}")
         for b in sizes:
-            engines[(name, b)] = SpeculativeEngine(target, drafter_for(m, target, models.get(m)),
-                                                   gamma, GREEDY, b)
+            drafter = drafter_for(m, target, models.get(m))
+            engines[(name, b)] = SpeculativeEngine(target, drafter, gamma, GREEDY, b)
+            if auto:
+                engines[(name, b)].use_policy(
+                    AutoLength(AutoGamma(gamma, feed_size=drafter.feed_size)))
             decode(engines[(name, b)], reqs[:b])   # warm-up at this batch size
     passes = {key: [] for key in engines}
     for n in range(args.passes):
@@ -158,7 +175,7 @@ def _report(args, names: list[str], rows: list[dict], passes: dict) -> None:
     print(f"# bench/scale.py --folder — {info['hardware']}, torch {info['torch']}, "
           f"{info['threads']} threads, load average {info['load_average'][0]:.2f}; "
           f"{len(names)} inputs, ≤{args.max_new_tokens} new tokens, γ fixed ({args.gamma} unless a row "
-          f"names its own), "
+          f"names its own; \"auto\": chosen per row, up to its ceiling), "
           f"{args.passes} interleaved passes (median)\n")
     header = ["row", "tokens/s", "× target-only (same B)", "τ", "≠ ref (all passes)"]
     lines = [[r["row"], f"{r['tokens_per_s']:.1f}",

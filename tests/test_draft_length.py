@@ -577,10 +577,10 @@ def test_profile_key_is_checked_and_named():
     tree = load_profile("tinyworld-caption", ["drafting.length=auto", "method=tree"])
     batch = load_profile("tinyworld-caption", ["drafting.length=auto", "generation.batch_size=2"])
     assert method_class("tree").draft_length(tree) == "auto"   # each round's depth, ≤ tree.depth
-    assert chain.draft_length(batch) == "fixed"
+    assert chain.draft_length(batch) == "auto"     # each row's k its own (test_batch_length.py)
     session = build_session(batch)
-    assert not isinstance(session.engine.policy, AutoLength)                      # no per-round choice
-    assert session.batched_engine().gamma == chain.gamma(batch)  # every row drafts the ceiling
+    assert isinstance(session.batched_engine().policy, AutoLength)
+    assert session.batched_engine().gamma == chain.gamma(batch)  # the ceiling
 
 
 def test_records_say_what_the_rounds_did(tmp_path):

@@ -50,6 +50,14 @@ class Session:
     def lossless(self) -> bool:
         return bool(self.profile.lossless and self.engine.drafter.lossless)
 
+    def use_batch_size(self, rows: int) -> None:
+        """Decode ``rows`` requests together from now on (--batch-size auto, measured:
+        tasks/batch_auto.py)."""
+        from vlmspec_cli.profile import with_settings
+
+        self.profile = with_settings(self.profile, {"generation.batch_size": rows},
+                                     source="--batch-size auto")
+
     def position_readers(self) -> list[tuple[str, LoadedModel]]:
         """(role, model) of the target and of the models that read its positions."""
         return [("target", self.target), *self.engine.drafter.position_readers(self.profile)]
@@ -164,14 +172,16 @@ class Session:
             self._baseline.threads = self.threads
         return self._baseline
 
-    def batched_engine(self) -> SpeculativeEngine:
+    def batched_engine(self, rows: int | None = None) -> SpeculativeEngine:
         """The engine, decoding generation.batch_size requests together (``run``; the
-        methods that batch), with the same drafter."""
-        p = self.profile
+        methods that batch), with the same drafter; ``rows``: that many instead."""
         self.engine.drafter.check_batch()
         engine = SpeculativeEngine(self.target, self.engine.drafter, self.engine.gamma,
-                                   self.sampling, p.generation.batch_size)
+                                   self.sampling, rows or self.profile.generation.rows)
         engine.threads = self.threads
+        # drafting.length auto: each row's k by its own length model over the process's
+        # costs (round_policy.AutoLength.admit)
+        engine.use_policy(self.engine.policy)
         return engine
 
 
@@ -287,7 +297,7 @@ def validate_method(profile) -> type[DraftingMethod]:
     task = profile.task
     if task not in method.tasks:
         raise SessionError(method.task_error(task, _supporting(lambda m: task in m.tasks)))
-    if task == "video" and profile.generation.batch_size > 1:
+    if task == "video" and profile.generation.rows > 1:
         raise SessionError(f"describe-video decodes one video at a time (3-D positions differ "
                            f"per video): the profile's generation.batch_size is "
                            f"{profile.generation.batch_size}; --set generation.batch_size=1")
@@ -308,7 +318,7 @@ def validate_method(profile) -> type[DraftingMethod]:
     if profile.runtime.compile == "on" and profile.runtime.fast_path == "off":
         raise SessionError("runtime.compile: on compiles the fast path's steps; it needs "
                            "runtime.fast_path auto or on, not off")
-    if profile.generation.batch_size > 1 and not method.batches:
+    if profile.generation.rows > 1 and not method.batches:
         *most, last = _supporting(lambda m: m.batches)
         raise SessionError(f"generation.batch_size > 1 (--batch-size) works with methods "
                            f"{', '.join(most)} and {last}; "
@@ -346,7 +356,7 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
     if target is None:
         target = load_model(profile.target, "target")
-    if profile.generation.batch_size > 1 and not target.adapter.embeds_images:
+    if profile.generation.rows > 1 and not target.adapter.embeds_images:
         raise SessionError(f"target '{target.name}' places tokens by 3-D positions per request; "
                            "it decodes one request at a time (use --batch-size 1)")
     try:

@@ -101,7 +101,7 @@ def bench(dataset, methods, categories, limit, batch_size, profile, method, sets
     prof = decoding_profile(profile, sets, cli_values, task="caption")
     try:
         plan = make_plan(dataset, prof, methods, categories, limit,
-                         prof.generation.batch_size)
+                         prof.generation.rows)   # (a profile's auto: one; bench measures B)
     except (InputError, BenchError) as exc:
         fail(str(exc))
     inputs = [dataset, *[p for s in plan.samples for p in s.image_paths]]

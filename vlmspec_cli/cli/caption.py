@@ -11,7 +11,7 @@ from vlmspec_cli.cli.common import (decode_options, decoding_profile, fail, meth
                                     model_options, nonempty_path, parse_inputs, profile_option,
                                     set_option)
 from vlmspec_cli.cli.jobs import run_job_command
-from vlmspec_cli.cli.types import Count, Utf8Text
+from vlmspec_cli.cli.types import Count, CountOrAuto, Utf8Text
 
 EPILOG_CAPTION = """\b
 Examples:
@@ -62,9 +62,11 @@ done and written), 2 usage, profile, model-loading or output error (--out or
               callback=nonempty_path, metavar="FILE.jsonl", help="tabed: append one line per drafting block "
                                          "(weights, drafted, accepted) for plots.")
 @set_option
-@click.option("--batch-size", "-b", type=Count(min=1),
-              help="Decode B inputs together (methods none and chain); each output is the one "
-                   "decoded alone [profile: generation.batch_size, default 1].")
+@click.option("--batch-size", "-b", type=CountOrAuto(min=1),
+              help="Decode B inputs together (methods none, chain, and hidden and eagle3 "
+                   "chains); each output is the one decoded alone. auto: the largest B that "
+                   "fits the memory at hand and still raises the throughput measured on the "
+                   "first inputs [profile: generation.batch_size, default 1].")
 @decode_options("input", "INPUT")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: decode here; ray: shard over a Ray actor pool, one session per GPU "

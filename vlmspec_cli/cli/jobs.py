@@ -15,6 +15,23 @@ from vlmspec_cli.cli.detail import verbose
 from vlmspec_cli.cli.stops import exit_130_on_interrupt
 
 
+def settle_batch_size(session, items, quiet: bool) -> list[str]:
+    """--batch-size auto: measure and set the batch size (tasks/batch_auto.py); what the
+    runtime line adds. A session that decodes one request at a time says so in one line."""
+    from vlmspec_cli import ui
+    from vlmspec_cli.tasks.batch_auto import choose_batch_size
+    from vlmspec_cli.tasks.caption import CAPTION
+
+    if session.profile.generation.batch_size != "auto":
+        return []
+    with ui.Status(quiet, "measuring batch sizes (--batch-size auto)"):
+        choice = choose_batch_size(session, lambda job: CAPTION.request(session, job), items)
+    session.use_batch_size(choice.rows)
+    if choice.alone is not None and not quiet:
+        ui.info(choice.line())
+    return [choice.label()]
+
+
 def run_job_command(prof, items, *, noun: str, out: str | None, as_json: bool, compare: bool,
                     dry_run: bool, quiet: bool, about: str = "", trace: str | None = None,
                     check_prompt: bool = True, remote: Callable | None = None,
@@ -45,10 +62,11 @@ def run_job_command(prof, items, *, noun: str, out: str | None, as_json: bool, c
                 session = build_session(prof, trace=trace_sink and trace_sink.append)
                 if check_prompt:
                     session.check_prompt_fits(prof.generation.prompt)
+                extra = [about.removeprefix(", ")] + settle_batch_size(session, items, quiet)
             except (SessionError, ModelLoadError, ValueError) as exc:
                 fail(str(exc))
             start_decoding(session, len(items) * prof.generation.max_new_tokens, quiet,
-                           extra=about.removeprefix(", "))
+                           extra=" · ".join(x for x in extra if x))
         label = "describing" if noun.startswith("video") else "captioning"
         with remote_context(), ui.BatchUI(quiet=quiet, label=label) as events:
             if remote is not None:

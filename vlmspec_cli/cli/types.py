@@ -43,6 +43,17 @@ class Count(click.IntRange):
         return rv
 
 
+class CountOrAuto(Count):
+    """A count with a lower bound, or the word auto (--batch-size auto: measured)."""
+
+    name = "integer or auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        return super().convert(value, param, ctx)
+
+
 class Seed(click.IntRange):
     """A sampling seed: an integer in the signed 64-bit range (see SEED_MIN / SEED_MAX)."""
 

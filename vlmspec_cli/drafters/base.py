@@ -19,8 +19,8 @@ classmethods that need no model:
   ``round_width(profile)``: the most tokens one round feeds the target (γ + 1 for a
   chain, a tree's nodes + 1), what caches are sized for and a verify step is timed at;
   ``draft_length(profile)``: "auto" when its rounds' γ is chosen per round
-  (runtime/length/draft_length.py; a tree's depth), "fixed" otherwise (batches, no drafting,
-  the hidden-state heads' trees);
+  (runtime/length/draft_length.py; a tree's depth; in a batch, per row), "fixed" otherwise
+  (no drafting, the hidden-state heads' trees);
 - ``describe(profile)`` and ``label(profile)``: the line the CLI prints before decoding
   and the method's name with its shape in a summary;
 - ``record_fields(profile, task)``: what a record says of its settings;
@@ -114,11 +114,10 @@ class DraftingMethod(Drafter):
     @classmethod
     def draft_length(cls, profile) -> str:
         """``drafting.length`` as it applies: a method drafting chains of up to γ or trees
-        (γ: their depth, each round's tree cut to the k chosen), one request at a time,
-        takes it as set; batches (generation.batch_size > 1: every row drafts γ) and no
-        drafting are fixed."""
-        alone = cls.drafts and profile.generation.batch_size == 1
-        return profile.drafting.length if alone else "fixed"
+        (γ: their depth, each round's tree cut to the k chosen) takes it as set (in a
+        batch, generation.batch_size > 1, each row's k is its own); no drafting is
+        fixed."""
+        return profile.drafting.length if cls.drafts else "fixed"
 
     @classmethod
     def describe(cls, profile) -> str:

@@ -111,7 +111,7 @@ class HiddenDrafter(DraftingMethod):
         """Batches (generation.batch_size > 1) draft chains: each row's head state is its
         own, the target verifies every row's chain in one ragged forward. A tree's
         per-row masks and positions are not in that forward yet."""
-        if cls.settings(profile).tree and profile.generation.batch_size > 1:
+        if cls.settings(profile).tree and profile.generation.rows > 1:
             raise ValueError(f"{cls.name}.tree: true drafts one request at a time; "
                              f"generation.batch_size > 1 (--batch-size) drafts {cls.name} "
                              f"chains: --set {cls.name}.tree=false or --batch-size 1")

@@ -218,7 +218,15 @@ class SamplingSpec:
 class GenerationSpec:
     max_new_tokens: int = field(default=64, metadata=_rule(ge=1))
     prompt: str = "describe the image."
-    batch_size: int = field(default=1, metadata=_rule(ge=1))   # requests decoded together
+    # requests decoded together; auto: the largest count that fits the memory at hand and
+    # still raises the throughput measured on the first requests (tasks/batch_auto.py)
+    batch_size: int | str = field(default=1, metadata=_rule(
+        pattern=r"auto|[1-9][0-9]*", allowed="auto or a positive count", ge=1))
+
+    @property
+    def rows(self) -> int:
+        """``batch_size`` as a count: auto counts one until its count is measured."""
+        return 1 if self.batch_size == "auto" else int(self.batch_size)
 
 
 @dataclass

@@ -288,9 +288,8 @@ def _batch_candidates(base, winner: Candidate, requests, base_wall: float, refer
     if base.task != "caption" or not method_class(winner.method).batches or winner.speedup is None:
         return []
     out = []
-    # a batch's rows draft a fixed γ: an auto winner's batches draft its ceiling
-    auto = method_class(winner.method).draft_length(with_settings(base, winner.settings)) == "auto"
-    label = f"{winner.label} batch={{}}" + (f" (γ={winner.gamma} fixed)" if auto else "")
+    # (an auto winner's rows each choose their own length: round_policy.AutoLength.admit)
+    label = f"{winner.label} batch={{}}"
     for b in [b for b in sizes if b <= len(requests)]:
         settings = dict(winner.settings, **{"generation.batch_size": b})
         session = build_session(with_settings(base, settings), target=target)

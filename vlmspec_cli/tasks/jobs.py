@@ -184,7 +184,7 @@ def compare_fields(session, request: Request, result) -> dict:
         # decoded in a batch, a row's wall time overlaps the others': only the summary's
         # batch wall time compares with target-only decoding
         "speedup": (round(wall / own, 4)
-                    if own and session.profile.generation.batch_size == 1 else None),
+                    if own and session.profile.generation.rows == 1 else None),
         # at temperature 0 the outputs must be identical (lossless); at T>0 they are two
         # samples from the same distribution and may differ
         "identical": base.tokens == result.tokens,
@@ -267,8 +267,8 @@ def run_jobs(session, kind: JobKind, jobs, events: JobEvents, *, sink: JsonlSink
                                          sink.done_keys() if sink is not None else set())
     events.batch_started(len(todo), summary.skipped)
     tally = Tally(summary, events, sink, emit)
-    if kind.batches and session.profile.generation.batch_size > 1:
-        summary.batch_size = session.profile.generation.batch_size
+    if kind.batches and session.profile.generation.rows > 1:
+        summary.batch_size = session.profile.generation.rows
         summary.batched_s = _run_batched(session, kind, todo, events, compare, tally)
         return summary
     if compare:

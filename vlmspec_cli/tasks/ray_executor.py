@@ -353,7 +353,7 @@ def _dataset(ray, profile, todo: list[Job], workers: int, shard_dir: str):
                                             ).startswith("cuda:")})
 
     # run_batch gets as many rows as it decodes together (generation.batch_size, if any)
-    rows_per_call = max(1, int(getattr(profile.generation, "batch_size", 1) or 1))
+    rows_per_call = profile.generation.rows   # (auto: one; the workers do not measure)
     dataset = ray.data.from_items(rows, override_num_blocks=min(len(rows), _MAX_BLOCKS))
     return dataset.map_batches(
         _worker_class(profile, shard_dir, os.getcwd()), batch_size=rows_per_call,

@@ -61,7 +61,9 @@ on a CPU, a float draft with the target's arithmetic per token) is ruled out
 
 The round policy (round_policy.AutoLength) asks ``choose`` before a round and reports
 with ``observe``; the costs are an injectable object (``RoundCosts``, or a test's own), so tests can force the
-switch. Batches (SpeculativeEngine.run) keep the fixed γ.
+switch. In a batch (SpeculativeEngine.run) each row has its own AutoGamma (round_policy.row_model):
+its own acceptance and on/off state, the process's costs and prior; a row off decodes
+plain in the round's one target forward.
 
 Trees (methods tree, adt): k caps the tree's depth, D(k) is k draft levels, a round feeds
 the target its nodes up to depth k (``feed_size(k)``, the drafter's, in place of k + 1)
@@ -169,6 +171,8 @@ class LengthState:
     hist: list[int] = field(default_factory=list)   # [k]: rounds that chose k (0: plain)
     probes: int = 0
     stopped: int = 0             # rounds whose chain the draft's confidence ended short of k
+    # a batch's row: its own AutoGamma (round_policy.row_model); None: the process's
+    model: "AutoGamma | None" = None
 
     def count(self, k: int) -> None:
         if len(self.hist) <= k:

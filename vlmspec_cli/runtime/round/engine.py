@@ -79,8 +79,9 @@ class SpeculativeEngine:
         # CPU threads for the prefill and for the rounds (runtime/threads.py); none: as set
         self.threads = ThreadPlan()
         # the round policy (round_policy.py): how many proposals a round drafts per row
-        # (drafting.length fixed: its budget, up to ``gamma``; auto: chosen per round, and
-        # plain target steps while drafting does not pay) and when the drafter is prefilled
+        # (drafting.length fixed: its budget, up to ``gamma``; auto: chosen per round and
+        # per row, and plain target steps while drafting does not pay) and when the
+        # drafter is prefilled
         self.use_policy(FixedLength())
 
     # -- one request -----------------------------------------------------------------
@@ -304,8 +305,9 @@ class SpeculativeEngine:
                 if any(row.state.done for row in rows):
                     keep = [i for i, row in enumerate(rows) if not row.state.done]
                     for row in rows:
-                        if row.state.done:    # the drafter's record, as alone
+                        if row.state.done:    # the drafter's and policy's record, as alone
                             self.drafter.finish(row.state)
+                            self.policy.finish(row.state)
                             yield row.item, self._result(row.state, row.started)
                     rows = [rows[i] for i in keep]
                     self.rows.keep_rows(keep)
@@ -336,6 +338,7 @@ class SpeculativeEngine:
             single = state.target_cache
             self.rows.add_row(single, cache_length(single))
             self.drafter.admit(state)
+            self.policy.admit(state)      # (auto length: the row's own length model)
             state.target_cache = None     # the row lives on in the batch's cache
             if isinstance(single, StaticKVCache):
                 single.recycle()

@@ -11,7 +11,9 @@ Two policies, one per ``drafting.length``:
   online) chooses k per round, 0 while drafting does not pay; a drafter that can wait
   (``Drafter.late_prefill``) is prefilled at its request's first drafted round, if any; a
   drafter that reads its own confidence (``Drafter.reads_confidence``) gets the rule that
-  may end its chain short of k (``DecodeState.draft_stop``, draft_stop.py).
+  may end its chain short of k (``DecodeState.draft_stop``, draft_stop.py). In a batch each
+  row chooses by its own length model (``row_model``): k per row, 0 for a row whose
+  drafting does not pay, in the same target forward.
 
 Lossless either way: k is decided before the round from earlier rounds only, and every
 token emitted is still the target's (verify.py).
@@ -19,12 +21,13 @@ token emitted is still the target's (verify.py).
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from vlmspec_cli.runtime.round.draft import Drafter
-from vlmspec_cli.runtime.length.draft_length import AutoGamma
+from vlmspec_cli.runtime.length.draft_length import WARMUP_ROUNDS, AutoGamma
 from vlmspec_cli.runtime.request import DecodeState
 
 
@@ -72,6 +75,10 @@ class FixedLength:
         prefill_target()
         self.prefill_draft(state, False)
 
+    def admit(self, state: DecodeState) -> None:
+        """A request joins a batch as a row (SpeculativeEngine.run), target and drafter
+        prefilled."""
+
     def plan(self, states: list[DecodeState], budgets: list[int]) -> list[int]:
         """The proposals each row drafts this round, k_b ≤ budgets[b] (0: a plain step)."""
         return [max(n, 0) for n in budgets]
@@ -91,6 +98,12 @@ class AutoLength(FixedLength):
     def __init__(self, auto: AutoGamma) -> None:
         super().__init__()
         self.auto = auto
+        # a batch's round (rows with their own length models): its rows' records, timed
+        # once as the batch's when the last row's is in (``_observe_batch``)
+        self.batch: list[RoundRecord] = []
+        self.batch_rows = 0
+        self.batch_clean = True
+        self.batch_rounds = 0
 
     def prefill(self, state: DecodeState, prefill_target: Callable[[], None]) -> None:
         """A drafter that can wait is prefilled at the request's first drafted round, if any
@@ -129,14 +142,21 @@ class AutoLength(FixedLength):
         ks = []
         for state, budget in zip(states, budgets):
             state.length.chose = state.target_next_logits is None
-            ks.append(self.auto.choose(state, budget) if state.length.chose and budget > 0 else 0)
+            auto = self._model(state)
+            ks.append(auto.choose(state, budget) if state.length.chose and budget > 0 else 0)
+        if states and states[0].length.model is not None:    # a batch's rows
+            # the drafting is timed clean when no drafting row catches up on plain rounds
+            self.batch, self.batch_rows = [], len(states)
+            self.batch_clean = all(k == 0 or st.length.previous > 0 for st, k in zip(states, ks))
         for state, k in zip(states, ks):
             if k > 0 and state.draft_deferred:
                 self.auto.note_prefill(self.prefill_draft(state, True))
                 state.draft_deferred = False
         # a request alone may end its chain short of k by the draft's confidence (a drafter
-        # that reads it; the rule is built for no other)
-        stops = len(states) == 1 and self.drafter.reads_confidence
+        # that reads it; the rule is built for no other); not a batch's last row left,
+        # which drafts in the batch's cache, not in a cache of its own
+        stops = (len(states) == 1 and states[0].length.model is None
+                 and self.drafter.reads_confidence)
         for state, k in zip(states, ks):
             state.draft_stop = self.auto.stop_rule(state, k) if stops else None
         return ks
@@ -146,9 +166,92 @@ class AutoLength(FixedLength):
         tree's depth drafted, not its nodes)."""
         if state.length.chose:
             r = record
-            self.auto.observe(state, r.k, levels=r.levels, fed=r.fed, drafted=r.drafted,
+            self._model(state).observe(state, r.k, levels=r.levels, fed=r.fed, drafted=r.drafted,
                               accepted=r.accepted, draft_s=r.draft_s, verify_s=r.verify_s,
                               dropped=r.dropped, stopped=r.stopped)
+        if state.length.model is not None:
+            self.batch.append(record)
+            if len(self.batch) == self.batch_rows:
+                self._observe_batch(self.batch)
+
+    def _observe_batch(self, records: list[RoundRecord]) -> None:
+        """A batch's round, timed once: its cost is the batch's (one draft forward per
+        position for every row, one target forward as wide as the widest row's feed), so
+        the process's cost lines take it at its widest row's levels and feed, and the
+        rows' models price a length by them (``RowCosts``). Per row, the lines would take
+        the whole round's time at each row's own size: flat, a long chain looking as cheap
+        as a short one (every row then drafted long, 0.78x target-only batched where a
+        fixed γ = 5 made 1.25x: bench/runs/2026-12-07, scale-folder-auto-length-1)."""
+        self.batch_rounds += 1
+        fed = max(r.fed for r in records)
+        if self.batch_rounds <= WARMUP_ROUNDS or fed < 1:
+            return
+        levels = max(r.levels for r in records)
+        draft_s = records[0].draft_s if self.batch_clean else None
+        self.auto.costs.observe(levels, draft_s, fed, max(r.verify_s for r in records))
+
+    def admit(self, state: DecodeState) -> None:
+        """A batch's row chooses its k by its own length model (``row_model``): rows
+        differ in acceptance, and one whose drafting does not pay decodes plain while the
+        others draft. Its drafter was prefilled at admission (nothing deferred)."""
+        row = row_model(self.auto)
+        row.start(state)
+        state.length.model = row
+
+    def _model(self, state: DecodeState) -> AutoGamma:
+        """The length model that decides ``state``'s rounds: its row's, or the process's."""
+        return (state.length.model if state.length is not None else None) or self.auto
 
     def finish(self, state: DecodeState) -> None:
-        self.auto.finish(state)
+        auto = self._model(state)
+        auto.finish(state)
+        if auto is not self.auto:     # a batch's row: the process goes on where it left off
+            adopt(self.auto, auto)
+
+
+def row_model(auto: AutoGamma) -> AutoGamma:
+    """A batch row's own length model: its own on/off state, probes and backoff (and its own
+    acceptance: ``AutoGamma.start``), so each row's k follows its own acceptance. It starts
+    where the process stands (on or off, its backoff and rate) and shares the process's
+    acceptance prior and round costs, which time a batch's round as the batch's, at its
+    widest row (``AutoLength._observe_batch``): a row drafts k only while its expected
+    tokens pay for a batch round that wide."""
+    row = copy.copy(auto)
+    row.probing = False
+    row.costs = RowCosts(auto.costs)
+    return row
+
+
+class RowCosts:
+    """A batch row's view of the process's round costs: it reads them and observes
+    nothing; the policy times each batch round once (``AutoLength._observe_batch``)."""
+
+    def __init__(self, costs) -> None:
+        self.costs = costs
+
+    def observe(self, *args) -> None:
+        pass
+
+    @property
+    def timed(self) -> int:
+        return self.costs.timed
+
+    def draft_s(self, levels: int) -> float | None:
+        return self.costs.draft_s(levels)
+
+    def verify_s(self, fed: int) -> float | None:
+        return self.costs.verify_s(fed)
+
+    def plain_s(self, cautious: bool = False) -> float | None:
+        return self.costs.plain_s(cautious)
+
+    def explore(self, k: int, budget: int) -> int:
+        return self.costs.explore(k, budget)
+
+
+def adopt(auto: AutoGamma, row: AutoGamma) -> None:
+    """A batch's row finished: the process goes on where that row left off (on or off, its
+    backoff, probe cost and rate), as after a request decoded alone."""
+    auto.wait, auto.backoff, auto.probe_due, auto.on = row.wait, row.backoff, row.probe_due, row.on
+    auto.probe_cost, auto.tokens_w, auto.seconds_w = row.probe_cost, row.tokens_w, row.seconds_w
+    auto.request_tokens, auto.rounds = row.request_tokens, row.rounds
