@@ -65,7 +65,7 @@ GOOD_STEP = '  - caption: {inputs: [imgs], out: caps.jsonl, max_new_tokens: 8, q
     (GOOD_STEP + "  - caption: {inputs: [imgs], max_new_tokens: 0}\n",
      "r.yaml:5: step 2: invalid value for 'max_new_tokens' of caption: 0 is not in the range"),
     (GOOD_STEP + "  - caption: {inputs: [imgs], batch_size: many}\n",
-     "r.yaml:5: step 2: invalid value for 'batch_size' of caption: 'many' is not a valid integer."),
+     "r.yaml:5: step 2: invalid value for 'batch_size' of caption: 'many' is not a valid integer or auto."),
     (GOOD_STEP + "  - caption: {inputs: [imgs], temperature: .inf}\n",
      "r.yaml:5: step 2: invalid value for 'temperature' of caption: 'inf' is not a finite number"),
     (GOOD_STEP + "  - calibrate: {samples: [imgs], gammas: '0,2'}\n",

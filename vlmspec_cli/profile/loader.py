@@ -390,10 +390,14 @@ def load_profile(name_or_path: str | os.PathLike | None = None,
         except YamlFileError as e:
             value, parse_error = None, e
         tp = _leaf_type(key.split("."))
-        # For string keys, take the text verbatim if YAML turned it into
-        # something else (e.g. 'revision=1234', 'prompt=yes') or failed.
-        str_key = tp is str or (_union_args(tp) is not None and str in _union_args(tp))
-        if str_key and (parse_error is not None or not isinstance(value, (str, type(None)))):
+        # For string keys, take the text verbatim if YAML turned it into something the key
+        # does not take (e.g. 'revision=1234', 'prompt=yes') or failed; a key of int or
+        # text ('generation.batch_size=2', 'runtime.threads=auto') keeps YAML's int
+        kinds = _union_args(tp) or (tp,)
+        str_key = str in kinds
+        fits = isinstance(value, tuple(k for k in kinds if isinstance(k, type)) + (type(None),)) \
+            and not (isinstance(value, bool) and bool not in kinds)
+        if str_key and (parse_error is not None or not fits):
             value, parse_error = raw, None
         if parse_error is not None:
             raise ProfileError(f"{source}: cannot parse value: {parse_error}")
