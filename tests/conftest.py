@@ -74,3 +74,23 @@ def zoo_captioner():
     from vlmspec_cli.runtime.models.loading import load_model
 
     return Captioner(load_model(ModelSpec(model="zoo:tinyworld/captioner", device="cpu"), "captioner"))
+
+
+def assert_first_two_follow(results, joint: dict, runs: int) -> None:
+    """χ² of the first two tokens of ``results`` (``runs`` decodes at T > 0 whose drafts
+    a head proposed) against their exact law ``joint`` (token pair -> probability), and
+    enough proposals rejected that the test could see a wrong residual."""
+    from scipy.stats import chisquare
+
+    counts, rejected = dict.fromkeys(joint, 0), 0
+    for res in results:
+        key = tuple(res.tokens[:2])
+        if key in counts:
+            counts[key] += 1
+        rejected += res.state.stats.num_draft_tokens - res.state.stats.num_accepted_tokens
+    assert rejected > runs // 10, "the head's proposals were barely rejected"
+    big = [k for k in joint if joint[k] * runs >= 5]
+    assert len(big) >= 3, "too flat or too peaked a law to test"
+    obs = [counts[k] for k in big] + [runs - sum(counts[k] for k in big)]
+    exp = [joint[k] * runs for k in big] + [runs * (1 - sum(joint[k] for k in big))]
+    assert chisquare(obs, exp).pvalue > 1e-3

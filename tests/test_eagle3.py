@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
-from conftest import ROOT
+from conftest import ROOT, assert_first_two_follow
 from eagle3_heads import eagle3_head, head_config, head_tensors, write_head
 from families import check_offline_profile, image_requests, qwen2_5_vl
 from test_family_qwen3_vl import qwen3_vl
@@ -166,8 +166,6 @@ def test_a_vlm_targets_first_two_tokens_follow_its_law(targets, family, temperat
     or more expected draws, the rest pooled) is the target's. ``temperature`` makes each
     law neither too flat nor too peaked to test with 300 draws. (A fixed draft length: with
     ``drafting.length: auto`` a request's first round drafts nothing, draft_length.py.)"""
-    from scipy.stats import chisquare
-
     from vlmspec_cli.runtime.request import Message, Request
 
     torch.set_num_threads(1)
@@ -182,20 +180,10 @@ def test_a_vlm_targets_first_two_tokens_follow_its_law(targets, family, temperat
         second = _law(lm, messages, [a], params)
         for b in (first[a] * second * runs >= 1).nonzero().flatten().tolist():
             joint[(a, b)] = float(first[a] * second[b])
-    counts, rejected = dict.fromkeys(joint, 0), 0
-    for seed in range(runs):
-        # three tokens: the first round drafts x1 (q = p) and the head's x2
-        res = session.engine.generate(Request(messages, max_new_tokens=3, seed=seed))
-        key = tuple(res.tokens[:2])
-        if key in counts:
-            counts[key] += 1
-        rejected += res.state.stats.num_draft_tokens - res.state.stats.num_accepted_tokens
-    assert rejected > runs // 10, "the head's proposals were barely rejected"
-    big = [k for k in joint if joint[k] * runs >= 5]
-    assert len(big) >= 3, "too flat or too peaked a law to test"
-    obs = [counts[k] for k in big] + [runs - sum(counts[k] for k in big)]
-    exp = [joint[k] * runs for k in big] + [runs * (1 - sum(joint[k] for k in big))]
-    assert chisquare(obs, exp).pvalue > 1e-3
+    # three tokens: the first round drafts x1 (q = p) and the head's x2
+    results = [session.engine.generate(Request(messages, max_new_tokens=3, seed=seed))
+               for seed in range(runs)]
+    assert_first_two_follow(results, joint, runs)
 
 
 def _law(lm, messages, prefix: list[int], params) -> torch.Tensor:
