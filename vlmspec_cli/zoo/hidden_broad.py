@@ -10,7 +10,7 @@ caption or a question, follow-ups referring to the earlier answer, an unrelated 
 odd prompts (arithmetic, off-topic questions, shouting, typos, politeness); text-only
 chats; several images (dialogue.py's differences and stories).
 
-Images: half the scenes are rendered clean at 48-128 px, the rest photo-like: sensor
+Images: 60% of the scenes are rendered clean at 48-128 px, the rest photo-like: sensor
 noise, blur, a texture blended in, JPEG artefacts, colour jitter, crops, odd sizes and
 aspect ratios; some are not scenes at all (gradients and blobs). No photo of the
 benchmarks (china.jpg, flower.jpg) and nothing of examples/mmspec: MMSpec's tinyworld
@@ -28,9 +28,10 @@ from vlmspec_cli.zoo import world
 from vlmspec_cli.zoo.mmspec_sample import SEED as MMSPEC_SEED
 from vlmspec_cli.zoo.own_answers import Dialogue, UserTurn
 
-TOPICS = {"caption": 0.20, "general vqa": 0.12, "text vqa": 0.08, "chart": 0.08,
-          "reasoning": 0.10, "multi-turn": 0.18, "odd": 0.10, "text only": 0.06,
-          "multi-image": 0.04, "not a scene": 0.04}
+TOPICS = {"caption": 0.30, "general vqa": 0.11, "text vqa": 0.07, "chart": 0.07,
+          "reasoning": 0.09, "multi-turn": 0.16, "odd": 0.08, "text only": 0.05,
+          "multi-image": 0.04, "not a scene": 0.03}
+CLEAN = 0.6     # the share of scenes rendered clean (the rest photo-like)
 
 # follow-ups about the previous answer (dialogue.followup's questions, and more)
 FOLLOWUPS = ("repeat your answer.", "what was the last word of your answer?",
@@ -124,7 +125,7 @@ def not_a_scene(rng: random.Random) -> Image.Image:
 
 def scene_image(scene: world.Scene, rng: random.Random) -> Image.Image:
     image = world.render(scene, rng.choice((48, 64, 64, 96, 128)))
-    return image if rng.random() < 0.5 else photo_like(image, rng)
+    return image if rng.random() < CLEAN else photo_like(image, rng)
 
 
 # ----------------------------------------------------------------------------- questions
