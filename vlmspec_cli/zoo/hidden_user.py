@@ -1,6 +1,9 @@
 """Train a hidden-state draft head for the user's own target, on the user's own samples:
 ``python -m vlmspec_cli.zoo.hidden --target DIR_OR_HUB_ID SAMPLES... --out HEAD_DIR``.
 
+``--workload FILE.jsonl`` (with or without SAMPLES) adds the user's own conversations: MMSpec
+or ``--chat`` JSONL, every user turn answered again by the target (zoo/hidden_workload.py).
+
 SAMPLES are what ``vlmspec caption`` takes (images, folders, globs, ``-`` for paths on
 stdin), or videos and frame folders with ``--task video``. Each sample becomes one request
 with ``--prompt``; the target answers it greedily (target-only decoding, as vlmspec runs
@@ -97,29 +100,50 @@ def train_user_head(args) -> int:
     """The ``--target DIR`` mode of zoo/hidden.py; returns the exit code."""
     from vlmspec_cli.profile import ModelSpec
     from vlmspec_cli.runtime.models.loading import ModelLoadError, load_model
+    from vlmspec_cli.tasks.inputs import InputError
     from vlmspec_cli.zoo.hidden_train import collect, frozen_io, measure, new_head, train_head
 
     out = Path(args.out) if args.out else None
+    workload = getattr(args, "workload", None)
     try:
         if out is None:
             raise HeadWriteError("--out HEAD_DIR is needed to train a head for your own target")
-        if not args.samples:
+        if not args.samples and not workload:
             raise HeadWriteError("name the samples to train on (images, folders, videos with "
-                                 "--task video)")
+                                 "--task video) or a --workload FILE.jsonl")
         check_out(out, args.force, args.arch)
-        profile, requests, errors = user_requests(args.target, args.samples, args.task,
-                                                  args.prompt, args.max_new_tokens)
+        requests, errors, dialogues = [], [], []
+        if args.samples:
+            _, requests, errors = user_requests(args.target, args.samples, args.task,
+                                                args.prompt, args.max_new_tokens)
+        if workload:
+            from vlmspec_cli.zoo.hidden_workload import workload_dialogues
+
+            dialogues, bad = workload_dialogues(workload)
+            errors += bad
         for line in errors:
             print(line, file=sys.stderr)
-        if not requests:
+        if not requests and not dialogues:
             raise HeadWriteError("no usable sample to train on")
         lm = load_model(ModelSpec(model=args.target, device=args.device, dtype="float32"), "target")
-    except (HeadWriteError, ModelLoadError, ValueError) as exc:
+    except (HeadWriteError, InputError, ModelLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     torch.manual_seed(args.seed)
     t0 = time.time()
     answers = target_answers(lm, requests)
+    n_samples = len(requests)
+    if dialogues:   # the workload's conversations, every turn answered by the target
+        from vlmspec_cli.zoo.hidden_workload import workload_pairs
+
+        more, more_answers, failed = workload_pairs(lm, dialogues, args.max_new_tokens)
+        for line in failed:
+            print(line, file=sys.stderr)
+        errors += failed
+        requests, answers = requests + more, answers + more_answers
+        if not requests:
+            print("error: no usable sample to train on", file=sys.stderr)
+            return 2
     if args.arch == "eagle3":
         return _eagle3(args, lm, requests, answers, errors, out)
     layer = -1 if args.layer is None else args.layer
@@ -129,8 +153,8 @@ def train_user_head(args) -> int:
     embed, lm_head = frozen_io(lm)
     train_head(head, embed, lm_head, data, args.stage1, args.stage2, args.feedback, 32, 2e-3,
                args.seed, print)
-    report = {"target": args.target, "layer": layer, "samples": len(requests),
-              "skipped": len(errors), "stage1_steps": args.stage1, "stage2_steps": args.stage2,
+    report = {"target": args.target, "layer": layer, "samples": n_samples,
+              "conversations": len(requests) - n_samples, "skipped": len(errors), "stage1_steps": args.stage1, "stage2_steps": args.stage2,
               "train_s": round(time.time() - t0, 1),
               "params": sum(p.numel() for p in head.parameters()),
               "on_training_samples": measure(lm, head, requests[:8])}
@@ -149,7 +173,7 @@ def _eagle3(args, lm, requests, answers, errors, out: Path) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    report = {"target": args.target, "skipped": len(errors), **report}
+    report = {"target": args.target, "skipped": len(errors), "examples": len(requests), **report}
     write_head_dir(head, report, out)
     print(json.dumps(report, indent=1))
     return 1 if errors else 0
