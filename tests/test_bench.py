@@ -212,3 +212,23 @@ def test_subprocess_run(tmp_path):
     recs = records(proc.stdout)      # default: the profile's method and target-only
     assert sorted({r["method"] for r in recs}) == ["chain", "none"] and len(recs) == 4
     assert "vlmspec bench" in proc.stderr and "overall" in proc.stderr
+
+
+def test_a_users_own_head_is_benched_not_the_shipped_one(tmp_path):
+    """`vlmspec bench --methods hidden --set hidden.model=HEAD` from a profile whose own
+    method is another: HEAD (a copy of the shipped head, so no shipped one by path) is
+    what the hidden row decodes with; a shipped head for another target is still replaced."""
+    import shutil
+
+    from vlmspec_cli.profile import load_profile
+    from vlmspec_cli.runtime.models.loading import resolve_model_source
+    from vlmspec_cli.tasks.bench import method_profiles
+
+    head = tmp_path / "my-head"
+    shutil.copytree(resolve_model_source("zoo:tinyworld/llava-deep-hidden"), head)
+    path = str(ROOT / "profiles" / "tinyworld-caption.yaml")
+    base = load_profile(path, ["method=chain", f"hidden.model={head}"])
+    assert method_profiles(base, ["none", "hidden"])["hidden"].hidden.model == str(head)
+    base = load_profile(path, ["method=chain", "hidden.model=zoo:tinyworld/llava-hidden"])
+    assert method_profiles(base, ["none", "hidden"])["hidden"].hidden.model \
+        == "zoo:tinyworld/llava-deep-hidden"

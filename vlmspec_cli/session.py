@@ -217,6 +217,11 @@ def _trained_for(name: str | None) -> str | None:
     return None
 
 
+def shipped_companion(name: str) -> bool:
+    """Whether ``name`` is a head or twig shipped with vlmspec (for any target)."""
+    return _trained_for(name) is not None
+
+
 def _shipped_for(target: str) -> dict:
     return next((kinds for t, kinds in SHIPPED_COMPANIONS.items() if _same_model(t, target)), {})
 

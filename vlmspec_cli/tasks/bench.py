@@ -119,14 +119,18 @@ def method_profiles(base, names: list[str], batch_size: int = 1) -> dict[str, ob
     """Each method's profile: ``base`` itself for its own method, else ``base`` with
     ``method`` and what the method needs beside another's profile (DraftingMethod.beside:
     the head or twig shipped for this target, TABED's second input); every one checked
-    before anything loads (SessionError: one line naming the method)."""
+    before anything loads (SessionError: one line naming the method). A head or twig the
+    profile names that is no shipped one (``--set hidden.model=HEAD``: the user's own) is
+    kept, not replaced by the shipped one."""
     shipped = SHIPPED_COMPANIONS.get(base.target.model, {})
     out = {}
     for name in names:
         settings = {"generation.batch_size": batch_size}
         if name != base.method:
             cls = method_class(name)
-            settings |= {"method": name, **cls.beside(base, tuple(shipped.get(name, ())))}
+            own = _users_own(with_settings(base, {"method": name}, source=f"method {name}"))
+            ships = () if own else tuple(shipped.get(name, ()))
+            settings |= {"method": name, **cls.beside(base, ships)}
         try:
             profile = with_settings(base, settings, source=f"method {name}")
             validate_method(profile)
@@ -135,6 +139,15 @@ def method_profiles(base, names: list[str], batch_size: int = 1) -> dict[str, ob
             raise SessionError(said if f"'{name}'" in said else f"method {name}: {said}") from None
         out[name] = profile
     return out
+
+
+def _users_own(profile) -> bool:
+    """Whether the profile's method loads a head or twig named by the user (set, and not
+    one shipped for any target)."""
+    from vlmspec_cli.session import shipped_companion
+
+    return any(model is not None and not shipped_companion(model)
+               for _, model in method_class(profile.method).models(profile))
 
 
 def build_sessions(plan: BenchPlan, on_built: Callable[[str], None] | None = None) -> dict:
