@@ -178,6 +178,15 @@ def test_options_another_setting_would_use_are_refused_not_ignored(images, tmp_p
         assert res.exit_code == 2 and f"{option[0]} is for the Ray actor pool" in res.output
 
 
+def test_inputs_given_to_a_method_that_reads_none_are_named_not_silently_dropped(images):
+    """The default drafts with the target's hidden-state head, which reads no drafting
+    input: --inputs changed nothing and said nothing. One line says so now."""
+    for method, said in (("hidden", True), ("chain", False), ("tabed", False)):
+        res = run(["caption", str(images[0]), "-m", method, "--inputs", "text", "--dry-run"])
+        assert res.exit_code == 0, res.output
+        assert ("--inputs text: method hidden reads no drafting input" in res.stderr) == said
+
+
 def test_dry_run_json_is_one_json_object_per_command(images):
     """--dry-run --json printed YAML and comment lines, which no JSON reader takes: one
     object now (the profile, the planned items, how many past the shown)."""

@@ -91,6 +91,7 @@ def decoding_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task
     target), saying so on stderr; one trained for another target and none shipped for
     this one is refused by ``validate_method``."""
     from vlmspec_cli import ui
+    from vlmspec_cli.cli.detail import unread_inputs
     from vlmspec_cli.session import SessionError, match_companions, method_for_models
 
     prof = load_profile(profile, sets, cli, task)
@@ -103,7 +104,8 @@ def decoding_profile(profile: str | None, sets: tuple[str, ...], cli: dict, task
     if profile is None and "method" not in option_labels(cli) and not _method_set(sets):
         prof, note = method_for_models(prof)   # --model: the default's head is not for it
         notes += [note] if note else []
-    for note in notes:
+    unread = unread_inputs(prof, option_labels(cli))
+    for note in notes + ([unread] if unread else []):
         ui.info(note)
     return prof
 

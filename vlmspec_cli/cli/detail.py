@@ -74,3 +74,16 @@ def short_line(session, methods: str | None = None, extra: str = "") -> str:
     if extra:
         parts.append(extra)
     return " · ".join(parts)
+
+
+def unread_inputs(prof, labels: dict[str, str]) -> str | None:
+    """The line for ``--inputs`` given to a method that reads no drafting input (the
+    default's head drafts from the target's hidden states): the option changes nothing,
+    so say so rather than decode as if it had been taken."""
+    from vlmspec_cli.drafters import method_class
+
+    said = labels.get("drafting.inputs")
+    if said is None or method_class(prof.method).drafting_inputs(prof):
+        return None
+    return (f"{said}: method {prof.method} reads no drafting input, so this changes nothing "
+            f"(-m chain, tree or tabed draft from the inputs given)")
