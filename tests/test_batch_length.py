@@ -133,3 +133,47 @@ def test_a_row_whose_draft_is_useless_turns_off_while_the_others_draft(zoo_targe
     assert useless["mean_gamma"] * useless["rounds_drafted"] < \
         good["mean_gamma"] * good["rounds_drafted"]
     assert results[1].state.stats.num_accepted_tokens < results[0].state.stats.num_accepted_tokens
+
+
+class _Rates(AutoGamma):
+    """A row's length model with given acceptance rates (h_1..h_12), on a made-up machine."""
+
+    def __init__(self, rates, costs) -> None:
+        super().__init__(12, costs)
+        self.fixed = rates
+
+    def rates(self, ls):
+        return self.fixed
+
+
+def test_a_batch_round_is_as_wide_as_pays_for_the_whole_batch_not_its_best_row():
+    """Each row's own best k at the batch's costs let one row that accepts well draft 12
+    and every row pay a 13-wide forward for the 2-3 tokens the others keep (per-row auto
+    1.03-1.07x target-only batched, fixed γ = 5 1.23x). The batch's width is the one with
+    the most tokens a second over all its rows (batch_width.py); rows alike keep their own
+    best; a plain row counts one token; the capped rows' histograms count what they draft."""
+    from vlmspec_cli.runtime.length.batch_width import batch_width, cap_rows
+    from vlmspec_cli.runtime.length.draft_length import Acceptance, LengthState
+
+    machine = Costs(draft=0.05, slope=0.1)
+    process = AutoGamma(12, machine)
+
+    def rows(rates_and_ks):
+        states = []
+        for rates, k in rates_and_ks:
+            ls = LengthState(Acceptance(0.9), model=_Rates(rates, machine))
+            ls.count(k)
+            states.append(type("Row", (), {"length": ls})())
+        return states, [k for _, k in rates_and_ks]
+
+    good, bad = [0.95] * 12, [0.3] * 12
+    alone = process.best(good, 12)[0]
+    states, ks = rows([(good, alone)] * 4)
+    assert batch_width(states, ks, process) == alone       # alike: each row's own best
+    states, ks = rows([(good, 12), (bad, 2), (bad, 2), (bad, 0)])
+    width = batch_width(states, ks, process)
+    assert 2 < width < 12
+    capped = cap_rows(states, ks, width)
+    assert capped == [width, 2, 2, 0]
+    assert states[0].length.hist[12] == 0 and states[0].length.hist[width] == 1
+    assert batch_width(states[:1], ks[:1], process) is None     # one row: its own k

@@ -61,7 +61,7 @@ class Costs:
     def plain_s(self, cautious: bool = False) -> float:
         return self.verify_s(1)
 
-    def explore(self, k: int, budget: int) -> int:
+    def explore(self, k: int, budget: int, after: int = 0) -> int:
         return k
 
 

@@ -21,6 +21,9 @@ COST_DECAY = 0.95         # per round, the cost fits' weights
 MIN_SPREAD = 1.0          # sizes' weighted standard deviation below which a slope is a guess
 OUTLIER = 3.0             # a round timed over this many times its prediction counts as that
 EXPLORE_AFTER = 32        # drafted rounds before one is drafted short to measure V's slope
+# a batch's: its forward feeds every row, so V's slope is steep on a CPU (8 rows × 13
+# tokens against 8 × 6) and a flat guess drafts every row long (batch_width.py)
+BATCH_EXPLORE_AFTER = 2
 RECENT = 9                # drafted rounds whose median time (over the line's) bounds D
 SLOPE_T = 2.0             # a slope under this many of its standard errors is taken as none
 MIN_FIT = 4               # rounds before a slope is fitted (two left to tell its error)
@@ -205,16 +208,16 @@ class RoundCosts:
             v1 = min(v1, max(two - (self.verify.slope or 0.0), 0.0) if cautious else two)
         return v1
 
-    def explore(self, k: int, budget: int) -> int:
+    def explore(self, k: int, budget: int, after: int = EXPLORE_AFTER) -> int:
         """``k``, or, while verification has not been seen at sizes far enough apart to tell
-        its slope after EXPLORE_AFTER rounds, the size in 1..budget farthest from those seen
+        its slope after ``after`` rounds (EXPLORE_AFTER; a batch's: BATCH_EXPLORE_AFTER), the size in 1..budget farthest from those seen
         (a round to measure it; once told, the slope is kept). Until then V is taken as flat
         (``LinearCost``'s fallback): rounds cut short by an EOS or by the token budget
         usually tell the slope for free, and a round drafted short only to measure costs
         the tokens it does not propose (on the demo, 30 rounds in all, one such round was
         3% of the run)."""
         if (not self.verify.known or self.verify.slope is not None
-                or self.verify.n < EXPLORE_AFTER):
+                or self.verify.n < after):
             return k
         seen = self.verify.x / self.verify.w - 1          # proposals of the mean round
         return max((1, budget), key=lambda size: abs(size - seen))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from vlmspec_cli.runtime.round.draft import Drafter
+from vlmspec_cli.runtime.length.batch_width import batch_width, cap_rows
 from vlmspec_cli.runtime.length.draft_length import WARMUP_ROUNDS, AutoGamma
 from vlmspec_cli.runtime.request import DecodeState
 
@@ -145,6 +146,8 @@ class AutoLength(FixedLength):
             auto = self._model(state)
             ks.append(auto.choose(state, budget) if state.length.chose and budget > 0 else 0)
         if states and states[0].length.model is not None:    # a batch's rows
+            # one width for the round: the widest row sets every row's cost (batch_width.py)
+            ks = cap_rows(states, ks, batch_width(states, ks, self.auto))
             # the drafting is timed clean when no drafting row catches up on plain rounds
             self.batch, self.batch_rows = [], len(states)
             self.batch_clean = all(k == 0 or st.length.previous > 0 for st, k in zip(states, ks))
@@ -245,8 +248,8 @@ class RowCosts:
     def plain_s(self, cautious: bool = False) -> float | None:
         return self.costs.plain_s(cautious)
 
-    def explore(self, k: int, budget: int) -> int:
-        return self.costs.explore(k, budget)
+    def explore(self, k: int, budget: int, *after: int) -> int:
+        return self.costs.explore(k, budget, *after)
 
 
 def adopt(auto: AutoGamma, row: AutoGamma) -> None:
