@@ -16,7 +16,7 @@ from test_terminal import assert_reads_cleanly, run_in_pty
 VLMSPEC = [sys.executable, "-m", "vlmspec_cli"]
 CASES = {
     "describe-video": ["describe-video", "examples/videos/red-circle-left-to-right.mp4",
-                       "--max-new-tokens", "8"],
+                       "--max-new-tokens", "8", "--compare"],
     "generate-image": ["generate-image", "a red circle on a blue background", "--out-dir", "{tmp}"],
     "profile": ["profile", "--set", "method=none", "--set", "generation.max_new_tokens=4",
                 "--repeats", "3", "--warmup", "0",

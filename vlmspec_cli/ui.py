@@ -187,8 +187,7 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
     """``method``: the method with its shape (DraftingMethod.label); ``drafts``: False for
     target-only decoding (no acceptance rows)."""
     s = summary.stats
-    table = Table(title="vlmspec summary", title_justify="left", show_header=False,
-                  caption_justify="left", caption_style="dim")
+    table = Table(title="vlmspec summary", title_justify="left", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     table.add_row("items", f"{summary.items} ({summary.done} done, {summary.skipped} skipped)")
@@ -210,14 +209,16 @@ def summary_table(summary, method: str, drafts: bool, extra: dict | None = None)
         note = f" ({summary.mismatches} mismatching!)" if summary.mismatches else ""
         table.add_row("target-only tokens/s", f"{summary.baseline_tokens_per_s or 0.0:.1f}")
         table.add_row("speedup vs target-only", f"{summary.speedup:.2f}x{note}")
-        table.caption = ("speedup: the target alone's decoding wall time over this method's, "
-                         "the same inputs decoded in this process (--compare)")
+        caption = ("speedup: the target alone's decoding wall time over this method's, "
+                   "the same inputs decoded in this process (--compare)")
     if summary.compared:
         table.add_row("identical to target-only", summary.verdict,
                       style="red" if summary.mismatches else None)
     for name, value in (extra or {}).items():
         table.add_row(name, str(value))
     stderr.print(table)
+    if summary.speedup is not None:   # wrapped at words (the console soft-wraps: mid-word)
+        stderr.print(caption, style="dim", soft_wrap=False)
 
 
 def profiles_table(rows) -> None:
