@@ -268,7 +268,8 @@ class SpeculativeEngine:
             ) -> Iterator[tuple[T, Result | Exception]]:
         """Decode every item, ``batch_size`` rows together, each at its own pace: every
         round is ``step_rows`` over the rows (a chain's draft: one forward per drafted
-        position for every row; the hidden-state heads: row by row; one target forward),
+        position for every row; the hidden-state heads and trees: row by row; one target
+        forward, a tree row's nodes after its own prefix with its own ancestor mask),
         each row keeping its own accepted length, positions and cache length in a shared
         ragged cache; per row the round is exactly a request's decoded alone, so each
         emits the same tokens at temperature 0. A row that finishes leaves
