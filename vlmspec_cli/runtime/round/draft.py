@@ -68,7 +68,6 @@ class Verdict:
             rows = list(range(prefix - f.start)) + [s - f.start for s in slots]
             state.features = TargetFeatures(f.hidden[rows], f.start)
 
-
     def batch_drop(self, state: DecodeState) -> int | list[bool]:
         """A row of a batch, whose target cache is the batch's one (rolled back for every
         row at once, ``RaggedCache.rollback``): what it forgets of this round's feed. A

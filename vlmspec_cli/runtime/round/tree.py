@@ -86,8 +86,9 @@ class DraftTree(Proposal):
         down after the prefix)."""
         lead = len(state.target_pending)
         # the cache before this round's forward: it now also holds every fed row of ``out``
-        past = (_own_past(state) - (len(out) if out is not None else 0)
-                if state.target_cache is not None else 0)
+        # (a row of a batch: 0, ``_own_past``)
+        fed = len(out) if out is not None and state.target_cache is not None else 0
+        past = _own_past(state) - fed
         root = out[lead - 1] if lead else state.target_next_logits
         node_logits = out[lead:] if len(self) else None
         path, tok = verify_tree(self, root, node_logits, sampling, state.target_generator, relax)
