@@ -26,7 +26,7 @@ every vlmspec row; the HF rows are reported as measured); memory = model weights
 ``--folder``: a folder instead (bench/scale_folder.py): examples/images and crops of the
 sample photos (``--photos-from``, benchlib.photo_set) captioned by the shipped profiles'
 32-layer target, target-only and each method (``--methods``: chain, hidden, eagle3) at
-each batch size, interleaved over ``--passes``, every output checked against the single
+each batch size (trees too: tree, hidden-tree, eagle3-tree), interleaved over ``--passes``, every output checked against the single
 engine's target-only decoding, row by row.
 """
 
@@ -147,6 +147,8 @@ def main() -> None:
                     help="the folder holding china.jpg and flower.jpg (scikit-learn's samples)")
     ap.add_argument("--inputs", type=int, default=64, help="--folder: images + photo crops")
     ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--tree-shape", default="2,8",
+                    help="--folder: the tree methods' top_k,nodes (depth: γ)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.folder:

@@ -9,7 +9,13 @@ The inputs: examples/images/*.png, then crops of scikit-learn's two sample photo
 llava-deep-eagle3), all at T = 0 with a fixed γ (``--gamma``, or per method:
 ``hidden:3``), or with ``drafting.length: auto`` (``hidden:auto``, ceiling ``--gamma``;
 ``hidden:auto12``, ceiling 12): each row of the batch its own k, plain where drafting
-does not pay (round_policy.AutoLength, a fresh one per engine).
+does not pay (round_policy.AutoLength, a fresh one per engine). Trees: ``tree`` (the
+chain's draft model grows EAGLE-2 trees), ``hidden-tree`` and ``eagle3-tree`` (the heads'
+trees), depth γ (``tree:4``), top_k and nodes from ``--tree-shape`` (default 2,8), each
+row's tree verified in the batch's one target forward.
+
+Without ``--photos-from`` the example images are cycled up to ``--inputs`` (the prompts
+turn with the index, so a repeated image gets another prompt).
 
 Every (method, B) engine is warmed up once on B inputs, then the passes run interleaved
 (pass 1 of every engine, then pass 2, …) so that a shared machine's load drifts over all
@@ -58,19 +64,20 @@ def folder_requests(args, tmp: Path) -> tuple[list[str], list[Request]]:
     paths = sorted((ROOT / "examples" / "images").glob("*.png"))[: args.inputs]
     photos = args.inputs - len(paths)
     if photos > 0:
-        if not args.photos_from:
-            sys.exit("--folder needs --photos-from (china.jpg, flower.jpg) for more than "
-                     f"{len(paths)} inputs")
-        paths += sorted(photo_set(Path(args.photos_from), tmp / "photos", photos).glob("*.png"))
+        if not args.photos_from:   # the demo images again, each with the next prompts
+            paths = [paths[i % len(paths)] for i in range(args.inputs)]
+        else:
+            paths += sorted(photo_set(Path(args.photos_from), tmp / "photos", photos).glob("*.png"))
     reqs = [Request([Message("user", PROMPTS[i % len(PROMPTS)], (Image.open(p).convert("RGB"),))],
                     max_new_tokens=args.max_new_tokens) for i, p in enumerate(paths)]
     return [p.name for p in paths], reqs
 
 
 def companion(method: str, target):
-    """The model ``method`` drafts with, next to ``target``."""
-    if method == "chain":
-        return load_model(ModelSpec(model=COMPANIONS[method], device="cpu"), "draft")
+    """The model ``method`` drafts with, next to ``target`` (a tree method: its chain's)."""
+    method = method.removesuffix("-tree")
+    if method in ("chain", "tree"):
+        return load_model(ModelSpec(model=COMPANIONS["chain"], device="cpu"), "draft")
     load = load_hidden_head if method == "hidden" else load_eagle3_head
     return load(COMPANIONS[method], target)
 
@@ -84,14 +91,23 @@ def method_spec(spec: str, gamma: int) -> tuple[str, int, bool]:
     return name, int(digits) if digits else gamma, auto
 
 
-def drafter_for(method: str, target, model):
+def drafter_for(method: str, target, model, gamma: int = 5, shape: tuple[int, int] = (2, 8)):
+    """``shape``: a tree's (top_k, nodes); its depth is ``gamma``."""
+    from vlmspec_cli.drafters.hidden import TreeSettings
+
     if method == "target-only":
         return None
     if method == "chain":
         return create_drafter("chain", draft=model, sampling=GREEDY, drafting_input="multimodal",
                               image_token=target.adapter.image_token(target))
-    return create_drafter(method, target=target, head=model, sampling=GREEDY,
-                          eos_ids=eos_token_ids(target))
+    if method == "tree":
+        return create_drafter("tree", draft=model, sampling=GREEDY, drafting_input="multimodal",
+                              depth=gamma, top_k=shape[0], total_tokens=shape[1],
+                              image_token=target.adapter.image_token(target),
+                              eos_ids=eos_token_ids(target))
+    tree = TreeSettings(gamma, *shape) if method.endswith("-tree") else None
+    return create_drafter(method.removesuffix("-tree"), target=target, head=model,
+                          sampling=GREEDY, eos_ids=eos_token_ids(target), tree=tree)
 
 
 def decode(engine: SpeculativeEngine, reqs: list[Request]):
@@ -115,6 +131,7 @@ def run_folder(args) -> None:
                                              for m in args.methods.split(",") if m]
     models = {m: companion(m, target) for m in {m for m, _, _ in methods[1:]}}
     sizes = [int(b) for b in args.batch_sizes.split(",")]
+    shape = tuple(int(x) for x in args.tree_shape.split(","))
     single = SpeculativeEngine(target, None, 1, GREEDY)
     single.generate(reqs[0])   # warm-up
     t0 = time.perf_counter()
@@ -126,7 +143,7 @@ def run_folder(args) -> None:
                 m if m == "target-only" or len({(g, a) for n, g, a in methods if n == m}) == 1
                 else f"{m} γ={gamma}")
         for b in sizes:
-            drafter = drafter_for(m, target, models.get(m))
+            drafter = drafter_for(m, target, models.get(m), gamma, shape)
             engines[(name, b)] = SpeculativeEngine(target, drafter, gamma, GREEDY, b)
             if auto:
                 engines[(name, b)].use_policy(

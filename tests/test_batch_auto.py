@@ -84,10 +84,10 @@ def test_cli_auto_equals_batch_size_one_and_says_its_b(folder):
 
 def test_a_method_that_decodes_alone_falls_back_to_one_with_one_line(folder):
     res = CliRunner().invoke(cli, ["caption", str(folder / "s0.png"), "--json", "--method",
-                                   "tree", "--batch-size", "auto", "--max-new-tokens", "8"])
+                                   "tabed", "--batch-size", "auto", "--max-new-tokens", "8"])
     assert res.exit_code == 0, res.output
     said = [x for x in res.stderr.splitlines() if "--batch-size auto" in x]
-    assert said == ["--batch-size auto: method 'tree' decodes one request at a time; "
+    assert said == ["--batch-size auto: method 'tabed' decodes one request at a time; "
                     "decoding at batch size 1"]
     assert len(_records(res)) == 1
 

@@ -1,4 +1,5 @@
-"""Batched decoding with the hidden-state heads (methods ``hidden`` and ``eagle3``, chains):
+"""Batched decoding with the hidden-state heads (methods ``hidden`` and ``eagle3``, chains;
+their trees batched: tests/test_batch_trees.py):
 every row keeps its own head state (its head cache, the target states it has not read
 yet) while the target verifies every row's chain in one forward over the batch's ragged
 cache. At temperature 0 each row emits what the same request decoded alone emits, with
@@ -101,22 +102,6 @@ def test_a_request_that_fails_to_start_leaves_the_head_batch_going(zoo_target, h
         assert outcomes[id(r)].tokens == alone.generate(r).tokens
 
 
-def test_a_tree_in_a_batch_is_refused_and_fails_its_rows(
-        zoo_target, hidden_head, requests_):
-    """Built without a profile (no session to refuse it), a tree-drafting head says it
-    cannot batch (``check_batch``, which the session's batched engine asks), and a batch run
-    anyway fails its rows (a tree reads the row's own target cache): none decodes."""
-    from vlmspec_cli.drafters.hidden import TreeSettings
-
-    drafter = create_drafter("hidden", target=zoo_target, head=hidden_head, sampling=GREEDY,
-                             eos_ids=eos_token_ids(zoo_target), tree=TreeSettings(3, 2, 6))
-    with pytest.raises(ValueError, match="one request at a time"):
-        drafter.check_batch()
-    engine = SpeculativeEngine(zoo_target, drafter, 3, GREEDY, 2)
-    outcomes = [res for _, res in engine.run(requests_[:2], lambda r: r)]
-    assert len(outcomes) == 2 and all(isinstance(o, Exception) for o in outcomes)
-
-
 def _law(lm, messages, prefix: list[int], params) -> torch.Tensor:
     """The target's warped next-token law after the prompt and ``prefix``."""
     images = [im for m in messages for im in m.images]
@@ -176,14 +161,3 @@ def test_cli_shipped_head_profiles_batch(tmp_path, profile):
     # the records keep their shape: the same fields, the head's own report included
     assert all(set(a[k]) == set(b[k]) - {"compare"} for k in a)
     assert all("draft_cache" in a[k]["stats"] and "draft_cache" in b[k]["stats"] for k in a)
-
-
-@pytest.mark.parametrize("method", ["hidden", "eagle3"])
-def test_a_head_drafting_trees_refuses_a_batch_in_one_line(method):
-    res = CliRunner().invoke(cli, ["caption", "x.png", "--batch-size", "2", "--method", method,
-                                   "--set", f"{method}.tree=true",
-                                   "--set", f"{method}.model=zoo:tinyworld/llava-deep-{method}"])
-    assert res.exit_code == 2
-    errors = [line for line in res.output.splitlines() if "error" in line]
-    assert len(errors) == 1 and f"{method}.tree" in errors[0] and "batch" in errors[0], res.output
-    assert "--batch-size 1" in errors[0]

@@ -196,6 +196,21 @@ def test_batched_chain_equals_target_only(models, target_only):
     assert [done[i].tokens for i in range(len(done))] == target_only["image"]
 
 
+@pytest.mark.parametrize("same_draft", [False, True])
+def test_batched_tree_equals_target_only(models, target_only, same_draft):
+    """generation.batch_size 3, method tree: every row's tree verified in the batch's one
+    ragged forward (requests of different image sizes and the multi-image chat) decodes
+    the target-only tokens, with the target as its own draft (every node on the path
+    accepted) and with another random model (nearly all rejected)."""
+    target, draft = models[0], models[1]
+    engine = _session(target, target if same_draft else draft, "tree",
+                      "drafting.inputs=[multimodal]", "tree.depth=3", "tree.top_k=2",
+                      "tree.total_tokens=6", "generation.batch_size=3").batched_engine()
+    done = dict(engine.run(range(len(target_only["image"])), lambda i: _requests()[i]))
+    assert [done[i].tokens for i in range(len(done))] == target_only["image"]
+    assert sum(done[i].state.stats.num_draft_tokens for i in done) > 0
+
+
 @pytest.mark.parametrize("inputs", ["multimodal", "text"])
 @pytest.mark.parametrize("same_draft", [False, True])
 def test_video_chains_equal_target_only(models, target_only, inputs, same_draft):

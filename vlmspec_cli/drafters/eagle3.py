@@ -88,7 +88,6 @@ class Eagle3Drafter(HiddenDrafter):
         if not profile.eagle3.model:
             raise ValueError("method 'eagle3' needs a head: set eagle3.model to an EAGLE-3 head "
                              "directory or hub id")
-        cls.check_batch_shape(profile)
 
     @classmethod
     def from_profile(cls, profile, target, sampling, trace=None) -> "Eagle3Drafter":

@@ -20,10 +20,12 @@ states not yet read by the head (from position ``row_start``). A round:
 The very first token has no head state yet: the target's own prefill distribution p is
 used as q (x_1 ~ p, accepted with probability min(1, p/q) = 1), as EAGLE does.
 
-Batches (generation.batch_size > 1, chains only): each row's ``HiddenState`` is its own
-(its head cache, the target states it has not read), and the engine's one forward over the
-batch's ragged target cache hands each row its states (``state.features``), so a row
-proposes and accepts exactly as the request would alone; the head runs row by row.
+Batches (generation.batch_size > 1, chains and trees): each row's ``HiddenState`` is its
+own (its head cache, the target states it has not read), and the engine's one forward over
+the batch's ragged target cache (a tree row's nodes after its own prefix, its own mask)
+hands each row its states (``state.features``, a tree row's cut to its accepted path), so
+a row proposes and accepts exactly as the request would alone. The head drafts row by row
+(its forwards are small; the target's one forward for every row is what batching saves).
 
 Drafts are verified by the target as usual, so the method is lossless.
 """
@@ -74,7 +76,7 @@ class TreeSettings:
 class HiddenDrafter(DraftingMethod):
     tasks = ("caption", "video")
     uses_draft = False
-    batches = True       # chains (check: a tree decodes one request at a time)
+    batches = True       # chains and EAGLE-2 trees (the head drafts row by row)
     help = "HiViS/Sparrow head on the target's text hidden states"
     searched_first = ("video",)
     search_rank = 1       # a head trained on the target's own states
@@ -104,22 +106,6 @@ class HiddenDrafter(DraftingMethod):
     def check(cls, profile) -> None:
         if not profile.hidden.model:
             raise ValueError("method 'hidden' needs a trained head: set hidden.model")
-        cls.check_batch_shape(profile)
-
-    @classmethod
-    def check_batch_shape(cls, profile) -> None:
-        """Batches (generation.batch_size > 1) draft chains: each row's head state is its
-        own, the target verifies every row's chain in one ragged forward. A tree's
-        per-row masks and positions are not in that forward yet."""
-        if cls.settings(profile).tree and profile.generation.rows > 1:
-            raise ValueError(f"{cls.name}.tree: true drafts one request at a time; "
-                             f"generation.batch_size > 1 (--batch-size) drafts {cls.name} "
-                             f"chains: --set {cls.name}.tree=false or --batch-size 1")
-
-    def check_batch(self) -> None:
-        if self.tree is not None:   # (built without a profile: the API's own drafter)
-            raise ValueError(f"a {self.name} head drafting trees decodes one request at a "
-                             f"time; batches (--batch-size > 1) draft {self.name} chains")
 
     @classmethod
     def models(cls, profile) -> list[tuple[str, str | None]]:

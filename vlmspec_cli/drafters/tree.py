@@ -8,6 +8,10 @@ lets a node see the cache, its ancestors and itself (runtime/round/tree_growth.p
 ``FrontierFeed``). After verification the cache keeps the prompt, the committed tokens
 and the accepted path's nodes it fed (moved down after them), so the next round starts
 from a plain prefix again.
+
+In a batch (generation.batch_size > 1) each row keeps its own ``TreeState`` and the draft
+grows the rows' trees one row at a time (``propose_rows``' default: the draft is the cheap
+model); the target verifies every row's tree in the engine's one ragged forward.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ class TreeState:
 @register("tree")
 class TreeDrafter(DraftingMethod):
     tasks = ("caption", "image")
+    # rows of a batch: the draft grows each row's tree alone (its own cache; the draft is
+    # the cheap model), the target verifies every row's tree in one ragged forward
+    batches = True
     relaxes = True     # acceptance: relaxed judges tree nodes (image codes)
     trees = True
     help = "EAGLE-2 or static draft trees, section tree:"
@@ -233,6 +240,9 @@ class AdtDrafter(TreeDrafter):
     per image row)."""
 
     tasks = ("image",)
+    # generate-image decodes one image at a time (a guided target runs two rows per image,
+    # the conditional and the guiding one, which a ragged batch's rows are not)
+    batches = False
     help = "ADT-Tree: trees adapted per image region"
     searched_first = ("image",)
     search_rank = 2       # (image: ADT-Tree before fixed trees)

@@ -13,7 +13,7 @@ a folder decodes at, chosen on this machine from the folder's own first requests
    second over the run; B doubles while the doubling raised the rate by at least GROWTH
    (5%), and the largest B that did is chosen (``grow``). At most as many as the first
    requests that load, and MAX_ROWS.
-3. A session that decodes one request at a time (its method, a tree-drafting head, a
+3. A session that decodes one request at a time (its method, a draft of another tokenizer, a
    video, a target with 3-D positions per request) decodes at B = 1, saying why in one
    line, instead of failing as a count > 1 does.
 

@@ -13,6 +13,14 @@ gets its row's own position id, so a row attends to exactly the keys, at exactly
 positions, it would see decoded alone. Rolling back a row only marks slots invalid;
 ``trim`` drops columns that are invalid for every row and ``compact`` (a gather, run when
 enough space is wasted) packs each row's valid slots to the right.
+
+A row may feed a draft *tree* (``feed_hidden``'s ``trees``): its nodes flattened after
+the row's own prefix, node i at the row's next position + its offset (the pending token
+0, a node 1 + its depth), seeing the row's valid slots and the fed tokens its visibility
+marks (its ancestors and itself); the forward then takes a 4-D mask, each row's own. The
+rollback keeps the accepted path's slots where they are (``rollback`` with a keep mask):
+their keys were computed at the positions the path has, over exactly the path's
+ancestors, so no key moves; the other nodes' slots become invalid.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vlmspec_cli.runtime.fast.fast_decoder import additive
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 
 if TYPE_CHECKING:
@@ -108,11 +117,14 @@ class RaggedCache:
         Shorter feeds are left-padded with invalid slots."""
         return [logits for logits, _ in self.feed_hidden(feeds, None)]
 
-    def feed_hidden(self, feeds: list[list[int]], layer
+    def feed_hidden(self, feeds: list[list[int]], layer, trees: list | None = None
                     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """``feed``, and per row the hidden states (len(feed), H) of its tokens at
         ``layer`` (transformers' ``hidden_states`` index, or a tuple of them concatenated:
-        a hidden-state drafter's; None: not asked for, None returned)."""
+        a hidden-state drafter's; None: not asked for, None returned). ``trees``: per row
+        None (its tokens at its next positions, causal) or (offsets (n,), allowed (n, n)
+        bool): a tree's feed, token i at the row's next position + offsets[i], seeing the
+        row's cache and the fed tokens ``allowed[i]`` marks."""
         lm = self.lm
         t = max(len(f) for f in feeds)
         if t == 0:
@@ -123,7 +135,10 @@ class RaggedCache:
             if f:
                 ids[b, t - len(f):] = torch.tensor(f, device=lm.device)
                 new_valid[b, t - len(f):] = True
-        logits, hidden = self._forward(ids, new_valid, layer)
+        shape = None
+        if trees is not None and any(tr is not None for tr in trees):
+            shape = _tree_shape(feeds, trees, t, lm.device)
+        logits, hidden = self._forward(ids, new_valid, layer, shape)
         return [(logits[b, t - len(f):], None if hidden is None else hidden[b, t - len(f):])
                 for b, f in enumerate(feeds)]
 
@@ -133,13 +148,23 @@ class RaggedCache:
         logits (B, t, V); nothing is read back to the host."""
         return self._forward(ids, new_valid, None)[0]
 
-    def _forward(self, ids: torch.Tensor, new_valid: torch.Tensor, layer):
-        """(logits (B, t, V), the chosen layer's states (B, t, H) or None)."""
+    def _forward(self, ids: torch.Tensor, new_valid: torch.Tensor, layer, shape=None):
+        """(logits (B, t, V), the chosen layer's states (B, t, H) or None). ``shape``:
+        (offsets (B, t), visible (B, t, t)) where a row feeds a tree (``_tree_shape``)."""
         lm = self.lm
-        # each fed token at its row's next position; padding slots get a harmless position
-        positions = self.next_pos[:, None] + new_valid.long().cumsum(-1) - 1
-        positions = positions.clamp_min(0)
-        mask = torch.cat([self.valid, new_valid], dim=1).long()
+        if shape is None:
+            # each fed token at its row's next position; padding slots get a harmless one
+            positions = self.next_pos[:, None] + new_valid.long().cumsum(-1) - 1
+            positions = positions.clamp_min(0)
+            mask = torch.cat([self.valid, new_valid], dim=1).long()
+        else:
+            offsets, visible = shape
+            positions = self.next_pos[:, None] + offsets
+            t = ids.shape[1]
+            # (B, 1, t, width + t): each row's valid slots, then its own fed tokens' visibility
+            mask = torch.cat([self.valid[:, None, :].expand(-1, t, -1), visible], dim=2)[:, None]
+            if not self.static:   # transformers takes an additive float mask as is
+                mask = additive(mask, lm.dtype)
         if layer is None:
             out = lm.adapter.extend(lm, ids, self.cache, attention_mask=mask,
                                     position_ids=positions), None
@@ -150,10 +175,16 @@ class RaggedCache:
         self.next_pos = self.next_pos + new_valid.sum(-1)
         return out
 
-    def rollback(self, drop: list[int]) -> None:
+    def rollback(self, drop: list[int | list[bool]]) -> None:
         """Forget the last ``drop[b]`` tokens of row b (rejected proposals): mark its last
-        valid slots invalid. Nothing is copied; ``trim``/``compact`` reclaim the space."""
+        valid slots invalid. A list of bools instead is a keep mask over the row's last
+        len(mask) valid slots (a tree's feed: the pending token and its accepted path are
+        kept where they are). Nothing is copied; ``trim``/``compact`` reclaim the space."""
         for b, n in enumerate(drop):
+            if isinstance(n, list):
+                if n and not all(n):
+                    self._drop_slots(b, n)
+                continue
             if n <= 0:
                 continue
             slots = self.valid[b].nonzero().flatten()
@@ -163,6 +194,16 @@ class RaggedCache:
             self.next_pos[b] -= n
         self.trim()
         self.compact()
+
+    def _drop_slots(self, b: int, keep: list[bool]) -> None:
+        """Row b's last len(keep) valid slots: those not kept become invalid."""
+        slots = self.valid[b].nonzero().flatten()
+        if len(keep) > len(slots):
+            raise ValueError(f"row {b} holds {len(slots)} tokens, not a feed of {len(keep)}")
+        kept = torch.tensor(keep, dtype=torch.bool, device=slots.device)
+        gone = slots[len(slots) - len(keep):][~kept]
+        self.valid[b, gone] = False
+        self.next_pos[b] -= len(gone)
 
     # -- reclaiming space ------------------------------------------------------------
     def trim(self) -> None:
@@ -217,6 +258,30 @@ class RaggedCache:
             for i, (k, v) in enumerate(tensors):
                 fresh.update(k, v, i)
         self.cache = fresh
+
+
+def _tree_shape(feeds: list[list[int]], trees: list, t: int, device):
+    """(offsets (B, t), visible (B, t, t) bool) of a forward where some rows feed a tree:
+    each row's feed right-aligned in t slots; a tree row's own offsets and visibility, a
+    chain row's 0, 1, … causal; a padding slot sees itself alone (its key is invalid for
+    every later query, and no query of the row sees it)."""
+    rows = len(feeds)
+    offsets = torch.zeros((rows, t), dtype=torch.long)
+    visible = torch.eye(t, dtype=torch.bool).repeat(rows, 1, 1)
+    for b, (f, tree) in enumerate(zip(feeds, trees)):
+        n = len(f)
+        if not n:
+            continue
+        if tree is None:
+            offsets[b, t - n:] = torch.arange(n)
+            visible[b, t - n:, t - n:] = torch.ones((n, n), dtype=torch.bool).tril()
+        else:
+            pos, allowed = tree
+            if allowed.shape != (n, n) or len(pos) != n:
+                raise ValueError("a row's tree feed needs n offsets and an (n, n) visibility")
+            offsets[b, t - n:] = pos
+            visible[b, t - n:, t - n:] = allowed
+    return offsets.to(device), visible.to(device)
 
 
 def _stack_rows(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:

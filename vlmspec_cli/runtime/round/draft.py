@@ -68,6 +68,24 @@ class Verdict:
             rows = list(range(prefix - f.start)) + [s - f.start for s in slots]
             state.features = TargetFeatures(f.hidden[rows], f.start)
 
+    def batch_drop(self, state: DecodeState) -> int | list[bool]:
+        """A row of a batch, whose target cache is the batch's one (rolled back for every
+        row at once, ``RaggedCache.rollback``): what it forgets of this round's feed. A
+        chain: its last ``rejected`` tokens; a tree: a keep mask over the fed slots (the
+        lead tokens and the accepted path's nodes stay where they are, ``keep`` naming
+        them within the feed), with the row's target states read from the forward cut to
+        the same rows, as ``roll_back`` does alone."""
+        if self.keep is None:
+            return self.rejected
+        lead, slots = self.keep        # within the round's feed (a row's own past is 0)
+        kept = set(range(lead)) | set(slots)
+        mask = [i in kept for i in range(lead + self.drafted)]
+        f = state.features
+        if f is not None and f.ids is None and len(f.hidden) == len(mask):
+            state.features = TargetFeatures(f.hidden[[i for i, k in enumerate(mask) if k]],
+                                            f.start)
+        return mask
+
 
 @dataclass
 class TargetFeed:
@@ -201,11 +219,12 @@ def commit(state: DecodeState, verdict: Verdict, drafter: "Drafter",
     stats count the round, and the request ends at EOS or at its token limit.
 
     ``target_drops``: a batch's rows share one ragged cache, rolled back for every row at
-    once after the round; the row's number of rejected proposals is appended there."""
+    once after the round; what the row forgets of its feed is appended there (a chain's
+    number of rejected proposals, a tree's keep mask: ``Verdict.batch_drop``)."""
     if target_drops is None:
         verdict.roll_back(state)
     else:
-        target_drops.append(verdict.rejected)
+        target_drops.append(verdict.batch_drop(state))
     state.target_pending = [verdict.token]
     state.target_next_logits = None
     state.tokens.extend(verdict.accepted)

@@ -213,12 +213,15 @@ class SpeculativeEngine:
                             position_ids=feed.positions[None].to(lm.device))]
 
     def _feed_rows(self, states: list[DecodeState], feeds: list[TargetFeed]) -> list[torch.Tensor]:
-        """The batch's rows in one forward over the ragged cache (chains: each row's feed
-        at its own next positions). For a hidden-state drafter each row that fed tokens
-        gets their states of the chosen layer on ``state.features``, from the row's own
-        position: what ``extend`` gives a request decoded alone."""
+        """The batch's rows in one forward over the ragged cache: a chain's feed at the
+        row's own next positions; a tree's flattened after the row's own prefix (its
+        positions and visibility are relative to it: a row has no cache of its own), each
+        row with its own mask in the one 4-D mask. For a hidden-state drafter each row that
+        fed tokens gets their states of the chosen layer on ``state.features``, from the
+        row's own position: what ``extend`` gives a request decoded alone."""
         starts = self.rows.next_pos.tolist()
-        outs = self.rows.feed_hidden([f.ids for f in feeds], self.hidden_layer)
+        trees = [None if f.allowed is None else (f.positions, f.allowed) for f in feeds]
+        outs = self.rows.feed_hidden([f.ids for f in feeds], self.hidden_layer, trees)
         for state, start, (_, hidden) in zip(states, starts, outs):
             if hidden is not None and len(hidden):
                 state.features = TargetFeatures(hidden, start)
@@ -265,7 +268,8 @@ class SpeculativeEngine:
             ) -> Iterator[tuple[T, Result | Exception]]:
         """Decode every item, ``batch_size`` rows together, each at its own pace: every
         round is ``step_rows`` over the rows (a chain's draft: one forward per drafted
-        position for every row; the hidden-state heads: row by row; one target forward),
+        position for every row; the hidden-state heads and trees: row by row; one target
+        forward, a tree row's nodes after its own prefix with its own ancestor mask),
         each row keeping its own accepted length, positions and cache length in a shared
         ragged cache; per row the round is exactly a request's decoded alone, so each
         emits the same tokens at temperature 0. A row that finishes leaves

@@ -71,7 +71,7 @@ class DraftTree(Proposal):
         ordinary step of the pending token)."""
         if not len(self):
             return TargetFeed(list(state.target_pending))
-        past = cache_length(state.target_cache)
+        past = _own_past(state)
         lead = len(state.target_pending)
         depth = torch.tensor(self.depth)
         positions = torch.cat([torch.arange(past, past + lead), past + lead + depth])
@@ -86,7 +86,9 @@ class DraftTree(Proposal):
         down after the prefix)."""
         lead = len(state.target_pending)
         # the cache before this round's forward: it now also holds every fed row of ``out``
-        past = cache_length(state.target_cache) - (len(out) if out is not None else 0)
+        # (a row of a batch: 0, ``_own_past``)
+        fed = len(out) if out is not None and state.target_cache is not None else 0
+        past = _own_past(state) - fed
         root = out[lead - 1] if lead else state.target_next_logits
         node_logits = out[lead:] if len(self) else None
         path, tok = verify_tree(self, root, node_logits, sampling, state.target_generator, relax)
@@ -94,6 +96,14 @@ class DraftTree(Proposal):
         return Verdict([self.tokens[n] for n in path], tok, verified, drafted=len(self),
                        positions=self.max_depth, path=path,
                        keep=(past + lead, [past + lead + n for n in path]))
+
+
+def _own_past(state: DecodeState) -> int:
+    """The positions in the request's own target cache; 0 for a row of a batch, whose
+    cache is the batch's (runtime/fast/ragged.py): its feed's positions and visibility are
+    then relative to the row's own prefix, which the ragged cache adds, and ``Verdict.keep``
+    names slots of the round's feed."""
+    return 0 if state.target_cache is None else cache_length(state.target_cache)
 
 
 def tree_allowed(anc: torch.Tensor, past: int, lead: int) -> torch.Tensor:
