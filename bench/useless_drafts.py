@@ -21,7 +21,7 @@ target-only each in a fresh process instead, as a user's run times them): the sp
 inputs), the first request's and each input's, identical/total and the auto length's
 counters (rounds drafted, plain, probes).
 
-    python bench/useless_drafts.py [--loads 0,2] [--repeat 2] [--rows llava15-7b,walk]
+    python bench/useless_drafts.py [--loads 0,2] [--repeat 2] [--rows llava15-7b,walk] [--control]
         [--images examples/images/scene1.png,...] [--json OUT.json]
 
 Prints a markdown table; ``--json`` writes the raw rows with the machine, `uptime` before
@@ -164,6 +164,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def write(args, info: dict, rows: list[dict]) -> None:
+    if args.json_out:
+        out = {"machine": info, "command": shlex.join(["python"] + sys.argv), "note": args.note,
+               "images": args.images, "target_layers": args.target_layers,
+               "draft_layers": args.draft_layers, "cold": args.cold, "rows": rows}
+        Path(args.json_out).write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default=",".join([*PROFILES, WALK]),
@@ -218,23 +226,21 @@ def main() -> None:
                                 "uptime_after": uptime()})
                     row["first_request_speedup"] = first_speedups(row, len(images))
                     rows.append(row)
-                row = done[0]
                 if args.control:
-                    row["over_control"] = over_control(row, done[1])
-                print(f"[{name}, {load} busy] {row['command']}\n    {row['uptime_after']}; "
-                      f"rc {row['rc']}: speedup {row.get('speedup')}, first "
-                      f"{row['first_request_speedup']}, per input {row.get('per_input_speedup')}, "
-                      f"identical {row.get('identical')}/{row['inputs']}, auto {row.get('auto')}"
-                      + (f"\n    {row['stderr_tail']}" if row.get("stderr_tail") else ""),
-                      flush=True)
+                    done[0]["over_control"] = over_control(done[0], done[1])
+                for row in done:
+                    print(f"[{row['row']}, {load} busy] {row['command']}\n    {row['uptime_after']}; "
+                          f"rc {row['rc']}: speedup {row.get('speedup')}, over control "
+                          f"{row.get('over_control')}, first {row['first_request_speedup']}, "
+                          f"per input {row.get('per_input_speedup')}, identical "
+                          f"{row.get('identical')}/{row['inputs']}, auto {row.get('auto')}"
+                          + (f"\n    {row['stderr_tail']}" if row.get("stderr_tail") else ""),
+                          flush=True)
+                write(args, info, rows)   # after every row: a run cut short keeps its rows
     info["uptime_at_end"] = uptime()
     print()
     print(table(rows))
-    if args.json_out:
-        out = {"machine": info, "command": shlex.join(["python"] + sys.argv), "note": args.note,
-               "images": args.images, "target_layers": args.target_layers,
-               "draft_layers": args.draft_layers, "cold": args.cold, "rows": rows}
-        Path(args.json_out).write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    write(args, info, rows)
 
 
 if __name__ == "__main__":
