@@ -109,6 +109,154 @@ def qwen2_vl(folder: Path, seed: int, layers: int = 2) -> Path:
     return _save(Qwen2VLForConditionalGeneration(config).eval(), folder, QWEN_FILES)
 
 
+# the families whose tests build them (moved here from their test files, so that
+# bench/useless_drafts.py builds the same models)
+ONEVISION_PINPOINTS = [[32, 64], [64, 32], [64, 64], [128, 128]]
+IMAGE_PART = "{% if part['type'] == 'image' %}<image>\n{% endif %}"
+VISUAL_PART = "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'video' %}<video>\n{% endif %}"
+ONEVISION_HEAD_SCALE = 20.0   # a sharper random head: a first-token distribution with a few likely tokens
+
+
+def llava_onevision(folder: Path, seed: int, layers: int = 3) -> Path:
+    """LLaVA-OneVision: SigLIP tower (32 px tiles of 16 px patches, 2x2 patches a tile),
+    anyres over ONEVISION_PINPOINTS (a 128 px grid has 16 tiles: past anyres_max_9, so shrunk), a
+    Qwen2 decoder of ``layers`` layers; the tinyworld tokenizer plus ``<video>``, its chat
+    template rendering video parts. Saved as a hub checkout is: tokenizer, image processor,
+    processor_config.json (whose processor needs torchvision: the adapter builds inputs)."""
+    from transformers import (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
+                              LlavaOnevisionImageProcessorPil, Qwen2Config, SiglipVisionConfig)
+
+    tok = _tokenizer()
+    tok.add_tokens(["<video>"], special_tokens=True)
+    assert IMAGE_PART in tok.chat_template
+    tok.chat_template = tok.chat_template.replace(IMAGE_PART, VISUAL_PART)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=2, image_size=32, patch_size=16, vision_use_head=False)
+    text = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
+                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = LlavaOnevisionConfig(vision_config=vision, text_config=text,
+                                  image_token_id=tok.convert_tokens_to_ids("<image>"),
+                                  video_token_id=tok.convert_tokens_to_ids("<video>"),
+                                  image_grid_pinpoints=ONEVISION_PINPOINTS, vision_feature_layer=-1,
+                                  vision_feature_select_strategy="full")
+    torch.manual_seed(seed)
+    model = LlavaOnevisionForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(ONEVISION_HEAD_SCALE)
+    _save(model, folder)
+    tok.save_pretrained(folder)
+    LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32}, image_grid_pinpoints=ONEVISION_PINPOINTS,
+                                    image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(folder)
+    (folder / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "LlavaOnevisionProcessor", "num_image_tokens": 4, "image_token": "<image>",
+         "video_token": "<video>", "vision_feature_select_strategy": "full"}))
+    return folder
+
+
+MISTRAL_MARKS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+
+
+def mistral3(folder: Path, seed: int, layers: int = 2, head_scale: float = 1.0) -> Path:
+    """Mistral3: Pixtral tower (8 px patches, 2x2 merge, images up to 64 px), a Mistral
+    decoder of ``layers`` layers, the tinyworld tokenizer with the three image tokens added
+    and a chat template that writes [IMG]; the image processor's and the processor's
+    settings saved as a hub checkout holds them (PixtralProcessor itself needs torchvision).
+    ``head_scale`` sharpens the LM head (a peaked next-token distribution for T > 0 checks)."""
+    from transformers import (MistralConfig, Mistral3Config, Mistral3ForConditionalGeneration,
+                              PixtralImageProcessorPil, PixtralVisionConfig)
+
+    tok = _tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": MISTRAL_MARKS})
+    tok.chat_template = tok.chat_template.replace("<image>\n", "[IMG]")
+    text = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, max_position_embeddings=1024, sliding_window=None,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    vision = PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, image_size=64, patch_size=8)
+    config = Mistral3Config(vision_config=vision, text_config=text, spatial_merge_size=2,
+                            image_token_id=tok.convert_tokens_to_ids("[IMG]"),
+                            tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Mistral3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(head_scale)
+    _save(model, folder)
+    tok.save_pretrained(folder)
+    PixtralImageProcessorPil(size={"longest_edge": 64}, patch_size={"height": 8, "width": 8}
+                             ).save_pretrained(folder)
+    (folder / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "PixtralProcessor", "patch_size": 8, "spatial_merge_size": 2,
+         "image_token": MISTRAL_MARKS[0], "image_break_token": MISTRAL_MARKS[1], "image_end_token": MISTRAL_MARKS[2]}))
+    return folder
+
+
+QWEN3_PIXELS = {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "patch_size": 16,
+           "temporal_patch_size": 2, "merge_size": 2, "resample": 3}
+
+
+def qwen3_vl(folder: Path, seed: int, layers: int = 2) -> Path:
+    """Qwen3-VL with the tinyworld Qwen tokenizer (<|image_pad|>, <|video_pad|>), a 2-layer
+    vision tower of 16 px patches feeding deepstack features to decoder layers 0 and 1, a
+    64-wide decoder of ``layers`` layers; its LM head scaled up so that T = 1 samples from a
+    peaked distribution. Image and video processor settings saved alongside."""
+    from transformers import AutoConfig, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    src = AutoConfig.from_pretrained(QWEN_SOURCE)
+    t = src.text_config
+    text = dict(vocab_size=t.vocab_size, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                max_position_embeddings=4096, bos_token_id=t.bos_token_id,
+                eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+                  num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=src.image_token_id,
+                           video_token_id=src.video_token_id,
+                           vision_start_token_id=src.vision_start_token_id,
+                           vision_end_token_id=src.vision_end_token_id)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(25)
+    _save(model, folder, tuple(f for f in QWEN_FILES if f != "preprocessor_config.json"))
+    (folder / "preprocessor_config.json").write_text(json.dumps(
+        {**QWEN3_PIXELS, "image_processor_type": "Qwen2VLImageProcessor",
+         "size": {"shortest_edge": 1024, "longest_edge": 16384}}))
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(
+        {**QWEN3_PIXELS, "video_processor_type": "Qwen3VLVideoProcessor",
+         "size": {"shortest_edge": 1024, "longest_edge": 4 * 64 * 64}}))
+    return folder
+
+
+def llava(folder: Path, seed: int, layers: int = 3) -> Path:
+    """LLaVA-1.5: CLIP tower (32 px images of 16 px patches), an MLP projector, a Llama
+    decoder of ``layers`` layers; processor and model configs agree."""
+    from transformers import (CLIPImageProcessorPil, CLIPVisionConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+
+    tok = _tokenizer()
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, image_size=32, patch_size=16, projection_dim=32)
+    config = LlavaConfig(vision_config=vision, text_config=_llama(tok, layers),
+                         image_token_id=tok.convert_tokens_to_ids("<image>"),
+                         vision_feature_select_strategy="default", vision_feature_layer=-1)
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).eval()
+    images = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor = LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=16,
+                               vision_feature_select_strategy="default",
+                               num_additional_image_tokens=1, chat_template=tok.chat_template)
+    _save(model, folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
 def hidden_head(folder: Path, target: Path, seed: int = 3, layer: int = -1) -> Path:
     """A random hidden-state head for ``target`` (its widths, vocabulary and model type):
     what `zoo/hidden.py` would train, untrained. Its drafts are poor; verification keeps

@@ -699,6 +699,34 @@ def test_drafting_goes_off_only_after_a_few_timed_rounds():
     assert all(k > 0 for k in seen[:WARMUP_ROUNDS + MIN_TIMED]) and seen[-1] == 0
 
 
+def test_rounds_that_kept_nothing_draft_one_until_drafting_may_go_off():
+    """A process's first drafted round drafts its ceiling (nothing is known); while its
+    rounds have kept nothing and drafting cannot go off yet (MIN_TIMED rounds timed), the
+    next ones draft one proposal, the cheapest that still measure (the own-model walk's
+    random pair drafted 4 a round there); then it goes off as before. A draft that keeps
+    a proposal in its first round drafts its ceiling until it goes off or pays."""
+    from vlmspec_cli.runtime.length.draft_length import MIN_TIMED, WARMUP_ROUNDS
+
+    def rounds(first_kept):
+        policy = AutoGamma(8)
+        state = _state()
+        policy.start(state)
+        seen, unproven = [], []
+        for i in range(WARMUP_ROUNDS + MIN_TIMED + 1):
+            unproven.append(policy.unproven)
+            k = policy.choose(state, 8)
+            seen.append(k)
+            policy.observe(state, k, levels=k, fed=k + 1, drafted=k,
+                           accepted=first_kept if i == 0 else 0, draft_s=0.003 * k, verify_s=0.01)
+        return seen, unproven
+
+    seen, unproven = rounds(0)
+    assert seen == [8] + [1] * (WARMUP_ROUNDS + MIN_TIMED - 1) + [0]
+    assert unproven == [False] + [True] * (WARMUP_ROUNDS + MIN_TIMED - 1) + [False]
+    seen, unproven = rounds(2)
+    assert seen[0] == 8 and seen[1] > 1 and not any(unproven)
+
+
 def test_a_draft_whose_prefill_is_dearer_drafts_one_and_goes_off_after_one_timed_round():
     """The process's first request times the draft's prefill against the target's: a
     draft whose prefill took longer (a 4-bit copy of the target on a CPU) drafts one

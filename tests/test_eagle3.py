@@ -20,7 +20,7 @@ from PIL import Image
 from conftest import ROOT, assert_first_two_follow
 from eagle3_heads import eagle3_head, head_config, head_tensors, write_head
 from families import check_offline_profile, image_requests, qwen2_5_vl
-from test_family_qwen3_vl import qwen3_vl
+from families import qwen3_vl
 from test_lossless import reference
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile

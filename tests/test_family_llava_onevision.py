@@ -9,64 +9,19 @@ distribution; the CLI gives the target's own output with acceptance stats."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
 import videofiles
-from families import (DRAFTED, TWIG, _save, _tokenizer, check_cli_compare, check_first_token_law,
-                      check_hidden_head, check_offline_profile, image_requests)
+from families import (DRAFTED, TWIG, check_cli_compare, check_first_token_law, check_hidden_head,
+                      check_offline_profile, image_requests, llava_onevision)
 from test_lossless import reference
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.session import SessionError, build_session
 from vlmspec_cli.tasks.video_io import clip_from_arrays
-
-PINPOINTS = [[32, 64], [64, 32], [64, 64], [128, 128]]
-IMAGE_PART = "{% if part['type'] == 'image' %}<image>\n{% endif %}"
-VISUAL_PART = "{% if part['type'] == 'image' %}<image>\n{% elif part['type'] == 'video' %}<video>\n{% endif %}"
-HEAD_SCALE = 20.0   # a sharper random head: a first-token distribution with a few likely tokens
-
-
-def llava_onevision(folder: Path, seed: int, layers: int = 3) -> Path:
-    """LLaVA-OneVision: SigLIP tower (32 px tiles of 16 px patches, 2x2 patches a tile),
-    anyres over PINPOINTS (a 128 px grid has 16 tiles: past anyres_max_9, so shrunk), a
-    Qwen2 decoder of ``layers`` layers; the tinyworld tokenizer plus ``<video>``, its chat
-    template rendering video parts. Saved as a hub checkout is: tokenizer, image processor,
-    processor_config.json (whose processor needs torchvision: the adapter builds inputs)."""
-    from transformers import (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
-                              LlavaOnevisionImageProcessorPil, Qwen2Config, SiglipVisionConfig)
-
-    tok = _tokenizer()
-    tok.add_tokens(["<video>"], special_tokens=True)
-    assert IMAGE_PART in tok.chat_template
-    tok.chat_template = tok.chat_template.replace(IMAGE_PART, VISUAL_PART)
-    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                num_attention_heads=2, image_size=32, patch_size=16, vision_use_head=False)
-    text = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                       max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
-                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    config = LlavaOnevisionConfig(vision_config=vision, text_config=text,
-                                  image_token_id=tok.convert_tokens_to_ids("<image>"),
-                                  video_token_id=tok.convert_tokens_to_ids("<video>"),
-                                  image_grid_pinpoints=PINPOINTS, vision_feature_layer=-1,
-                                  vision_feature_select_strategy="full")
-    torch.manual_seed(seed)
-    model = LlavaOnevisionForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(HEAD_SCALE)
-    _save(model, folder)
-    tok.save_pretrained(folder)
-    LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32}, image_grid_pinpoints=PINPOINTS,
-                                    image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(folder)
-    (folder / "processor_config.json").write_text(json.dumps(
-        {"processor_class": "LlavaOnevisionProcessor", "num_image_tokens": 4, "image_token": "<image>",
-         "video_token": "<video>", "vision_feature_select_strategy": "full"}))
-    return folder
-
 
 IMAGES = [((50, 30), (200, 30, 30)), ((64, 64), (30, 40, 220)), ((40, 70), (20, 160, 60))]
 

@@ -9,59 +9,18 @@ the CLI gives the target's own output with acceptance stats."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
-from families import (DRAFTED, TWIG, _save, _tokenizer, check_cli_compare, check_first_token_law,
-                      check_hidden_head, check_offline_profile, family_session, image_requests)
+from families import (DRAFTED, TWIG, check_cli_compare, check_first_token_law, check_hidden_head,
+                      check_offline_profile, family_session, image_requests, mistral3)
 from test_lossless import reference
 from vlmspec_cli.runtime.request import Message, Request
 
 # (width, height): grids of merged features 2x4, 4x3, 4x4 (longest edge 64, 16 px per feature)
 IMAGES = [((50, 30), (200, 30, 30)), ((40, 70), (20, 160, 60)), ((64, 64), (30, 40, 220))]
-MARKS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
-
-
-def mistral3(folder: Path, seed: int, layers: int = 2, head_scale: float = 1.0) -> Path:
-    """Mistral3: Pixtral tower (8 px patches, 2x2 merge, images up to 64 px), a Mistral
-    decoder of ``layers`` layers, the tinyworld tokenizer with the three image tokens added
-    and a chat template that writes [IMG]; the image processor's and the processor's
-    settings saved as a hub checkout holds them (PixtralProcessor itself needs torchvision).
-    ``head_scale`` sharpens the LM head (a peaked next-token distribution for T > 0 checks)."""
-    from transformers import (MistralConfig, Mistral3Config, Mistral3ForConditionalGeneration,
-                              PixtralImageProcessorPil, PixtralVisionConfig)
-
-    tok = _tokenizer()
-    tok.add_special_tokens({"additional_special_tokens": MARKS})
-    tok.chat_template = tok.chat_template.replace("<image>\n", "[IMG]")
-    text = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, max_position_embeddings=1024, sliding_window=None,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
-    vision = PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                 num_attention_heads=2, image_size=64, patch_size=8)
-    config = Mistral3Config(vision_config=vision, text_config=text, spatial_merge_size=2,
-                            image_token_id=tok.convert_tokens_to_ids("[IMG]"),
-                            tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = Mistral3ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(head_scale)
-    _save(model, folder)
-    tok.save_pretrained(folder)
-    PixtralImageProcessorPil(size={"longest_edge": 64}, patch_size={"height": 8, "width": 8}
-                             ).save_pretrained(folder)
-    (folder / "processor_config.json").write_text(json.dumps(
-        {"processor_class": "PixtralProcessor", "patch_size": 8, "spatial_merge_size": 2,
-         "image_token": MARKS[0], "image_break_token": MARKS[1], "image_end_token": MARKS[2]}))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("mistral3")

@@ -11,8 +11,6 @@ target's distribution; what cannot be exact is refused with its reason."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,8 +18,8 @@ import pytest
 import torch
 from PIL import Image
 
-from families import (QWEN_FILES, QWEN_SOURCE, _save, check_cli_compare, check_first_token_law,
-                      check_hidden_head, check_offline_profile)
+from families import (check_cli_compare, check_first_token_law, check_hidden_head, check_offline_profile,
+                      qwen3_vl)
 from test_lossless import reference
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
@@ -29,46 +27,6 @@ from vlmspec_cli.session import SessionError, build_session
 from vlmspec_cli.tasks.video_io import clip_from_arrays
 
 IMAGES = [((100, 60), (200, 30, 30)), ((64, 120), (20, 160, 60)), ((96, 96), (30, 40, 220))]
-_PIXELS = {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "patch_size": 16,
-           "temporal_patch_size": 2, "merge_size": 2, "resample": 3}
-
-
-def qwen3_vl(folder: Path, seed: int, layers: int = 2) -> Path:
-    """Qwen3-VL with the tinyworld Qwen tokenizer (<|image_pad|>, <|video_pad|>), a 2-layer
-    vision tower of 16 px patches feeding deepstack features to decoder layers 0 and 1, a
-    64-wide decoder of ``layers`` layers; its LM head scaled up so that T = 1 samples from a
-    peaked distribution. Image and video processor settings saved alongside."""
-    from transformers import AutoConfig, Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    src = AutoConfig.from_pretrained(QWEN_SOURCE)
-    t = src.text_config
-    text = dict(vocab_size=t.vocab_size, hidden_size=64, intermediate_size=128,
-                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                max_position_embeddings=4096, bos_token_id=t.bos_token_id,
-                eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                 "mrope_section": [2, 3, 3], "mrope_interleaved": True})
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
-                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
-                  num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
-    config = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=src.image_token_id,
-                           video_token_id=src.video_token_id,
-                           vision_start_token_id=src.vision_start_token_id,
-                           vision_end_token_id=src.vision_end_token_id)
-    torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(25)
-    _save(model, folder, tuple(f for f in QWEN_FILES if f != "preprocessor_config.json"))
-    (folder / "preprocessor_config.json").write_text(json.dumps(
-        {**_PIXELS, "image_processor_type": "Qwen2VLImageProcessor",
-         "size": {"shortest_edge": 1024, "longest_edge": 16384}}))
-    (folder / "video_preprocessor_config.json").write_text(json.dumps(
-        {**_PIXELS, "video_processor_type": "Qwen3VLVideoProcessor",
-         "size": {"shortest_edge": 1024, "longest_edge": 4 * 64 * 64}}))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3_vl")

@@ -205,15 +205,32 @@ def test_every_tinyworld_profile_decodes_on_one_thread():
 def test_every_shipped_profile_drafts_at_auto_length_or_says_why_not():
     """Issue 60: auto is the draft length everywhere it applies (chains, trees, heads,
     videos, images); a shipped profile that pins fixed says why on that line."""
+    import re
+
+    import yaml
+
     from vlmspec_cli.drafters import method_class
 
-    for path in sorted(SHIPPED.glob("*.yaml")):
+    def pinned(path):
+        """``path``'s lines that set length fixed (block or flow style), then those of the
+        profiles it includes."""
+        text = path.read_text()
+        own = [line for line in text.splitlines() if re.search(r"\blength:\s*fixed\b", line)]
+        include = (yaml.safe_load(text) or {}).get("include")
+        if include and not include.endswith(".yaml"):
+            include += ".yaml"
+        return own + (pinned(SHIPPED / include) if include else [])
+
+    profiles = sorted(SHIPPED.glob("*.yaml"))
+    assert len(profiles) >= 20
+    for path in profiles:
         prof = load_profile(str(path))
-        pinned = [line for line in path.read_text().splitlines()
-                  if line.strip().startswith("length:") and "fixed" in line]
-        for line in pinned:
+        lines = pinned(path)
+        for line in lines:
             assert "#" in line and len(line.split("#", 1)[1].strip()) > 20, (path.name, line)
-        if not pinned and method_class(prof.method).drafts and prof.generation.batch_size == 1:
+        # fixed only where a line (here or in a profile it includes) pins it and says why
+        assert prof.drafting.length == "auto" or lines, path.name
+        if not lines and method_class(prof.method).drafts and prof.generation.batch_size == 1:
             assert prof.drafting.length == "auto", path.name
     assert load_profile(str(SHIPPED / "tinyworld-image.yaml")).drafting.length == "auto"
 

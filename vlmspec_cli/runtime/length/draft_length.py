@@ -324,6 +324,15 @@ class AutoGamma:
         return self.prefill_ratio is not None and self.prefill_ratio >= 1.0
 
     @property
+    def unproven(self) -> bool:
+        """Before MIN_TIMED rounds are timed (drafting cannot go off yet), this process's
+        drafted rounds have kept nothing: its next rounds draft one proposal, the cheapest
+        that still measure. The own-model walk's random pair drafted its ceiling (4) for
+        the four rounds before it could go off, in a first request of 16 tokens (0.89x
+        target-only); a draft that keeps anything drafts as before."""
+        return self.costs.timed < MIN_TIMED and bool(self.seen.risk) and not any(self.seen.kept)
+
+    @property
     def off(self) -> bool:
         """Drafting is off: the next round decodes plain, or is the probe (which prefills a
         drafter that can wait, so its prefill is timed as part of the probe's cost)."""
@@ -368,6 +377,8 @@ class AutoGamma:
                             cautious=not self.on, overhead=overhead)
         if gain is None and self.dear:       # nothing timed yet, the draft likely dear:
             return 1                         # the cheapest round that measures it
+        if self.unproven:                    # nothing kept yet, cannot go off yet:
+            return 1                         # the cheapest round that still measures
         if self.probe_due:                   # draft once more, to see if it pays again:
             self.probe_due = False           # one proposal, the cheapest round that tells
             ls.probes += 1                   # whether the first position is kept now
