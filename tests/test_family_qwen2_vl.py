@@ -3,7 +3,7 @@ images through its own inputs): tiny random-weight models saved to folders and l
 path. Target-only decoding equals transformers' generate(); chain M and T and draft trees
 equal target-only at T = 0 on images of different sizes and a two-image chat, and so does
 the twig (layer-skip) on those and a video; what cannot be exact yet (ensembles of image
-inputs, batches) is refused with its reason."""
+inputs) is refused with its reason; batches: tests/test_batch_families.py."""
 
 from __future__ import annotations
 
@@ -83,8 +83,8 @@ def test_what_cannot_be_exact_is_refused(models):
     _, target, draft = models
     with pytest.raises(SessionError, match="one drafting input at a time"):   # before loading
         _session(target, draft, "tabed", "drafting.inputs=[multimodal,text]")
-    with pytest.raises(SessionError, match="one request at a time"):
-        _session(target, draft, "chain", "generation.batch_size=2")
+    # batches are exact (tests/test_batch_families.py): no longer refused
+    assert _session(target, draft, "chain", "generation.batch_size=2").batched_engine().batch_size == 2
 
 
 def test_twig_layer_skip_equals_target_only(models):

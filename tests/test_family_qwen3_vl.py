@@ -157,8 +157,8 @@ def test_what_cannot_be_exact_is_refused(models):
     one_frame = Request([Message("user", "what?", videos=(_clip(1),))], max_new_tokens=2)
     with pytest.raises(ValueError, match="at least 2 frames"):
         session.engine.generate(one_frame)
-    with pytest.raises(SessionError, match="one request at a time"):
-        _session(target, draft, "chain", "generation.batch_size=2")
+    # batches are exact (tests/test_batch_families.py): no longer refused
+    assert _session(target, draft, "chain", "generation.batch_size=2").batched_engine().batch_size == 2
 
 
 def test_twig_layer_skip_equals_target_only(models, target_only):

@@ -237,10 +237,12 @@ def test_cli_usage_and_dry_run(clips, tmp_path):
     assert res.exit_code == 2 and "hidden.layer" in res.stderr
     res = run(["caption", "x.png", "--profile", "tinyworld-video"])
     assert res.exit_code == 2 and "task 'video'" in res.stderr
-    # a profile's batch size (calibrate writes one for captions): the remedy is one that
-    # describe-video has (it said "use --batch-size 1", an option it does not have)
+    # a profile's batch size (calibrate writes one for captions) and --batch-size: videos
+    # decode together (tests/test_batch_video.py)
     res = run(["describe-video", str(paths[0]), "--set", "generation.batch_size=2", "--dry-run"])
-    assert res.exit_code == 2 and "--set generation.batch_size=1" in res.stderr
+    assert res.exit_code == 0 and "batch_size: 2" in res.stdout, res.output
+    res = run(["describe-video", str(paths[0]), "--batch-size", "3", "--dry-run"])
+    assert res.exit_code == 0 and "batch_size: 3" in res.stdout, res.output
 
 
 @pytest.mark.parametrize("inputs", ["caption", "pooled", "C"])

@@ -302,10 +302,6 @@ def validate_method(profile) -> type[DraftingMethod]:
     task = profile.task
     if task not in method.tasks:
         raise SessionError(method.task_error(task, _supporting(lambda m: task in m.tasks)))
-    if task == "video" and profile.generation.rows > 1:
-        raise SessionError(f"describe-video decodes one video at a time (3-D positions differ "
-                           f"per video): the profile's generation.batch_size is "
-                           f"{profile.generation.batch_size}; --set generation.batch_size=1")
     if profile.acceptance == "relaxed" and not (task == "image" and method.relaxes):
         relaxing = _supporting(lambda m: m.relaxes and "image" in m.tasks)
         raise SessionError("acceptance: relaxed (LANTERN) compares VQ image codes: it needs "
@@ -361,9 +357,6 @@ def build_session(profile, trace=None, target: LoadedModel | None = None) -> Ses
     sampling = SamplingParams(profile.sampling.temperature, profile.sampling.top_p)
     if target is None:
         target = load_model(profile.target, "target")
-    if profile.generation.rows > 1 and not target.adapter.embeds_images:
-        raise SessionError(f"target '{target.name}' places tokens by 3-D positions per request; "
-                           "it decodes one request at a time (use --batch-size 1)")
     try:
         _prepare_target(profile, target)
         drafter = method.from_profile(profile, target, sampling, trace=trace)

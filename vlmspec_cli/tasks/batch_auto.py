@@ -13,9 +13,8 @@ a folder decodes at, chosen on this machine from the folder's own first requests
    second over the run; B doubles while the doubling raised the rate by at least GROWTH
    (5%), and the largest B that did is chosen (``grow``). At most as many as the first
    requests that load, and MAX_ROWS.
-3. A session that decodes one request at a time (its method, a draft of another tokenizer, a
-   video, a target with 3-D positions per request) decodes at B = 1, saying why in one
-   line, instead of failing as a count > 1 does.
+3. A session that decodes one request at a time (its method, a draft of another tokenizer)
+   decodes at B = 1, saying why in one line, instead of failing as a count > 1 does.
 
 The measuring decodes are thrown away; every input is then decoded at the chosen B, where
 each row's output is the one it gets decoded alone, as at any B. The auto draft length's
@@ -69,12 +68,8 @@ def _mib(n: int) -> str:
 def one_at_a_time(session) -> str | None:
     """Why this session decodes one request at a time, or None when its rows can batch."""
     p = session.profile
-    if p.task == "video":
-        return "describe-video decodes one video at a time"
     if not session.method.batches:
         return f"method '{p.method}' decodes one request at a time"
-    if not session.target.adapter.embeds_images:
-        return f"target '{session.target.name}' places tokens by 3-D positions per request"
     try:
         session.engine.drafter.check_batch()
     except ValueError as exc:

@@ -391,7 +391,7 @@ def _try_batches(base, winner, note, candidates, skipped, requests, base_run, gr
     try:
         batched = _batch_candidates(base, winner, requests, base_run.wall, base_run.outputs,
                                     greedy, target=target)
-    except (ModelLoadError, SessionError, ValueError) as exc:   # Qwen: one at a time
+    except (ModelLoadError, SessionError, ValueError) as exc:   # a drafter that cannot batch
         batched = []
         skipped.append(f"batch sizes ({exc})")
     for cand in batched:

@@ -145,6 +145,12 @@ class ModelAdapter:
             return lm.fast.embed(inputs["input_ids"])
         return None
 
+    def row_positions(self, positions: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+        """The position ids of a batch's fed tokens (runtime/fast/ragged.py), from each
+        row's 1-D positions (B, t) and its prompt's rope offset (B,): the 1-D positions
+        themselves (the offset is 0 but for 3-D families, qwen2_vl.py)."""
+        return positions
+
     @torch.inference_mode()
     def _fast_prefill(self, lm, inputs: dict, cache, layer=None):
         """The prompt through the fast path straight into a static cache: (last logits

@@ -15,7 +15,9 @@ Positions are 3-D (M-RoPE). HF keeps the offset between text positions and cache
 positions instead: the prompt's come from ``get_rope_index``, and later tokens (decoding,
 chains, trees) sit at their 1-D position + that offset, expanded to (3, B, n). The offset
 travels with the request's cache (``cache.rope_delta``, a field of vlmspec's caches: the
-fast path's StaticKVCache, or the ``MRopeCache`` below), so requests never share it.
+fast path's StaticKVCache, or the ``MRopeCache`` below), so requests never share it. Rows
+of a batch share one cache: it keeps each row's offset (runtime/fast/ragged.py ``deltas``)
+and feeds them at (3, B, n) positions built here (``row_positions``).
 """
 
 from __future__ import annotations
@@ -209,9 +211,18 @@ class Qwen25VLAdapter(ModelAdapter):
         cache.rope_delta = 0 if delta is None else int(delta.flatten()[0])
         return inputs
 
+    def row_positions(self, positions: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+        """A batch's rows (runtime/fast/ragged.py): each row's 1-D positions (B, t) + its own
+        prompt's offset (B,), on all three axes: (3, B, t), taken by ``extend`` as they are."""
+        positions = positions + deltas[:, None]
+        return positions[None].expand(3, *positions.shape)
+
     def _extend_inputs(self, lm, input_ids: torch.Tensor, cache, extra: dict) -> dict:
         extra = dict(extra)
         positions = extra.pop("position_ids", None)
+        if positions is not None and positions.dim() == 3:   # (3, B, n): rows of a batch
+            extra["position_ids"] = positions
+            return extra
         if positions is None:
             start = cache_length(cache)
             positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]

@@ -6,7 +6,12 @@ keys and values it keeps
 
 * ``valid`` (B, W) bool — which slots hold a token of that row (prompt, committed tokens);
   left padding, feed padding and rejected proposals are invalid slots;
-* ``next_pos`` (B,)   — each row's next position id (its number of valid slots).
+* ``next_pos`` (B,)   — each row's next position id (its number of valid slots);
+* ``deltas`` (B,)     — each row's rope offset (a family with 3-D positions, Qwen-VL's
+  M-RoPE: a token after the prompt at 1-D position p sits at p + the offset its prompt's
+  prefill gave, on all three axes; 0 for every other family). The family turns the rows'
+  positions and offsets into the position ids its forward takes (``row_positions``:
+  (3, B, t) for M-RoPE), so rows of different prompts keep their own offsets.
 
 Invalid slots are masked out of attention by the 2-D attention mask, and every fed token
 gets its row's own position id, so a row attends to exactly the keys, at exactly the
@@ -43,6 +48,7 @@ class RaggedCache:
         self.cache = self._new_cache()
         self.valid = torch.zeros((0, 0), dtype=torch.bool, device=lm.device)
         self.next_pos = torch.zeros(0, dtype=torch.long, device=lm.device)
+        self.deltas = torch.zeros(0, dtype=torch.long, device=lm.device)
 
     @property
     def rows(self) -> int:
@@ -71,7 +77,8 @@ class RaggedCache:
     def add_row(self, single: DynamicCache | StaticKVCache, length: int) -> int:
         """Append a request prefilled alone (a batch-1 cache of ``length`` positions, a
         transformers cache or a static one, whose buffers the caller may recycle after:
-        its positions are copied); returns its row index. Whichever side is shorter is
+        its positions are copied; its rope offset, ``rope_delta`` of vlmspec's caches, is
+        kept as the row's); returns its row index. Whichever side is shorter is
         left-padded."""
         width = max(self.width, length) if self.rows else length
         if isinstance(single, StaticKVCache):
@@ -95,6 +102,8 @@ class RaggedCache:
         old[:, width - self.width:] = self.valid
         self.valid = torch.cat([old, row_valid])
         self.next_pos = torch.cat([self.next_pos, self.next_pos.new_tensor([length])])
+        delta = int(getattr(single, "rope_delta", 0) or 0)
+        self.deltas = torch.cat([self.deltas, self.deltas.new_tensor([delta])])
         return self.rows - 1
 
     def keep_rows(self, rows: list[int]) -> None:
@@ -109,6 +118,7 @@ class RaggedCache:
                    for k, v in self._tensors()] if rows else [])
         self.valid = valid[:, first:last]
         self.next_pos = self.next_pos.index_select(0, index)
+        self.deltas = self.deltas.index_select(0, index)
 
     # -- forwards --------------------------------------------------------------------
     def feed(self, feeds: list[list[int]]) -> list[torch.Tensor]:
@@ -165,6 +175,8 @@ class RaggedCache:
             mask = torch.cat([self.valid[:, None, :].expand(-1, t, -1), visible], dim=2)[:, None]
             if not self.static:   # transformers takes an additive float mask as is
                 mask = additive(mask, lm.dtype)
+        # the family's positions for the rows: M-RoPE's (3, B, t) with each row's offset
+        positions = lm.adapter.row_positions(positions, self.deltas)
         if layer is None:
             out = lm.adapter.extend(lm, ids, self.cache, attention_mask=mask,
                                     position_ids=positions), None
