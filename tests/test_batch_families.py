@@ -75,6 +75,9 @@ CASES = {   # name → (method, draft: the other model or the target itself, set
     "rejects": ("chain", "draft", ["drafting.inputs=[multimodal]"]),
     "accepts": ("chain", "target", ["drafting.inputs=[multimodal]"]),
     "some": ("chain", "target", ["drafting.inputs=[text]", "drafting.gamma=3"]),
+    # a draft tree: each row's nodes at its own (3-D) positions under its ancestor mask
+    "tree": ("tree", "target", ["drafting.inputs=[text]", "tree.depth=3", "tree.top_k=2",
+                                "tree.total_tokens=6"]),
 }
 
 
@@ -96,7 +99,7 @@ def test_batched_equals_each_request_alone(models, alone, case, batch_size):
     assert max(live) == min(batch_size, len(reqs)) - 1       # the batch was full
     if batch_size < len(reqs):                                 # and rows joined mid-way
         assert any(n > 0 for n in live[batch_size:])
-    if case in ("accepts", "some"):
+    if case in ("accepts", "some", "tree"):
         assert sum(r.state.stats.num_accepted_tokens for r in results) > 0
 
 
