@@ -29,7 +29,8 @@ from vlmspec_cli.zoo.mmspec_sample import SEED as MMSPEC_SEED
 from vlmspec_cli.zoo.own_answers import Dialogue, UserTurn
 
 # the mix of the best candidate measured (bench/runs/2026-12-07/README.md): more captions
-# kept the fresh captions' acceptance; the demo's six still lost (not shipped)
+# kept the fresh captions' acceptance; the demo's six still lost (not shipped). The shipped
+# llava-deep-hidden is the reference head fine-tuned on reference + broad data (head-v4)
 TOPICS = {"caption": 0.45, "general vqa": 0.09, "text vqa": 0.07, "chart": 0.07,
           "reasoning": 0.09, "multi-turn": 0.13, "odd": 0.06, "text only": 0.05,
           "multi-image": 0.04, "not a scene": 0.03}
