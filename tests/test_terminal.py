@@ -236,15 +236,19 @@ def test_the_calibrate_table_reads_at_80_columns(monkeypatch, width):
 
     buf = io.StringIO()
     monkeypatch.setattr(ui, "stderr", Console(file=buf, force_terminal=True, width=width,
-                                              color_system=None))
+                                              color_system=None, soft_wrap=True))   # as ui's
     cand = lambda label, measured: SimpleNamespace(   # noqa: E731
         label=label, cost="rounds", tau_model=4.1159, predicted=2.4173, tau=4.12 if measured else None,
         speedup=2.2361 if measured else None, speedup_min=1.7698 if measured else None,
         speedup_median=2.2829, speedup_max=2.5617, prediction_error=0.081 if measured else None,
         tokens_per_s=191.99 if measured else None)
     best = cand("hidden llava-deep-hidden tree d=4 k=4 n=12", True)
+    # errors of three digits (a loaded machine's): the line wraps between words at 80
+    errors = {"measured": 12, "mean": 4.33, "mean_abs": 4.33, "max_abs": 8.37}
+    target_only = {"tokens_per_s": 93.4, "sample_wall_s": {"min": 0.123, "median": 0.456, "max": 1.789}}
     ui.calibration_table([best, cand("hidden llava-deep-hidden γ=7", False)], best,
-                         ["batch sizes (method hidden decodes one request at a time)"], "measured")
+                         ["batch sizes (method hidden decodes one request at a time)"], "measured",
+                         errors=errors, target_only=target_only)
     text = buf.getvalue()
     assert max(len(line) for line in text.splitlines()) <= width
     assert "…" not in text

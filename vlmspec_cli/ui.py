@@ -345,10 +345,12 @@ def calibration_table(candidates, winner, skipped=(), latency: str = "", rows: i
     if target_only and target_only.get("sample_wall_s"):
         w = target_only["sample_wall_s"]
         out.print(f"target-only: {target_only['tokens_per_s']} tok/s, per sample "
-                     f"{w['min']:.3f}–{w['median']:.3f}–{w['max']:.3f} s (min–median–max)")
+                     f"{w['min']:.3f}–{w['median']:.3f}–{w['max']:.3f} s (min–median–max)",
+                  soft_wrap=wrap)
     if errors and errors.get("measured"):
         out.print(f"prediction error over {errors['measured']} measured: mean {_signed_pct(errors['mean'])}, "
-                     f"mean |error| {errors['mean_abs']:.0%}, max |error| {errors['max_abs']:.0%}")
+                     f"mean |error| {errors['mean_abs']:.0%}, max |error| {errors['max_abs']:.0%}",
+                  soft_wrap=wrap)
     if legend:
         out.print(escape(legend), style="dim", soft_wrap=wrap)
     if note:
