@@ -3,7 +3,7 @@
 A prompt's prefill is one forward over many rows: matrix products large enough for every
 core. A decoding round is many forwards over a few rows (one draft token, γ + 1 verified
 ones): on small models each operator takes microseconds, and handing it to a second
-thread can cost more than it saves (bench/RESULTS.md, "CPU threads"). So the engine runs
+thread can cost more than it saves (bench/history/RESULTS-until-2026-12-07.md, "CPU threads"). So the engine runs
 the two phases at their own counts. torch.set_num_threads is process-wide and cheap to
 change (microseconds), and the results do not depend on it beyond float rounding, which
 target-only decoding shares (it runs under the same plan).
@@ -12,7 +12,7 @@ A count left on auto is a ceiling, not a promise: an OpenMP region waits for its
 thread, so a thread whose core another process holds stalls the whole operator. On the
 2-core CPU beside two CPU-bound processes the demo's prefills took up to 4.4 s on 2
 threads, at most 0.09 s on 1, and its speedup fell from 2.1-2.3x to 0.6-1.1x (issue 34;
-bench/threads-load-cpu.txt). Before each phase the plan lowers an auto count to the
+bench/runs/2026-11-26/threads-load-cpu.txt). Before each phase the plan lowers an auto count to the
 cores other processes leave free (``FreeCores``), and raises it again when they stop. A
 count the profile sets is never changed.
 """
@@ -157,7 +157,7 @@ class ThreadPlan:
     decode: int | None = None
     # a request whose prompt holds at least this many positions decodes at the prefill's
     # count: every round's attention then reads the whole context, compute enough for
-    # every core (bench/long-threads-cpu.txt: the video head's rounds 25% faster on 2
+    # every core (bench/runs/2026-11-24/long-threads-cpu.txt: the video head's rounds 25% faster on 2
     # threads at 8192 video tokens, the same at 128). None: never
     long_context: int | None = None
     # the phases ("prefill", "decode") left on auto: their count is a ceiling, lowered

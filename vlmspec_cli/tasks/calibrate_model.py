@@ -158,7 +158,7 @@ class RoundsModel:
     (Eq. 1, forwards only) leave out the engine's own time per round and the prefills: on
     the 2-core CPU they predicted the finalists 39% (the demo) and 75% (real photos) too fast
     on average, and three draft trees measured at 1.8-2.0x came before a head's tree
-    measured at 2.6x (bench/calibrate-ab-s49/). A share, not the tables' difference: timed
+    measured at 2.6x (bench/runs/2026-11-27/calibrate-ab-s49/). A share, not the tables' difference: timed
     in a busy moment the tables once priced 7 levels and proposals above a whole round of
     the probe's, and every shorter γ came out at the prefills' speed (8.00x)."""
 

@@ -115,7 +115,7 @@ class RoundCosts:
     """What rounds cost in this process: drafting by positions drafted (D), verifying and
     committing by tokens fed to the target (V). A plain step (one token fed) is timed
     apart from the rounds that feed several: on a CPU the fast path's one-token forward
-    is markedly cheaper than any longer one (bench/profile-deep-cpu.json, the demo's
+    is markedly cheaper than any longer one (bench/runs/2026-11-23/profile-deep-cpu.json, the demo's
     target at 256 positions: V(2) = 1.23·V(1), V(8) = 1.25·V(1)), which a line through both
     would put near V(2), and a draft that is kept now and then (τ ≈ 1.1) would look as if
     it paid."""
