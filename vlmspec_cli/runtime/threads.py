@@ -35,12 +35,14 @@ PROCESS_THREADS = torch.get_num_threads()
 # /proc/stat counts in clock ticks (USER_HZ, 100 on Linux)
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # an estimate covers at least this much wall time since the one before (else the one
-# before stands): /proc/stat and os.times() count 10 ms ticks, so over 0.2 s a tick is
-# 5% of a core. Requests shorter than that are followed every few requests
+# before stands): /proc/stat and os.times() count ticks of a hundredth of a second, so
+# over 0.2 s a tick is 5% of a core. Requests shorter than that are followed every few
+# requests
 MIN_INTERVAL_S = 0.2
 # a core other processes use less than this share of the time still counts as free
 # (kernel threads, daemons, tick rounding). Small on purpose: a thread that waits for
-# its core costs up to 100x (the module's docstring), one thread fewer at most 2x
+# its core costs many times its work (the module's docstring), one thread fewer at most
+# doubles it
 SLACK = 0.1
 
 # busy fields of a /proc/stat cpu line: user nice system [idle iowait] irq softirq steal

@@ -66,9 +66,8 @@ class LatencyModel:
 
     def verify_line(self) -> tuple[float, float]:
         """(intercept, slope ≥ 0) of a least-squares line through the table's T_p(k), k ≥ 2.
-        Timed now on a busy machine one entry can be a fifth off (medians of 7 forwards, by
-        hand: T_p(5) 18.4 ms in one table, 11.8 in the next); the line through all of them
-        much less. With fewer than two such entries: flat at their mean (or T_p(1))."""
+        Timed now on a busy machine one entry can be a fifth off or more (medians of 7
+        forwards; by hand, two tables in a row); the line through all of them much less. With fewer than two such entries: flat at their mean (or T_p(1))."""
         points = [(k, v) for k, v in self.verify_ms.items() if k >= 2]
         if len(points) < 2:
             return (points[0][1] if points else self._at(self.verify_ms, 1)), 0.0

@@ -17,8 +17,8 @@ end-to-end run 2000; a second run gave it byte for byte), as are the video steps
 (5, 7, 10); the earlier video
 weights had been built in stages and were not reached again in one run (motion 0.31
 against 0.76 at 8 frames; the current recipe: 0.95). The hidden-state heads and the
-distilled draft are not bit-reproducible across runs either (a rebuilt head measured
-τ 3.60 where the shipped one reported 3.69).
+distilled draft are not bit-reproducible across runs either (a rebuilt head measured a
+slightly different τ from the shipped one's).
 """
 
 from __future__ import annotations
