@@ -228,10 +228,9 @@ class AutoGamma:
         (this request's at risk there, plus the prior's weight): what resuming drafting
         is judged by. A bad draft's probe kept by luck (τ ≈ 1: one in twenty) made h_1
         0.3 from a prior of 0.1, and under load, where plain steps were timed slower than
-        the drafted rounds before, that looked worth drafting again: the bad draft drafted
-        47 rounds of 114 beside two competitors (0.85x,
-        bench/runs/2026-11-26/load-default-s45.txt). One standard error is 0.2 there, and
-        0.02 for a good draft a few rounds in."""
+        the drafted rounds before, that looked worth drafting again: the bad draft drafted 47
+        of 114 rounds beside two competitors (0.85x, bench/runs/2026-11-26/load-default-s45.txt).
+        One standard error is 0.2 there, and 0.02 for a good draft a few rounds in."""
         risk = ls.acceptance.risk
         out = []
         for i, h in enumerate(rates):
@@ -317,9 +316,8 @@ class AutoGamma:
     @property
     def dear(self) -> bool:
         """The draft's prefill took longer than the target's over the same request: its
-        forward is likely dearer than the target's (a 4-bit copy of the target on a CPU
-        took twice the target's, the demo's one-layer draft a tenth or so; by hand in
-        session 46, bench/history/RESULTS-until-2026-12-07.md).
+        forward is likely dearer than the target's (by hand, session 46: a 4-bit copy of
+        the target on a CPU took twice the target's, the demo's one-layer draft a tenth).
         Such a draft's first rounds draft one proposal, and one timed round that does not
         pay switches it off (a second witness: not a stall alone, ``MIN_TIMED``): even
         with every proposal kept, a draft step dearer than a target step cannot pay."""
