@@ -65,11 +65,11 @@ def test_figures_in_docstrings_and_comments_name_their_recorded_run():
 def test_the_scan_finds_a_figure_and_accepts_one_with_its_run():
     bare = '"""Fast.\n\nA round took 12.5 ms here."""\n# and 1.37x there\nx = 1  # τ 3.6\n'
     assert [f for _, f in unbacked(bare)] == ["12.5 ms", "1.37x", "τ 3.6"]
-    backed = ('"""Fast.\n\nA round took 12.5 ms (bench/runs/2026-12-07/x.json)."""\n'
-              "# 1.37x, recorded:\n# bench/runs/2026-11-26/y.txt\n")
+    backed = ('"""Fast.\n\nA round took 12.5 ms (bench/runs/2026-12-07/final-load-idle.json)."""\n'
+              "# 1.37x, recorded:\n# bench/runs/2026-11-26/draft-step-s45.txt\n")
     assert unbacked(backed) == []
     # the run must be in the figure's own paragraph, not anywhere in the docstring
-    apart = '"""A round took 12.5 ms.\n\nSee bench/runs/2026-12-07/x.json."""\n'
+    apart = '"""A round took 12.5 ms.\n\nSee bench/runs/2026-12-07/final-load-idle.json."""\n'
     assert [f for _, f in unbacked(apart)] == ["12.5 ms"]
     # not figures: versions, shapes, hex, words
     assert unbacked('"""transformers 5.24, 8192 × 8192, 0x1f, τ ≈ 1, twice as long."""') == []
