@@ -179,6 +179,28 @@ def rows_calibrate(run: dict, data: dict, workloads: dict, root: Path = ROOT
     return out, notes
 
 
+def rows_folder(run: dict, data: dict, workloads: dict) -> list[tuple]:
+    """bench/scale.py --folder --json: a table per method (those ``run["methods"]`` keeps),
+    a row per γ and batch size, against target-only at the same batch size."""
+    m, args = data["machine"], data["args"]
+    machine = (f"{m['hardware']}, torch {m['torch']}, {m['threads']} thread(s), "
+               f"load avg {m['load_average'][0]:.2f}")
+    where = (f"{workloads.get('folder', 'folder')}: {len(data['inputs'])} inputs, "
+             f"≤ {args['max_new_tokens']} new tokens, {args['passes']} passes")
+    header = ("row", "batch", "× target-only (same batch)", "τ", "≠ target-only",
+              "tokens/s")
+    keep = run.get("methods")
+    out = []
+    for r in data["rows"]:
+        if r.get("method") in (None, "target-only") or keep and r["method"] not in keep:
+            continue
+        cells = (r["row"], str(r["batch_size"]), _fmt(r["vs_target_only"], suffix="x"),
+                 _fmt(r.get("tau")), str(r["mismatches"]), _fmt(r["tokens_per_s"], 1))
+        out.append((f"{where} — `{r['method']}`", header,
+                    cells + provenance(run, None, machine, None)))
+    return out
+
+
 def rows_gpu(run: dict, data: dict, workloads: dict) -> list[tuple]:
     """bench/gpu.py's gpu-bench.json: step and round times at real shapes (random weights)."""
     m = data["machine"]
@@ -256,6 +278,8 @@ def tables(manifest: dict, root: Path = ROOT) -> list[Table]:
             rows = rows_bench(run, data, workloads)
         elif kind == "calibrate":
             rows, notes = rows_calibrate(run, data, workloads, root)
+        elif kind == "folder":
+            rows = rows_folder(run, data, workloads)
         elif kind == "gpu":
             rows = rows_gpu(run, data, workloads)
         elif kind == "gpu-tests":
