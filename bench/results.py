@@ -201,6 +201,26 @@ def rows_folder(run: dict, data: dict, workloads: dict) -> list[tuple]:
     return out
 
 
+PAIRED = re.compile(r"^(\S+)\s+(\S+)?\s*wall\s+([\d.]+) s\s+speedup ([\d.]+)x\s+rounds\s+(\d+)"
+                    r"\s+identical (\d+/\d+)$")
+
+
+def rows_paired(run: dict, text: str, workloads: dict) -> list[tuple]:
+    """A paired script's lines (bench/runs/2026-12-07/image_length.py): ``METHOD [VARIANT]
+    wall S s speedup Xx rounds N identical a/b``, target-only's line the reference."""
+    header = ("drafting.length", "wall s", "speedup", "rounds", "identical")
+    out = []
+    for line in text.splitlines():
+        m = PAIRED.match(line.strip())
+        if not m or m.group(1) == "target-only":
+            continue
+        method, variant, wall, speedup, rounds, same = m.groups()
+        title = f"{workloads.get(run['workload'], run['workload'])} — `{method}`"
+        cells = (variant or "-", wall, f"{speedup}x", rounds, same)
+        out.append((title, header, cells + provenance(run, None, None, None)))
+    return out
+
+
 def rows_gpu(run: dict, data: dict, workloads: dict) -> list[tuple]:
     """bench/gpu.py's gpu-bench.json: step and round times at real shapes (random weights)."""
     m = data["machine"]
@@ -260,6 +280,8 @@ JSON_LINES = ("bench", "gpu-tests")      # kinds whose file holds one JSON objec
 
 def read_file(path: Path, kind: str):
     text = path.read_text(encoding="utf-8")
+    if kind == "paired":
+        return text
     if kind in JSON_LINES:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
     return json.loads(text)
@@ -280,6 +302,8 @@ def tables(manifest: dict, root: Path = ROOT) -> list[Table]:
             rows, notes = rows_calibrate(run, data, workloads, root)
         elif kind == "folder":
             rows = rows_folder(run, data, workloads)
+        elif kind == "paired":
+            rows = rows_paired(run, data, workloads)
         elif kind == "gpu":
             rows = rows_gpu(run, data, workloads)
         elif kind == "gpu-tests":

@@ -130,6 +130,9 @@ def _fixture(root: Path) -> dict:
                         "vs_target_only": 1.29, "tau": 3.66, "mismatches": 1,
                         "tokens_per_s": 133.3}]}
     (runs / "folder.json").write_text(json.dumps(folder))
+    (runs / "paired.txt").write_text("target-only  wall   48.24 s  speedup 1.00x  rounds  2304  "
+                                     "identical 36/36\nadt fixed    wall   16.03 s  speedup "
+                                     "3.01x  rounds   381  identical 36/35\nnoise\n")
     given = {"commit": "def5678", "command": "the command", "machine": "the machine",
              "source": "by hand"}
     return {"workloads": {"demo": "the demo", "mmspec": "questions", "calibrate": "calibrate"},
@@ -138,6 +141,8 @@ def _fixture(root: Path) -> dict:
                       **given},
                      {"file": "bench/runs/d/calibrate.json", "kind": "calibrate",
                       "hardware": "CPU", "wall_from": "bench/runs/d/calibrate.txt", **given},
+                     {"file": "bench/runs/d/paired.txt", "kind": "paired", "hardware": "CPU",
+                      "workload": "image", **given},
                      {"file": "bench/runs/d/folder.json", "kind": "folder", "hardware": "CPU",
                       "methods": ["hidden"], **given},
                      {"file": "bench/runs/d/tests.jsonl", "kind": "gpu-tests", "hardware": "GPU",
@@ -174,6 +179,8 @@ def test_each_kind_of_run_is_read_as_recorded(tmp_path):
     assert hidden[:7] == ["hidden γ=5 B=8", "8", "1.29x", "3.66", "1", "133.3", "`def5678`"]
     assert hidden[7] == "TestCPU (2 CPUs), torch 9.9, 1 thread(s), load avg 4.50"
     assert "new tokens, 2 passes — `chain`" not in text     # not among the run's methods
+    [adt] = _rows(text, "image — `adt`")       # target-only's line is the reference
+    assert adt[:5] == ["fixed", "16.03", "3.01x", "381", "36/35"]
     tests = _rows(text, "gpu tests")
     assert [t[:3] for t in tests] == [["chain: speculative", "target-only", "1/2"],
                                       ["chi2 chain", "(χ² test passed)", "1/1"]]
