@@ -1,6 +1,6 @@
 #!/bin/bash
 # `vlmspec calibrate` by two checkouts of vlmspec, set by set, one run after the other: the
-# before/after records of RESULTS (bench/calibrate-*-s49/). Each run's --json and stderr go
+# before/after records of bench/history/RESULTS-until-2026-12-07.md (bench/runs/2026-11-27/calibrate-*-s49/). Each run's --json and stderr go
 # to OUT/SET-SIDE.{json,err}, the command, load and exit code to OUT/log.txt.
 #   bench/calibrate_ab.sh OUT BEFORE_CLONE AFTER_CLONE 'NAME=ARGS' ['NAME=ARGS' ...]
 #   e.g. bench/calibrate_ab.sh /tmp/ab /tmp/cza /tmp/czb 'demo=examples/images/ --budget 60'

@@ -14,7 +14,7 @@ Renders fresh tinyworld samples to files (a folder of the user's images, or vide
 (the target answers each sample greedily; the head learns from the target's own states and
 answers and is written in the published EAGLE-3 layout). Its training log goes to stdout;
 the head's BUILD_REPORT.json holds the acceptance it reached on its training samples.
-Measure it afterwards like any profile: ``vlmspec bench bench/demo-captions.jsonl --set
+Measure it afterwards like any profile: ``vlmspec bench bench/runs/2026-11-26/demo-captions.jsonl --set
 drafting.gamma=8 --methods none,eagle3,hidden,chain`` (the caption head); ``python
 bench/video_eagle3.py`` (the video head: describe-video --compare against the hidden head
 and the chain).

@@ -420,7 +420,7 @@ def projections(report: dict) -> list[dict]:
 
 
 def markdown(report: dict) -> str:
-    """The tables of RESULTS.md's GPU section, from the report."""
+    """The tables of the GPU sections of the results (bench/RESULTS.md, bench/history/), from the report."""
     lines = [f"Machine: {report['machine']['hardware']}, torch {report['machine']['torch']}, "
              f"transformers {report['machine']['transformers']}, {report['dtype']}"
              + (" (--tiny: toy sizes)" if report["tiny"] else ""), ""]

@@ -16,7 +16,7 @@ the head's, summed, and outputs identical to target-only) is printed and written
 ``summary.txt``.
 
     python bench/head_compare.py --heads old=zoo:tinyworld/llava-deep-hidden,new=/tmp/h \\
-        --out-dir bench/runs/2026-12-07/broad-head --rounds 2
+        --out-dir bench/runs/$(date -u +%F)/broad-head --rounds 2
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ photo-sized one, captions each with `vlmspec caption IMAGE --json` in its own pr
 reads that process's peak resident memory (getrusage of the child). Reported per image:
 the file's size, the peak, the exit code and the first stderr line (a refusal's reason).
 
-  python bench/image_memory.py --json bench/image-memory-cpu.json
+  python bench/image_memory.py --json bench/runs/$(date -u +%F)/image-memory-cpu.json
 """
 
 from __future__ import annotations

@@ -44,8 +44,8 @@ pass of six such requests swung a row by 10-20%), its τ the records' mean accep
 auto draft length did, the load average before and after it and its wall time.
 
     python bench/load.py [--rows demo,photos,bad,video] [--loads 0,1,2]
-                         [--variants default] [--repeat 3] [--json bench/load-cpu.json]
-    python bench/load.py --table-from bench/load-cpu.json
+                         [--variants default] [--repeat 3] [--json bench/runs/$(date -u +%F)/load-cpu.json]
+    python bench/load.py --table-from bench/runs/2026-12-07/final-load-idle.json
 
 Prints a markdown table (and every command with its load average as it runs); ``--json``
 writes the raw rows with the machine and the commands. Each row's 95% interval is a

@@ -10,7 +10,7 @@ target), after the prompt:
     that grows with the cache;
   - the hidden head's cache after the prompt (positions held, capacity) and its draft step.
 
-    python bench/long_context.py --frames 4,64,1024 --json bench/long-context-cpu.json
+    python bench/long_context.py --frames 4,64,1024 --json bench/runs/$(date -u +%F)/long-context-cpu.json
 """
 
 from __future__ import annotations

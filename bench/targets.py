@@ -2,10 +2,10 @@
 machine, each writing its raw JSON and printed output into one folder, then one table of
 every target against what that run measured.
 
-    python bench/targets.py --out bench/targets-cpu [--quick] [--force]
-    python bench/targets.py --out bench/targets-cpu --summary-only   # re-read a finished run
+    python bench/targets.py --out bench/runs/$(date -u +%F)/targets-cpu [--quick] [--force]
+    python bench/targets.py --out bench/runs/2026-11-24/targets-cpu --summary-only   # re-read a finished run
 
-The benches and their arguments are the ones bench/RESULTS.md records (``COMMANDS``);
+The benches and their arguments are the ones bench/history/RESULTS-until-2026-12-07.md records (``COMMANDS``);
 ``--quick`` shrinks every sample to check the pipeline, not to measure. Each target is read
 from the bench that measures it:
 

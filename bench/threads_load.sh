@@ -5,7 +5,7 @@
 # `timeout 90` at the latest). Then --batch-size 8 over 24 images, idle and beside 2.
 #
 #   mkdir -p /tmp/old && git archive 9760171 | tar -x -C /tmp/old   # the tree before
-#   bench/threads_load.sh /tmp/old > bench/threads-load-cpu.txt
+#   bench/threads_load.sh /tmp/old > bench/runs/$(date -u +%F)/threads-load-cpu.txt
 #
 # Run from the repository root with its venv active. Each run prints its command, the
 # load average before it, the plan line, each image's prefill seconds (from --json), the

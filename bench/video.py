@@ -13,7 +13,7 @@ and the measured step-time ratio c (τ / (γc + 1)) and Eq. 1' with the target's
 verification cost at that length (τ / (γc + T_p(γ+1)/T_p(1))), and how many outputs
 differ from target-only (0 for every lossless row at T = 0).
 
-  python bench/video.py --n 8 --frames 4,16,64 --markdown --json bench/video-cpu.json
+  python bench/video.py --n 8 --frames 4,16,64 --markdown --json bench/runs/$(date -u +%F)/video-cpu.json
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,8 +86,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fresh", type=int, default=4, help="fresh rendered videos besides the examples")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "video-eagle3-cpu")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="stem of the .txt/.jsonl/.md it writes (default: "
+                         "bench/runs/<today, UTC>/video-eagle3-cpu)")
     args = ap.parse_args()
+    if args.out is None:
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        args.out = ROOT / "bench" / "runs" / day / "video-eagle3-cpu"
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     records, loads = [], []
     with tempfile.TemporaryDirectory(prefix="video-eagle3-") as tmp, \
             open(args.out.with_suffix(".txt"), "w") as log:

@@ -27,8 +27,8 @@ show, `--write` included. What it provides first:
 Examples that need the hub, a GPU, another install or a running cluster are skipped with
 the reason (SKIP); ``--all`` adds the slow ones (SLOW). Exit 1 when an example that ran
 exited non-zero. tests/test_readme_examples.py checks, in the suite, that every example is
-found and parses; this script is the full run (its last recorded run: bench/RESULTS.md,
-"The README's examples, run as written", and bench/readme-examples-cpu.txt).
+found and parses; this script is the full run (its last recorded run: bench/history/RESULTS-until-2026-12-07.md,
+"The README's examples, run as written", and bench/runs/2026-11-26/readme-examples-cpu.txt).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 order), every vlmspec command among them parses (its options exist, its values convert),
 and each that has --dry-run passes it in a folder holding the inputs the pages name (the
 script's fixtures), in page order. Running them all for real takes minutes: that is the
-script's job (`python scripts/readme_examples.py`, recorded in bench/RESULTS.md)."""
+script's job (`python scripts/readme_examples.py`, recorded in bench/history/RESULTS-until-2026-12-07.md)."""
 
 from __future__ import annotations
 

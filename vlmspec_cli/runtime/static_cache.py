@@ -3,8 +3,8 @@
 Every layer's keys and values live in one tensor each, (L, B, kv_heads, capacity, head_dim),
 sized once per request (prompt + max_new_tokens + the largest round). A finished request's
 buffers go back to its decoder's ``BufferPool`` (``recycle``) and the next request takes
-them: allocating fresh megabytes per request cost the 32-layer caption target about 1.5 ms
-each (the pages are faulted in and zeroed), a tenth of its prefill.
+them: allocating fresh megabytes per request cost the 32-layer caption target about a
+tenth of its prefill (the pages are faulted in and zeroed; by hand, not recorded).
 Decoding writes new positions in place at ``length``; rolling back is setting ``length``
 (nothing is freed, cat'ed or copied); keeping a tree round's accepted branch moves those
 positions down in place. Positions past ``length`` hold stale values that no forward

@@ -3,7 +3,7 @@
 A prompt's prefill is one forward over many rows: matrix products large enough for every
 core. A decoding round is many forwards over a few rows (one draft token, γ + 1 verified
 ones): on small models each operator takes microseconds, and handing it to a second
-thread can cost more than it saves (bench/RESULTS.md, "CPU threads"). So the engine runs
+thread can cost more than it saves (bench/history/RESULTS-until-2026-12-07.md, "CPU threads"). So the engine runs
 the two phases at their own counts. torch.set_num_threads is process-wide and cheap to
 change (microseconds), and the results do not depend on it beyond float rounding, which
 target-only decoding shares (it runs under the same plan).
@@ -12,7 +12,7 @@ A count left on auto is a ceiling, not a promise: an OpenMP region waits for its
 thread, so a thread whose core another process holds stalls the whole operator. On the
 2-core CPU beside two CPU-bound processes the demo's prefills took up to 4.4 s on 2
 threads, at most 0.09 s on 1, and its speedup fell from 2.1-2.3x to 0.6-1.1x (issue 34;
-bench/threads-load-cpu.txt). Before each phase the plan lowers an auto count to the
+bench/runs/2026-11-26/threads-load-cpu.txt). Before each phase the plan lowers an auto count to the
 cores other processes leave free (``FreeCores``), and raises it again when they stop. A
 count the profile sets is never changed.
 """
@@ -35,12 +35,14 @@ PROCESS_THREADS = torch.get_num_threads()
 # /proc/stat counts in clock ticks (USER_HZ, 100 on Linux)
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # an estimate covers at least this much wall time since the one before (else the one
-# before stands): /proc/stat and os.times() count 10 ms ticks, so over 0.2 s a tick is
-# 5% of a core. Requests shorter than that are followed every few requests
+# before stands): /proc/stat and os.times() count ticks of a hundredth of a second, so
+# over 0.2 s a tick is 5% of a core. Requests shorter than that are followed every few
+# requests
 MIN_INTERVAL_S = 0.2
 # a core other processes use less than this share of the time still counts as free
 # (kernel threads, daemons, tick rounding). Small on purpose: a thread that waits for
-# its core costs up to 100x (the module's docstring), one thread fewer at most 2x
+# its core costs many times its work (the module's docstring), one thread fewer at most
+# doubles it
 SLACK = 0.1
 
 # busy fields of a /proc/stat cpu line: user nice system [idle iowait] irq softirq steal
@@ -157,7 +159,7 @@ class ThreadPlan:
     decode: int | None = None
     # a request whose prompt holds at least this many positions decodes at the prefill's
     # count: every round's attention then reads the whole context, compute enough for
-    # every core (bench/long-threads-cpu.txt: the video head's rounds 25% faster on 2
+    # every core (bench/runs/2026-11-24/long-threads-cpu.txt: the video head's rounds 25% faster on 2
     # threads at 8192 video tokens, the same at 128). None: never
     long_context: int | None = None
     # the phases ("prefill", "decode") left on auto: their count is a ceiling, lowered

@@ -150,7 +150,7 @@ def measure_latency(session, draft, requests: list[Request], all_probes: list[Pr
         return LatencyModel(next(iter(tables.target_verify_ms.values())), {}, measured=True)
     s0 = prompt_tokens(target, requests[0].messages)
     # the decoding rounds' thread count: timed on every core beside two busy processes, a
-    # forward waited for its slowest thread and the tables took 43 s (T_p(1) 172 ms)
+    # forward waited for its slowest thread and the tables took many times as long
     session.threads.enter("decode", s0)
     widest = max([g + 1 for g in gammas] + [p.tree[2] + 1 for p in all_probes if p.tree])
     ks = sorted({1, 2, (2 + widest) // 2, widest})
@@ -462,7 +462,7 @@ def _target_only(base_run: Run) -> Candidate:
 
 
 def _pick(candidates: list[Candidate], none: Candidate, margin: float) -> tuple[Candidate, str]:
-    """The winner, target-only decoding (``none``, modelled 1.0x, measured by definition)
+    """The winner, target-only decoding (``none``, modelled and measured at its own speed)
     among the candidates: the fastest measured of those decoded equal to target-only,
     unless the modelled best measured within ``margin`` of it (timing noise must not flip a
     choice the model makes): then the modelled best, and the note says so in one line, as

@@ -66,9 +66,8 @@ class LatencyModel:
 
     def verify_line(self) -> tuple[float, float]:
         """(intercept, slope ≥ 0) of a least-squares line through the table's T_p(k), k ≥ 2.
-        Timed now on a busy machine one entry can be a fifth off (medians of 7 forwards, by
-        hand: T_p(5) 18.4 ms in one table, 11.8 in the next); the line through all of them
-        much less. With fewer than two such entries: flat at their mean (or T_p(1))."""
+        Timed now on a busy machine one entry can be a fifth off or more (medians of 7
+        forwards; by hand, two tables in a row); the line through all of them much less. With fewer than two such entries: flat at their mean (or T_p(1))."""
         points = [(k, v) for k, v in self.verify_ms.items() if k >= 2]
         if len(points) < 2:
             return (points[0][1] if points else self._at(self.verify_ms, 1)), 0.0
@@ -158,7 +157,7 @@ class RoundsModel:
     (Eq. 1, forwards only) leave out the engine's own time per round and the prefills: on
     the 2-core CPU they predicted the finalists 39% (the demo) and 75% (real photos) too fast
     on average, and three draft trees measured at 1.8-2.0x came before a head's tree
-    measured at 2.6x (bench/calibrate-ab-s49/). A share, not the tables' difference: timed
+    measured at 2.6x (bench/runs/2026-11-27/calibrate-ab-s49/). A share, not the tables' difference: timed
     in a busy moment the tables once priced 7 levels and proposals above a whole round of
     the probe's, and every shorter γ came out at the prefills' speed (8.00x)."""
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 # a finalist's samples are decoded (paired with target-only) this many times over at most,
-# until target-only's side lasts MIN_PAIRED_S: one 16-token sample is 50 ms on the 2-core
-# CPU, where a busy moment moved a single pair's ratio by more than 10% (a useless draft's
+# until target-only's side lasts MIN_PAIRED_S: one 16-token sample is a tenth of that on
+# the 2-core CPU, where a busy moment moved a single pair's ratio by more than 10% (a useless draft's
 # tree measured faster than target-only)
 MIN_PAIRED_S = 0.5
 MAX_PAIRED_REPEATS = 5

@@ -40,8 +40,9 @@ from vlmspec_cli.tasks.sink import JsonlSink, OutputError
 
 SKIP = object()   # JobKind.prepare: the job's outputs are all there already
 # a job decoded alone reports its token count at most this often (and at its end): a
-# display redraws about 10 times a second, and rich's update after every round cost 44 µs
-# in place, 0.4% of a run whose rounds are one token each (a useless draft; by hand)
+# display redraws about 10 times a second, and rich's update after every round cost a
+# fraction of a percent of a run whose rounds are one token each (a useless draft; by
+# hand, not recorded)
 TOKEN_EVENT_S = 0.05
 
 

@@ -6,7 +6,7 @@ Why: speculative decoding accepts what the *target* would say, so a draft should
 target's outputs, not the world's reference answers (sequence-level distillation, as
 DistillSpec's). ``llava-draft`` was trained on the reference answers; the deep target
 (``zoo/deepen.py``) says something else wherever either model is wrong, and the chain's τ
-fell from 3.47 on the 8-layer target to 2.93 on the deep one (bench/engine-deep-cpu.json).
+fell from 3.47 on the 8-layer target to 2.93 on the deep one (bench/runs/2026-11-24/engine-deep-cpu.json).
 
 How: world conversations (the build's own mix) are answered by the target, turn by turn
 and greedily, through vlmspec's own batched target-only decoding (a later turn reads the

@@ -29,7 +29,7 @@ WEIGHTS = Path(__file__).resolve().parent / "weights" / "tinyworld"
 SEED = 31337          # the samples' seed: none of the fresh-sample seeds the benches use
 # task -> (target, head folder, prompt, max new tokens, default samples, default threads).
 # The video head was built on 1 thread: on the shared 2-core CPU a build on 2 threads was
-# stopped after 34 minutes (load 9-13), one on 1 thread took 7 (load 4-8; bench/RESULTS.md).
+# stopped after 34 minutes (load 9-13), one on 1 thread took 7 (load 4-8; bench/history/RESULTS-until-2026-12-07.md).
 TASKS = {"caption": ("zoo:tinyworld/llava-target-deep", "llava-deep-eagle3",
                      "describe the image.", 64, 400, 2),
          "video": ("zoo:tinyworld/qwen-video-target-deep", "qwen-video-deep-eagle3",

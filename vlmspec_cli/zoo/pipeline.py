@@ -10,15 +10,15 @@ builds took on a 2-core CPU (the deep twig's with its ablation, an upper bound).
 Determinism: every script seeds its own generators, and a step run twice on one machine
 and software stack gives the same losses at every logged step (step 2 on 2026-11-24). A
 rebuild elsewhere, or after the kernels change, is not bit-identical: steps 1-3 rerun on
-2026-11-24 (bench/zoo-rebuild-cpu/) gave the same tokenizer, and caption and image pairs
+2026-11-24 (bench/runs/2026-11-24/zoo-rebuild-cpu/) gave the same tokenizer, and caption and image pairs
 within a few points of their shipped accuracies. The video pair shipped since 2026-11-24
 is step 2's own output with its current defaults (vision pre-training 2400 steps, second
 end-to-end run 2000; a second run gave it byte for byte), as are the video steps after it
 (5, 7, 10); the earlier video
 weights had been built in stages and were not reached again in one run (motion 0.31
 against 0.76 at 8 frames; the current recipe: 0.95). The hidden-state heads and the
-distilled draft are not bit-reproducible across runs either (a rebuilt head measured
-τ 3.60 where the shipped one reported 3.69).
+distilled draft are not bit-reproducible across runs either (a rebuilt head measured a
+slightly different τ from the shipped one's).
 """
 
 from __future__ import annotations

@@ -263,7 +263,7 @@ def _cache_keyword(forward) -> str:
 
 def cache_arg(module, cache) -> dict:
     """The keyword argument that hands ``cache`` to ``module``'s forward: ``cache=`` where
-    the installed transformers names it so (5.2x: ``past_key_values`` still works there
+    the installed transformers names it so (5.24, for one: ``past_key_values`` still works there
     but warns, deprecated until its removal in 5.40), ``past_key_values=`` before (5.17)."""
     return {_cache_keyword(type(module).forward): cache}
 

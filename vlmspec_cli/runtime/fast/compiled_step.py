@@ -376,7 +376,7 @@ def draft_pays(mode: str, hardware, plain_steps: bool = True) -> bool:
     draft's step can be mostly the compiled call's own fixed cost) and its steps are
     plain causal ones (``plain_steps``): a tree's frontier or an ensemble's padded rows
     carry masks built per step, which made compiled draft steps slower on the 2-core CPU
-    (bench/RESULTS.md), and the measurement times plain steps only."""
+    (bench/history/RESULTS-until-2026-12-07.md), and the measurement times plain steps only."""
     if mode == "on":
         return True
     eager, fast = hardware.draft_ms, hardware.compiled_draft_ms

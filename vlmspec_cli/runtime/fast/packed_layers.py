@@ -4,7 +4,7 @@ A small draft's step on a CPU is almost all per-operator cost: the 1-layer tinyw
 spends 0.26 ms a step in operators whose arithmetic takes a few microseconds each (RMSNorm
 alone is eight of them, the rotary embedding about ten). A chain drafts γ such steps a
 round, so their count decides how much of the round the draft takes. Here the same layer
-runs in fewer (0.13 ms a step: bench/draft_step.py, bench/RESULTS.md):
+runs in fewer (0.13 ms a step: bench/draft_step.py, bench/runs/2026-11-26/draft-step-s45.txt):
 
 * q, k and v come from one matrix product over their weights stacked (as gate and up);
 * each RMSNorm's weight (and √H) is folded into the matrix after it (its input rows), and

@@ -4,8 +4,8 @@ On a CPU, ``nn.Linear`` computes x·Wᵀ against its weight W stored (out, in): 
 for a transposed right operand. For the small matrices of a model whose step is operator
 overhead (the tinyworld target: 128 → 128 and 128 → 384, 32 layers, 224 products a
 forward) that kernel took about twice the time of the same product against Wᵀ stored
-contiguously, for one row and for ten alike (by hand on the 2-core Xeon: 16.3 vs 8.9 µs
-for ten rows × 128 → 384, 6.8 vs 3.4 µs for one). A chain's verification is such a forward
+contiguously, for one row and for ten alike (by hand on the 2-core Xeon, not recorded;
+the whole forwards: bench/runs/2026-11-28/wide-rows-s53.txt). A chain's verification is such a forward
 of k + 1 rows every round; target-only decoding is one of a single row per token.
 
 The products equal x·Wᵀ up to float rounding, not bit for bit. So only **forwards of

@@ -14,8 +14,9 @@ two; known here, drafting is off from the start (``AutoGamma.rule_out``).
 Not ruled out: anything on a GPU; a quantized target; a quantized draft (bitsandbytes has a
 fused 4-bit CPU kernel, and a 4-bit copy of a large target, whose steps are bound by
 reading its weights, reads an eighth of the bytes: it may pay, and is measured instead —
-tinyworld-selfquant's nf4 copy took 36 ms to prefill against its target's 16 ms, and is
-switched off after its first request); a float draft in a narrower dtype.
+tinyworld-selfquant's nf4 copy took about twice its target's time to prefill (by hand,
+session 46), and is switched off after its first request); a float draft in a narrower
+dtype.
 """
 
 from __future__ import annotations

@@ -92,8 +92,8 @@ TIE = 0.02                # lengths this close to the best rate count as equal: 
 STAY = 0.05               # drafting stays on while a round is expected to gain this much
 RESUME = 0.15             # once off, drafting resumes when a round is expected to gain this much
 # probes take at most this share of the plain rounds' time. At 2% probes were most of a
-# useless draft's drafted rounds (12-13 of 16-22 over three processes, where it read 0.96x
-# and 0.91x), each of them in a new request also prefilling the draft (half a plain step)
+# useless draft's drafted rounds (12-13 of 16-22 over three processes), each of them in a
+# new request also prefilling the draft (half a plain step)
 PROBE_SHARE = 0.01
 MIN_TIMED = 3             # timed rounds before drafting may be switched off
 DOUBT = 1.0               # once off, acceptance is taken this many standard errors low
@@ -228,9 +228,9 @@ class AutoGamma:
         (this request's at risk there, plus the prior's weight): what resuming drafting
         is judged by. A bad draft's probe kept by luck (τ ≈ 1: one in twenty) made h_1
         0.3 from a prior of 0.1, and under load, where plain steps were timed slower than
-        the drafted rounds before, that looked worth drafting again: the bad draft drafted
-        47 rounds of 114 beside two competitors (0.85x). One standard error is 0.2 there,
-        and 0.02 for a good draft a few rounds in."""
+        the drafted rounds before, that looked worth drafting again: the bad draft drafted 47
+        of 114 rounds beside two competitors (0.85x, bench/runs/2026-11-26/load-default-s45.txt).
+        One standard error is 0.2 there, and 0.02 for a good draft a few rounds in."""
         risk = ls.acceptance.risk
         out = []
         for i, h in enumerate(rates):
@@ -257,7 +257,7 @@ class AutoGamma:
             # slope comes out negative (its few rounds timed in calmer moments than the
             # plain steps, on a busy machine) prices a bad draft's round below a plain step,
             # a gain that can pass RESUME (the bad draft drafted 35 rounds of 352 beside two
-            # competitors at 0.94x, against 10 idle)
+            # competitors at 0.94x, against 10 idle: bench/runs/2026-11-27/load-end-s50a.txt)
             verify = max(self.costs.verify_s(self.feed_size(k)), v1)
             cost = verify + (draft if draft is not None else 0.1 * v1)
             tokens = expected_tokens(rates, k)
@@ -316,8 +316,8 @@ class AutoGamma:
     @property
     def dear(self) -> bool:
         """The draft's prefill took longer than the target's over the same request: its
-        forward is likely dearer than the target's (a 4-bit copy of the target on a CPU:
-        36 ms against 16 ms; the demo's one-layer draft: 0.08-0.18 of the target's).
+        forward is likely dearer than the target's (by hand, session 46: a 4-bit copy of
+        the target on a CPU took twice the target's, the demo's one-layer draft a tenth).
         Such a draft's first rounds draft one proposal, and one timed round that does not
         pay switches it off (a second witness: not a stall alone, ``MIN_TIMED``): even
         with every proposal kept, a draft step dearer than a target step cannot pay."""
@@ -411,7 +411,7 @@ class AutoGamma:
         that pays; else the off state goes on as it was (its wait and backoff). One
         request the draft could not predict switched a good draft off, and the requests
         after it decoded 51 rounds plain before a probe turned it back on (the mixed set
-        at 1.80x)."""
+        at 1.80x: bench/runs/2026-11-27/auto-gamma-ceiling-s46d.txt)."""
         _, gain = self.best(self.rates(ls), budget, cautious=True, overhead=overhead)
         if gain is not None and gain >= 1.0 + RESUME:
             self.wait, self.probe_due, self.on = 0, False, True

@@ -6,7 +6,7 @@ of earlier rounds; within the round the draft says more. Its probability of its 
 proposal, c_j (at T = 0 the softmax of its logits at the argmax; at T > 0 q(x_j), the
 probability of the token it drew), is close to the chance the target keeps it: over the
 mixed set of bench/auto_gamma_replay.py (481 proposals on the target's own prefix;
-bench/RESULTS.md, "Session 52") those drafted at c in [0.3, 0.5) were kept 35% of the
+bench/history/RESULTS-until-2026-12-07.md, "Session 52") those drafted at c in [0.3, 0.5) were kept 35% of the
 time, [0.5, 0.7) 48%, [0.7, 0.9) 72%, [0.9, 0.99) 91%, c ≥ 0.999 all of them. So
 S_i = c_1 ⋯ c_i estimates P(proposals 1..i kept).
 
@@ -27,7 +27,7 @@ raises R towards the best rate reachable. So:
   the target's forward.
 
 MARGIN scales R (``ChainStop``'s ``margin``): above 1 it asks each position for more than
-its price at the rate reached so far. Replayed (bench/RESULTS.md, "Session 52"), 1.2 and
+its price at the rate reached so far. Replayed (bench/history/RESULTS-until-2026-12-07.md, "Session 52"), 1.2 and
 1.0 each beat the best fixed γ on both mixed sets of every recording; on the demo's six
 scenes alone 1.2 fell 3.2% under the best fixed γ in one recording, 1.0 matched it in both
 (the demo's draft is underconfident on its scenes: proposals it gave 0.3-0.5 were kept

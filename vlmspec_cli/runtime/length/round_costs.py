@@ -65,8 +65,9 @@ class LinearCost:
         self.xy = d * self.xy + x * seconds
         # a line through two or three rounds fits them (nearly) exactly, so its slope's error
         # cannot be told: beside two competitors, a draft line through one round of 1
-        # position (0.9 ms) and one of 5 descheduled (7.9 ms, against 2-3) priced a position
-        # at 1.8 ms, and the video's rounds drafted 3 where 5 pay
+        # position and one of 5 descheduled priced a position at several times its cost, and
+        # the video's rounds drafted 3 where 5 pay (traced by hand in session 51's
+        # bench/runs/2026-11-27/load-full-s51.txt run)
         if self.n >= MIN_FIT and self.spread() >= MIN_SPREAD:
             self.slope = self._fit()
 
@@ -74,11 +75,12 @@ class LinearCost:
         """The weighted least-squares slope b, shrunk by its uncertainty, never below 0 (a
         round is never cheaper for being longer): b·(1 − (SLOPE_T / t)²), t = b / se, so 0
         for t ≤ SLOPE_T and b itself as t grows. Beside two competitors a round of the
-        video target takes 10 ms or, descheduled, 25-30 ms, whatever its size: its first
-        rounds' slope was 0.2-0.3 ms a token (se 0.01-0.1), and a dozen rounds later
-        1.5-3.5 ms at t = 1-1.5, which shrunk by b − se²/b (t = 1) still priced a token
-        verified at up to 2.6 ms, ten times its cost, and rounds drafted 1-3 proposals where
-        5 pay (the describe-video row 1.37x, one pass 0.94x, against 1.69x beside one)."""
+        video target takes the same time whatever its size, or two to three times it when
+        descheduled: a dozen rounds in, the slope came out several times its first rounds'
+        at t = 1-1.5, which shrunk by b − se²/b (t = 1) still priced a verified token at
+        up to ten times its cost, and rounds drafted 1-3 proposals where 5 pay (the
+        describe-video row 1.37x, one pass 0.94x, against 1.69x beside one competitor:
+        bench/runs/2026-11-27/load-full-s51.txt; the round times traced by hand)."""
         mean_x, mean_y = self.x / self.w, self.y / self.w
         var_x = self.xx / self.w - mean_x * mean_x
         cov = self.xy / self.w - mean_x * mean_y
@@ -118,7 +120,7 @@ class RoundCosts:
     """What rounds cost in this process: drafting by positions drafted (D), verifying and
     committing by tokens fed to the target (V). A plain step (one token fed) is timed
     apart from the rounds that feed several: on a CPU the fast path's one-token forward
-    is markedly cheaper than any longer one (bench/profile-deep-cpu.json, the demo's
+    is markedly cheaper than any longer one (bench/runs/2026-11-23/profile-deep-cpu.json, the demo's
     target at 256 positions: V(2) = 1.23·V(1), V(8) = 1.25·V(1)), which a line through both
     would put near V(2), and a draft that is kept now and then (τ ≈ 1.1) would look as if
     it paid."""
@@ -154,9 +156,9 @@ class RoundCosts:
         """D(levels): the line, scaled down where the last RECENT rounds came in below it
         (their lower median time over the line's value at their own size, when below 1;
         the line's shape, e.g. a round's fixed catch-up, is kept). One stalled round moves
-        a decayed mean for tens of rounds but not a median: a 0.3 s stall in the demo's
-        drafting early in a process (rounds of 1-2 ms) had the line say drafting did not
-        pay, and it went off."""
+        a decayed mean for tens of rounds but not a median: one stall in the demo's
+        drafting early in a process, a hundred times its rounds, had the line say drafting
+        did not pay, and it went off (traced by hand in session 46: bench/history/RESULTS-until-2026-12-07.md)."""
         if not self.draft.known:
             return None
         if self.draft_scale is None:   # once per observed round, not per length priced
@@ -179,10 +181,10 @@ class RoundCosts:
         it was fitted on (``LinearCost.low``). Verifying costs nearly the same for any
         small n on a CPU (V(2) = 1.23·V(1), V(8) = 1.25·V(1): the class's docstring), so a
         slope from rounds of 6-13 tokens says nothing of 2: beside two competitors the
-        demo's first rounds (6-13 tokens fed, at 9-23 ms, some descheduled) put V(2) at
-        3.5-5 ms against plain steps of 10-23, a V(1) capped there (``plain_s``) priced
-        every round under a plain step's gain, and a good draft decoded 98 of a process's
-        102 rounds plain (1.08x, against 2.0-3.0x in the runs beside it)."""
+        demo's first rounds (6-13 tokens fed, some descheduled) put V(2) at a third to a
+        half of a plain step, a V(1) capped there (``plain_s``) priced every round under a
+        plain step's gain, and a good draft decoded 98 of a process's 102 rounds plain
+        (1.08x, against 2.0-3.0x in the runs beside it: bench/runs/2026-11-29/load-s56.txt)."""
         return self.verify.at(max(fed, self.verify.low()))
 
     def plain_s(self, cautious: bool = False) -> float | None:
@@ -190,15 +192,16 @@ class RoundCosts:
         rounds puts at two tokens (held flat below their sizes: ``_line``; feeding one
         token costs no more than feeding two; while drafting is on no plain step is timed,
         and the one that was can be a stall: a bad draft's round cut to one fed token by an
-        EOS, timed at 17.5 ms among 12 ms rounds early in a process, kept a bad draft
+        EOS, timed well above the rounds around it early in a process, kept a bad draft
         drafting 15 rounds at a gain of 1.3-1.5); ``cautious``: at most that less the
         line's slope (its value one token lower), so a plain step timed while the machine
         was busier than when those rounds were (the costs are measured at
         different times) is not taken as what drafting would save. Where plain steps were
         timed beside the line, V(1) is the line's V(2) now times their ratio to it then: a
         request's context, or the machine's load, moves both, and a plain step timed
-        rounds ago in a short request (11.7 ms against rounds of 21 ms in a long one, the
-        mixed set) switched a good draft off."""
+        rounds ago in a short request (about half a long request's rounds, in the mixed
+        set; traced by hand in session 46: bench/history/RESULTS-until-2026-12-07.md) switched a good
+        draft off."""
         v1 = self.verify_s(1)
         if v1 is not None and self.plain.known and self.verify.known:
             two = self._line(2)

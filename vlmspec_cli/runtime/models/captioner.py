@@ -81,8 +81,8 @@ class Captioner:
 
         On a GPU it runs in a worker thread on its own CUDA stream, overlapping the
         target's prefill. On CPU it runs here and now: the prefill already uses every
-        core, and a second thread's OpenMP pool left the main thread's decoding 3.6x
-        slower for the rest of the process (measured on 2 cores)."""
+        core, and a second thread's OpenMP pool left the main thread's decoding several
+        times slower for the rest of the process (by hand on 2 cores, not recorded)."""
         if self.lm.device.type != "cuda":
             future: Future = Future()
             future.set_result(self.caption_all(list(images)))

@@ -184,7 +184,7 @@ class AutoLength(FixedLength):
         rows' models price a length by them (``RowCosts``). Per row, the lines would take
         the whole round's time at each row's own size: flat, a long chain looking as cheap
         as a short one (every row then drafted long, 0.78x target-only batched where a
-        fixed γ = 5 made 1.25x: bench/runs/2026-12-07, scale-folder-auto-length-1)."""
+        fixed γ = 5 made 1.25x: bench/runs/2026-12-07/scale-folder-auto-length-1.txt)."""
         self.batch_rounds += 1
         fed = max(r.fed for r in records)
         if self.batch_rounds <= WARMUP_ROUNDS or fed < 1:

@@ -11,9 +11,10 @@ all frontier rows at once (log-softmax, top-k, one host read of the results); th
 structure (a few dozen nodes: tokens, parents, depths, scores) is kept in Python lists, and
 each forward's mask is made from them with one tensor construction. Holding the structure
 in preallocated tensors too (ancestry rows gathered per level, index writes per node
-batch) was tried and measured slower on the CPU: 1.49 against 0.74 ms to grow and mask a
-depth-5, top-k-4 tree, and 2.0 against 1.3 ms of drafting overhead per round in the
-engine. Ops on tensors of a few dozen elements cost more than the Python they replace.
+batch) was tried and measured slower on the CPU (by hand, not recorded): twice the time to
+grow and mask a depth-5, top-k-4 tree, and half as much again of drafting overhead per
+round in the engine. Ops on tensors of a few dozen elements cost more than the Python they
+replace.
 
 Which children a node gets, and which nodes stay, is where losslessness is won or lost:
 

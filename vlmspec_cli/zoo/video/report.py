@@ -190,7 +190,7 @@ _REPORT_NOTES = """## Deviations and notes
   0.31 (exact 0.33, shape 0.81); with the second run at 2000 steps, motion 0.45 (shape
   1.00). The longer vision phase is what moved motion: the probe's foreground class
   accuracy ends at 0.93 (0.52 after 1200 steps) and the first end-to-end run's LM loss at
-  0.05 (0.33). The runs' logs are in the repository's bench/zoo-rebuild-cpu/.
+  0.05 (0.33). The runs' logs are in the repository's bench/runs/2026-11-24/zoo-rebuild-cpu/.
 - Earlier build (vision hidden 64, no vision pre-training, probe weight 0.5, 2500
   end-to-end steps, 583 s), same 40 eval scripts, target at 8 frames: exact 0.07,
   count 1.00, colour 1.00, shape 0.37, motion 0.39, parsed 1.00 (4 frames: 0.10 / 0.39 /
