@@ -6,7 +6,7 @@ as wide as the widest row's feed (runtime/fast/ragged.py). Each row's length mod
 batch's costs, so the widest row sets the round's cost for all: one row that accepts
 well drafts 12 and every row pays a 13-wide forward and 12 draft steps while the others
 keep 2 or 3 tokens of it. Per-row auto at ≤ 12 made 1.03-1.07x target-only batched
-where a fixed γ = 5 made 1.23x (bench/runs/2026-12-07/scale-folder-auto-length-3).
+where a fixed γ = 5 made 1.23x (bench/runs/2026-12-07/scale-folder-auto-length-3.txt).
 
 So the batch's width K is chosen jointly: the K in 1..max(k_i) with the most tokens per
 second over the whole batch,

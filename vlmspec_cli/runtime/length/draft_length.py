@@ -328,8 +328,9 @@ class AutoGamma:
         """Before MIN_TIMED rounds are timed (drafting cannot go off yet), this process's
         drafted rounds have kept nothing: its next rounds draft one proposal, the cheapest
         that still measure. The own-model walk's random pair drafted its ceiling (4) for
-        the four rounds before it could go off, in a first request of 16 tokens (0.89x
-        target-only); a draft that keeps anything drafts as before."""
+        the four rounds before it could go off, in a first request of 16 tokens
+        (bench/runs/2026-12-07/useless-walk-cold-before.txt); a draft that keeps anything
+        drafts as before."""
         return self.costs.timed < MIN_TIMED and bool(self.seen.risk) and not any(self.seen.kept)
 
     @property
