@@ -63,7 +63,9 @@ class Eagle3Drafter(HiddenDrafter):
     uses_draft = False
     help = "a published EAGLE-3 head (SpecForge/vLLM/SGLang layout)"
     searched_first = ()
-    search_rank = 0       # a target's own EAGLE-3 head: the fastest where one is shipped
+    search_rank = 0       # probed first where one is shipped (the fastest on captions; on
+                          # questions the caption-trained tinyworld head is not: calibrate
+                          # ranks candidates by what it measures, docs/methods.md)
     head_kind = "EAGLE-3 head"
 
     def __init__(self, target, head, sampling: SamplingParams, eos_ids=(),
