@@ -484,6 +484,9 @@ def test_a_stop_swallowed_in_a_finalizer_is_delivered_again(stop, monkeypatch):
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     try:
         stop_on_sigterm()
+        # as in a command run from a terminal: a pytest started as a background job (`&`,
+        # nohup) inherits SIGINT ignored, and Ctrl-C's signal would raise nothing
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
         class Finalized:
             def __del__(self):
