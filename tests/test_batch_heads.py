@@ -113,6 +113,18 @@ def _law(lm, messages, prefix: list[int], params) -> torch.Tensor:
     return probabilities(logits.float(), params).cpu()
 
 
+def joint_law(lm, messages, params, runs: int) -> dict[tuple[int, int], float]:
+    """The target's joint law of the first two tokens, over the pairs ``runs`` draws can
+    show (a first token expected twice or more, a pair once or more)."""
+    first = _law(lm, messages, [], params)
+    joint = {}
+    for a in (first * runs >= 2).nonzero().flatten().tolist():
+        second = _law(lm, messages, [a], params)
+        for b in (first[a] * second * runs >= 1).nonzero().flatten().tolist():
+            joint[(a, b)] = float(first[a] * second[b])
+    return joint
+
+
 def test_batched_hidden_samples_follow_the_targets_law(zoo_target):
     """300 seeded requests of one image prompt decoded 8 rows at a time: the first token is
     the target's own, the second the head's proposal verified in the batch's forward; the
@@ -125,12 +137,7 @@ def test_batched_hidden_samples_follow_the_targets_law(zoo_target):
     params, runs = SamplingParams(1.0), 300
     (_, image), = fresh_scenes(1, seed=515)
     messages = [Message("user", "describe the image.", (image,))]
-    first = _law(zoo_target, messages, [], params)
-    joint = {}
-    for a in (first * runs >= 2).nonzero().flatten().tolist():
-        second = _law(zoo_target, messages, [a], params)
-        for b in (first[a] * second * runs >= 1).nonzero().flatten().tolist():
-            joint[(a, b)] = float(first[a] * second[b])
+    joint = joint_law(zoo_target, messages, params, runs)
     head = new_head(zoo_target, -1, max_steps=2, seed=3).eval()
     engine = _engine("hidden", zoo_target, head, 2, batch_size=8, sampling=params)
     reqs = [Request(messages, max_new_tokens=(3, 5, 4)[seed % 3], seed=seed)

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from conftest import assert_first_two_follow, fresh_scenes
 from test_batch import _batched, requests_  # noqa: F401  (requests_: the fixture)
-from test_batch_heads import _law, deep, hidden_head  # noqa: F401  (fixtures)
+from test_batch_heads import deep, hidden_head, joint_law  # noqa: F401  (fixtures)
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.drafters.hidden import TreeSettings
@@ -143,12 +143,7 @@ def test_batched_tree_samples_follow_the_targets_law(zoo_target):
     params, runs = SamplingParams(1.0), 300
     (_, image), = fresh_scenes(1, seed=515)
     messages = [Message("user", "describe the image.", (image,))]
-    first = _law(zoo_target, messages, [], params)
-    joint = {}
-    for a in (first * runs >= 2).nonzero().flatten().tolist():
-        second = _law(zoo_target, messages, [a], params)
-        for b in (first[a] * second * runs >= 1).nonzero().flatten().tolist():
-            joint[(a, b)] = float(first[a] * second[b])
+    joint = joint_law(zoo_target, messages, params, runs)
     head = new_head(zoo_target, -1, max_steps=2, seed=3).eval()
     engine = _head_engine("hidden", zoo_target, head, batch_size=8, sampling=params)
     reqs = [Request(messages, max_new_tokens=(3, 5, 4)[seed % 3], seed=seed)
@@ -161,12 +156,7 @@ def test_batched_draft_tree_samples_follow_the_targets_law(zoo_target, zoo_draft
     params, runs = SamplingParams(1.0), 300
     (_, image), = fresh_scenes(1, seed=515)
     messages = [Message("user", "describe the image.", (image,))]
-    first = _law(zoo_target, messages, [], params)
-    joint = {}
-    for a in (first * runs >= 2).nonzero().flatten().tolist():
-        second = _law(zoo_target, messages, [a], params)
-        for b in (first[a] * second * runs >= 1).nonzero().flatten().tolist():
-            joint[(a, b)] = float(first[a] * second[b])
+    joint = joint_law(zoo_target, messages, params, runs)
     engine = _tree_engine(zoo_target, zoo_draft, "dynamic", 8, params, depth=2, top_k=2,
                           total=4)
     reqs = [Request(messages, max_new_tokens=(3, 5, 4)[seed % 3], seed=seed)
