@@ -110,3 +110,30 @@ def test_a_run_where_speculation_did_not_pay_ends_with_one_line_of_advice():
     paid.stats.wall_s = 1.0
     paid.stats.draft_length = length_section(12, [3, 0, 0, 9], probes=1, rates=None)
     assert speed_advice(prof, paid) is None
+
+
+def test_compare_takes_turns_at_decoding_an_input_first(tmp_path, monkeypatch):
+    """--compare decodes every other input with the target alone first (tasks/jobs.py
+    decode_job): the side that decodes an input first pays what the second finds done, and
+    with the method always first target-only read 0.83-0.96x against itself beside busy
+    processes. The outputs stay identical whichever side goes first."""
+    from vlmspec_cli.runtime.round.engine import SpeculativeEngine
+
+    calls: list[tuple[str, int]] = []   # (side, request's id) in decoding order
+    real = SpeculativeEngine.generate
+
+    def spy(self, request, *args, **kwargs):
+        side = "target-only" if self.drafter.name == "none" else "method"
+        calls.append((side, id(request)))
+        return real(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeEngine, "generate", spy)
+    res = run(["caption", _shots(tmp_path, 4, 79), "--compare", "--max-new-tokens", "6", "--json"])
+    assert res.exit_code == 0, res.output
+    records = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(records) == 4 and all(r["compare"]["identical"] for r in records)
+    timed = calls[2:]   # after the warm-up's two short decodes (method, then target-only)
+    assert [side for side, _ in calls[:2]] == ["method", "target-only"]
+    pairs = [timed[i:i + 2] for i in range(0, len(timed), 2)]
+    assert all(a[1] == b[1] for a, b in pairs)          # both sides decode each input in turn
+    assert [a[0] for a, _ in pairs] == ["method", "target-only", "method", "target-only"]

@@ -19,8 +19,9 @@ besides. What the runner does the same way for every kind:
   sink (and decodes one spelling of an input once); a kind whose outputs are files
   skips a job whose files are all there (``prepare`` says SKIP).
 * **--compare.** One untimed warm-up of both sides first, then each decoded job is decoded
-  again by the target alone: ``compare`` holds the same four fields in every record and
-  the summary counts them the same way (:class:`Tally`).
+  again by the target alone, every other job the target alone first (``decode_job``):
+  ``compare`` holds the same four fields in every record and the summary counts them the
+  same way (:class:`Tally`).
 
 No click or rich here.
 """
@@ -175,9 +176,11 @@ class Tally:
             self.emit(record)
 
 
-def compare_fields(session, request: Request, result) -> dict:
-    """``compare``: the same request decoded by the target alone."""
-    base = session.baseline_engine().generate(request)
+def compare_fields(session, request: Request, result, base=None) -> dict:
+    """``compare``: the same request decoded by the target alone (``base``: already
+    decoded, before the method's)."""
+    if base is None:
+        base = session.baseline_engine().generate(request)
     wall, own = base.state.stats.wall_s, result.state.stats.wall_s
     return {
         "target_only_wall_s": round(wall, 4),
@@ -215,12 +218,21 @@ def warm_up_compare(session, requests: Iterable[Callable[[], Request]]) -> None:
         return
 
 
-def decode_job(session, kind: JobKind, job, plan, compare: bool, events: JobEvents) -> dict:
-    """Decode one job and make its record (raises for the job's failure)."""
+def decode_job(session, kind: JobKind, job, plan, compare: bool, events: JobEvents,
+               baseline_first: bool = False) -> dict:
+    """Decode one job and make its record (raises for the job's failure).
+    ``baseline_first`` (--compare, every other job): the target alone decodes the request
+    before the method does. Whichever side decodes an input first pays what the second
+    finds done (the input's tensors and the caches they pass through, and on a busy
+    machine a thread count chosen while the other processes held the cores). With the
+    method always first, target-only decoding against itself read 0.83-0.96x beside two
+    busy processes (the A/A controls of bench/runs/2026-12-07/final2-useless-2competitors.json
+    and useless-drafts-control.json); taking turns, that cost falls on both sides alike."""
     request = kind.request(session, job)
     limit = request.max_new_tokens
+    base = session.baseline_engine().generate(request) if compare and baseline_first else None
     result = session.engine.generate(request, progress=token_events(events, job, limit))
-    return outcome_record(session, kind, job, plan, request, result, compare)
+    return outcome_record(session, kind, job, plan, request, result, compare, base)
 
 
 def token_events(events: JobEvents, job, limit: int) -> Callable:
@@ -238,11 +250,11 @@ def token_events(events: JobEvents, job, limit: int) -> Callable:
 
 
 def outcome_record(session, kind: JobKind, job, plan, request: Request, result,
-                   compare: bool) -> dict:
+                   compare: bool, base=None) -> dict:
     record = kind.record(session, job)
     kind.finish(session, job, plan, request, result, record)
     if compare:
-        record["compare"] = compare_fields(session, request, result)
+        record["compare"] = compare_fields(session, request, result, base)
     return record
 
 
@@ -288,7 +300,8 @@ def run_jobs(session, kind: JobKind, jobs, events: JobEvents, *, sink: JsonlSink
         try:
             if isinstance(plan, _Refused):
                 raise plan.exc
-            record = decode_job(session, kind, job, plan, compare, events)
+            record = decode_job(session, kind, job, plan, compare, events,
+                                baseline_first=summary.compared % 2 == 1)
         except OutputError:  # --out / --trace cannot be written: stop, not the job's fault
             raise
         except Exception as exc:  # one job's failure never stops the batch
