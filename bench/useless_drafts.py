@@ -64,7 +64,7 @@ method: chain
 drafting: {gamma: 4, inputs: [multimodal]}
 generation: {max_new_tokens: 16}
 """
-IMAGES = "examples/images/scene1.png,examples/images/scene2.png,examples/images/scene3.png"
+IMAGES = ",".join(f"examples/images/scene{i}.png" for i in range(1, 7))   # the six demo scenes
 
 
 def walk_pair(folder: Path) -> Path:

@@ -15,7 +15,12 @@ states not yet read by the head (from position ``row_start``). A round:
    (self-feedback, step j), as a chain, or as a tree (EAGLE-2 expansion, a node's pair is
    its token and its parent's output, 4-D mask over the node's ancestors);
 3. ``accept`` cuts the head's cache back to ``committed`` (speculative entries go) and
-   queues the target's states of the rows verification kept (``state.features``).
+   queues the target's states of the rows verification kept (``state.features``), as they
+   came (``queued``): they are read as the head reads them (an EAGLE-3 head projects
+   them) at the next ``propose``, all at once. While drafting is off (auto length), rounds
+   only queue: a useless EAGLE-3 head projected every plain round's state and grew
+   ``rows`` by one copy a round, 4-5% of a tiny target's plain rounds (profiled by hand,
+   bench/useless_drafts.py's qwen25-vl-7b-eagle3 row).
 
 The very first token has no head state yet: the target's own prefill distribution p is
 used as q (x_1 ~ p, accepted with probability min(1, p/q) = 1), as EAGLE does.
@@ -56,6 +61,8 @@ class HiddenState:
     committed: int = 0                         # entries read from the target's own states
     rows: torch.Tensor | None = None           # target states not yet read, (n, H)
     row_start: int = 0                         # target position of rows[0]
+    queued: list = field(default_factory=list)   # after rows: as the target gave them
+    queued_rows: int = 0
     prompt_len: int = 0
     first_logits: torch.Tensor | None = None   # the target's p(x_1), first round only
     tree: DraftTree | None = None
@@ -253,6 +260,10 @@ class HiddenDrafter(DraftingMethod):
         """Feed the pairs whose next token is committed; returns (logits for the token after
         the pending one, the head state it came from, its step) — or, in the first round,
         the target's own p(x_1) and the target's last prompt state."""
+        if st.queued:   # the states queued by ``accept`` as the head reads them, at once
+            new = self._target_rows(torch.cat(st.queued))
+            st.rows = new if st.rows is None else torch.cat([st.rows, new])
+            st.queued, st.queued_rows = [], 0
         known = st.prompt_len + len(state.tokens) - 1 - st.row_start   # rows with a known next
         known = min(known, 0 if st.rows is None else st.rows.shape[0])
         if known > 0:
@@ -320,13 +331,15 @@ class HiddenDrafter(DraftingMethod):
         if extra > 0:
             st.cache.crop(-extra)
         f = state.features
-        end = st.row_start + (0 if st.rows is None else st.rows.shape[0])
+        end = st.row_start + (0 if st.rows is None else st.rows.shape[0]) + st.queued_rows
         if f is not None and f.ids is None and f.start == end:
             # the fed rows the target kept: all but a chain's rejected proposals (a tree's
             # were cut to its kept path in ``Verdict.roll_back``); a row of a batch has no
-            # cache of its own to read this from
-            new = self._target_rows(f.hidden[:f.hidden.shape[0] - verdict.rejected])
-            st.rows = new if st.rows is None else torch.cat([st.rows, new])
+            # cache of its own to read this from. A copy: the forward's output may be a
+            # buffer the next one writes
+            kept = f.hidden[:f.hidden.shape[0] - verdict.rejected].clone()
+            st.queued.append(kept)
+            st.queued_rows += kept.shape[0]
         state.features = None
         if st.tree is not None:
             depth, top_k = st.shape
