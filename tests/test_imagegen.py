@@ -472,3 +472,15 @@ def test_an_out_dir_that_cannot_be_a_folder_is_said_as_it_is(tmp_path):
     for name, reason in (("a", "too many levels of symbolic links"), ("broken", "a broken symbolic link")):
         res = run(["generate-image", "a red circle", "-o", str(tmp_path / name), *FAST])
         assert res.exit_code == 2 and f"--out-dir {tmp_path / name}: {reason}" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("method", ["tree", "adt", "none"])
+def test_a_batch_size_is_refused_in_one_line_before_anything_loads(method, tmp_path):
+    """generate-image decodes one image at a time: generation.batch_size > 1 is refused, not
+    silently decoded one by one (tree batches captions, so the method check alone let
+    ``-m tree --set generation.batch_size=2`` through)."""
+    res = run(["generate-image", "a red circle", "-m", method, "--set",
+               "generation.batch_size=2", "-o", str(tmp_path / "x"), "--dry-run"])
+    assert res.exit_code != 0
+    assert "generate-image decodes one image at a time" in " ".join(res.output.split())
+    assert not (tmp_path / "x").exists()

@@ -319,6 +319,11 @@ def validate_method(profile) -> type[DraftingMethod]:
     if profile.runtime.compile == "on" and profile.runtime.fast_path == "off":
         raise SessionError("runtime.compile: on compiles the fast path's steps; it needs "
                            "runtime.fast_path auto or on, not off")
+    if profile.generation.rows > 1 and task == "image":   # (tree batches captions, not images)
+        raise SessionError("generation.batch_size > 1 (--batch-size): generate-image decodes "
+                           "one image at a time (a guided target already runs two rows per "
+                           "image, the prompt's and the guiding one); set "
+                           "generation.batch_size: 1")
     if profile.generation.rows > 1 and not method.batches:
         *most, last = _supporting(lambda m: m.batches)
         raise SessionError(f"generation.batch_size > 1 (--batch-size) works with methods "
