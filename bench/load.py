@@ -1,8 +1,8 @@
 """Speculative decoding against target-only on an idle and on a loaded machine (issue 34).
 
 Five workloads, each run through the CLI users run, with ``--compare`` (every input
-decoded by the method, then by the target alone, one after the other in the same
-process: both sides of a row's ratio see the same conditions):
+decoded by the method and by the target alone, one after the other in the same process,
+taking turns at going first: both sides of a row's ratio see the same conditions):
 
 - ``demo``: ``vlmspec caption examples/images/ --compare`` (the default profile);
 - ``photos``: real photos, not tinyworld scenes: scikit-learn's bundled sample photos

@@ -99,6 +99,32 @@ def rows_load(run: dict, data: dict, workloads: dict) -> list[tuple[str, str, tu
     return out
 
 
+def rows_useless(run: dict, data: dict, workloads: dict) -> list[tuple]:
+    """bench/useless_drafts.py --json: one row per profile and load level, its A/A control's
+    (``--control``: the same command with method none) folded into "÷ control"."""
+    m = data["machine"]
+    title = workloads.get("useless", "useless")
+    header = ("profile", "CPU-bound competitors", "speedup", "÷ control (95% interval)",
+              "first requests", "passes × inputs", "identical")
+    out = []
+    for r in data["rows"]:
+        if r["row"].endswith("(control)"):
+            continue
+        over = r.get("over_control") or {}
+        ci = over.get("ci95")
+        ratio = (f"{_fmt(over.get('ratio'))} ({_fmt(ci[0])}-{_fmt(ci[1])})" if ci
+                 else _fmt(over.get("ratio")))
+        first = ", ".join(_fmt(x, suffix="x") for x in r.get("first_request_speedup") or [])
+        machine = (f"{m['cpus']} CPUs {m['cpu']}, torch {m['torch']}, "
+                   f"load avg {r['loadavg_before'][0]:.2f}")
+        cells = (r["row"], str(r["competitors"]), _fmt(r.get("speedup"), suffix="x"), ratio,
+                 first or "-", f"{r['passes']} × {r['inputs'] // r['passes']}",
+                 f"{r.get('identical')}/{r['inputs']}")
+        out.append((title, header, cells + provenance(run, m["commit"], machine,
+                                                      data["command"])))
+    return out
+
+
 def _latest(records: list[dict]) -> dict[tuple[str, str], dict]:
     out = {}
     for r in records:
@@ -304,6 +330,8 @@ def tables(manifest: dict, root: Path = ROOT) -> list[Table]:
             rows = rows_folder(run, data, workloads)
         elif kind == "paired":
             rows = rows_paired(run, data, workloads)
+        elif kind == "useless":
+            rows = rows_useless(run, data, workloads)
         elif kind == "gpu":
             rows = rows_gpu(run, data, workloads)
         elif kind == "gpu-tests":

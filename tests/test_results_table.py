@@ -132,6 +132,16 @@ def _fixture(root: Path) -> dict:
                         "vs_target_only": 1.29, "tau": 3.66, "mismatches": 1,
                         "tokens_per_s": 133.3}]}
     (runs / "folder.json").write_text(json.dumps(folder))
+    useless = {"machine": {"cpus": 2, "cpu": "TestCPU", "torch": "9.9", "commit": "abc1234"},
+               "command": "python bench/useless_drafts.py --control", "rows": [
+                   {"row": "llava15-7b", "competitors": 2, "speedup": 0.9647, "passes": 3,
+                    "inputs": 18, "identical": 18, "loadavg_before": [2.1, 1.0, 1.0],
+                    "first_request_speedup": [0.9716, 0.9855, 1.02],
+                    "over_control": {"ratio": 0.9674, "ci95": [0.93, 1.0123]}},
+                   {"row": "llava15-7b (control)", "competitors": 2, "speedup": 0.9972,
+                    "passes": 3, "inputs": 18, "identical": 18,
+                    "loadavg_before": [2.1, 1.0, 1.0]}]}
+    (runs / "useless.json").write_text(json.dumps(useless))
     (runs / "paired.txt").write_text("target-only  wall   48.24 s  speedup 1.00x  rounds  2304  "
                                      "identical 36/36\nadt fixed    wall   16.03 s  speedup "
                                      "3.01x  rounds   381  identical 36/35\nnoise\n")
@@ -147,6 +157,7 @@ def _fixture(root: Path) -> dict:
                       "workload": "image", **given},
                      {"file": "bench/runs/d/folder.json", "kind": "folder", "hardware": "CPU",
                       "methods": ["hidden"], **given},
+                     {"file": "bench/runs/d/useless.json", "kind": "useless", "hardware": "CPU"},
                      {"file": "bench/runs/d/tests.jsonl", "kind": "gpu-tests", "hardware": "GPU",
                       **given}]}
 
@@ -183,6 +194,11 @@ def test_each_kind_of_run_is_read_as_recorded(tmp_path):
     assert "new tokens, 2 passes — `chain`" not in text     # not among the run's methods
     [adt] = _rows(text, "image — `adt`")       # target-only's line is the reference
     assert adt[:5] == ["fixed", "16.03", "3.01x", "381", "36/35"]
+    [useless] = _rows(text, "useless")     # the A/A control folded into "÷ control"
+    assert useless == ["llava15-7b", "2", "0.96x", "0.97 (0.93-1.01)", "0.97x, 0.99x, 1.02x",
+                       "3 × 6", "18/18", "`abc1234`", "2 CPUs TestCPU, torch 9.9, load avg 2.10",
+                       "`python bench/useless_drafts.py --control`",
+                       "[bench/runs/d/useless.json](runs/d/useless.json)"]
     tests = _rows(text, "gpu tests")
     assert [t[:3] for t in tests] == [["chain: speculative", "target-only", "1/2"],
                                       ["chi2 chain", "(χ² test passed)", "1/1"]]
