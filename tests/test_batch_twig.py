@@ -55,6 +55,14 @@ def _check_equal_alone(target, twig, gamma, batch_size, reqs, threshold=0.6):
         s, r = res.state.stats, ref.state.stats
         assert (s.num_accepted_tokens, s.num_drafts, s.num_draft_tokens) == \
             (r.num_accepted_tokens, r.num_drafts, r.num_draft_tokens), f"request {i}"
+        # the row's own trunk holds the prompt and the committed tokens but the pending
+        # one, as the request's target cache alone; its twig has read (or queued) as many
+        st = res.state.drafter_state
+        committed = ref.state.target_cache.get_seq_length(0)
+        assert st.trunk.get_seq_length(0) == committed == st.prompt_len + len(res.tokens) - 1
+        if twig is not None:
+            unread = 0 if st.unread is None else st.unread.shape[1]
+            assert st.twig_cache.get_seq_length(0) + unread == committed, f"request {i}"
     assert max(live) == min(batch_size, len(reqs)) - 1          # the batch was full
     if batch_size < len(reqs):                                   # and rows joined mid-way
         assert any(0 < n for n in live[batch_size:])
