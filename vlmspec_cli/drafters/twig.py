@@ -399,9 +399,14 @@ class TwigDrafter(DraftingMethod):
         """A row of a batch: prefilled alone with the target (``prefill``), whose cache the
         batch's now holds; the row keeps that cache's layers[:K] as its own trunk."""
         st: TwigState = state.drafter_state
-        trunk = state.target_cache
+        trunk, k = state.target_cache, self.split.k
         if isinstance(trunk, SegmentedCache):
-            trunk.keep_below(self.split.k)
+            trunk.keep_below(k)
+        else:   # a transformers cache (fast path off): a fresh one, of layers[:K] only
+            lm, full = self.target, trunk
+            trunk = lm.adapter.new_cache(lm, static=False)
+            for i in range(k):
+                trunk.update(full.layers[i].keys, full.layers[i].values, i)
         st.trunk, st.prompt_len = trunk, int(trunk.get_seq_length(0))
 
     def _accept_row(self, st: TwigState, state: DecodeState) -> None:
