@@ -6,7 +6,8 @@ The inputs: examples/images/*.png, then crops of scikit-learn's two sample photo
 (so prompts, images and outputs differ in length). The target is the shipped profiles'
 32-layer tinyworld Llava target; ``--methods`` draft for it with its shipped companions
 (chain: llava-deep-draft reading the image; hidden: llava-deep-hidden; eagle3:
-llava-deep-eagle3), all at T = 0 with a fixed γ (``--gamma``, or per method:
+llava-deep-eagle3; twig: llava-deep-twig on the target's first 2 layers, θ 0.6 as the
+shipped profile), all at T = 0 with a fixed γ (``--gamma``, or per method:
 ``hidden:3``), or with ``drafting.length: auto`` (``hidden:auto``, ceiling ``--gamma``;
 ``hidden:auto12``, ceiling 12): each row of the batch its own k, plain where drafting
 does not pay (round_policy.AutoLength, a fresh one per engine). Trees: ``tree`` (the
@@ -40,7 +41,8 @@ import torch
 from benchlib import machine_info, photo_set, print_table, stolen_s
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.profile import ModelSpec
-from vlmspec_cli.runtime.models.loading import load_eagle3_head, load_hidden_head, load_model
+from vlmspec_cli.runtime.models.loading import (load_eagle3_head, load_hidden_head, load_model,
+                                                load_twig)
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.length.draft_length import AutoGamma
 from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
@@ -52,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GREEDY = SamplingParams(0.0)
 TARGET = "zoo:tinyworld/llava-target-deep"
 COMPANIONS = {"chain": "zoo:tinyworld/llava-deep-draft", "hidden": "zoo:tinyworld/llava-deep-hidden",
-              "eagle3": "zoo:tinyworld/llava-deep-eagle3"}
+              "eagle3": "zoo:tinyworld/llava-deep-eagle3", "twig": "zoo:tinyworld/llava-deep-twig"}
 PROMPTS = ("describe the image.", "What colour is the background?", world.CAPTION_PROMPTS[1],
            "how many shapes are there?")
 
@@ -78,6 +80,8 @@ def companion(method: str, target):
     method = method.removesuffix("-tree")
     if method in ("chain", "tree"):
         return load_model(ModelSpec(model=COMPANIONS["chain"], device="cpu"), "draft")
+    if method == "twig":
+        return load_twig(COMPANIONS["twig"], target)
     load = load_hidden_head if method == "hidden" else load_eagle3_head
     return load(COMPANIONS[method], target)
 
@@ -100,6 +104,9 @@ def drafter_for(method: str, target, model, gamma: int = 5, shape: tuple[int, in
     if method == "chain":
         return create_drafter("chain", draft=model, sampling=GREEDY, drafting_input="multimodal",
                               image_token=target.adapter.image_token(target))
+    if method == "twig":
+        return create_drafter("twig", target=target, sampling=GREEDY, layers=2, twig=model,
+                              threshold=0.6)
     if method == "tree":
         return create_drafter("tree", draft=model, sampling=GREEDY, drafting_input="multimodal",
                               depth=gamma, top_k=shape[0], total_tokens=shape[1],

@@ -15,6 +15,7 @@ from test_batch_heads import hidden_head  # noqa: F401  (the fixture)
 from test_draft_length import Costs
 from vlmspec_cli.drafters import create_drafter, method_class
 from vlmspec_cli.runtime.length.draft_length import AutoGamma
+from vlmspec_cli.runtime.models.loading import load_twig
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.round.draft import Draft
 from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
@@ -56,6 +57,9 @@ class Scrambled(method_class("chain")):
 
 
 def _drafter(method, target, draft=None, head=None):
+    if method == "twig":   # the target's first 2 layers and a twig on them
+        return create_drafter("twig", target=target, sampling=GREEDY, layers=2, threshold=0.6,
+                              twig=load_twig("zoo:tinyworld/llava-twig", target))
     if method == "hidden":
         return create_drafter("hidden", target=target, head=head, sampling=GREEDY,
                               eos_ids=eos_token_ids(target))
@@ -72,7 +76,8 @@ def _auto_engine(drafter, target, gamma, batch_size, costs=None):
 
 
 @pytest.mark.parametrize("method,batch_size,made_up", [
-    ("chain", 3, True), ("chain", 8, False), ("hidden", 3, False), ("hidden", 8, True)])
+    ("chain", 3, True), ("chain", 8, False), ("hidden", 3, False), ("hidden", 8, True),
+    ("twig", 3, True), ("twig", 8, False)])
 def test_auto_length_rows_equal_each_request_alone(zoo_target, zoo_draft, hidden_head,
                                                    requests_, method, batch_size, made_up):
     """Rows of different prompt lengths and token limits, each choosing its own k (on the
@@ -89,6 +94,12 @@ def test_auto_length_rows_equal_each_request_alone(zoo_target, zoo_draft, hidden
     assert max(live) == min(batch_size, len(requests_)) - 1          # the batch was full
     for i, (res, ref) in enumerate(zip(results, refs)):
         assert res.tokens == ref.tokens, f"request {i} differs from the target alone"
+        if method == "twig":   # through plain rounds too, the row's twig read (or queued)
+            st = res.state.drafter_state          # every committed token, as its trunk
+            unread = 0 if st.unread is None else st.unread.shape[1]
+            committed = st.prompt_len + len(res.tokens) - 1
+            assert st.trunk.get_seq_length(0) == committed == \
+                st.twig_cache.get_seq_length(0) + unread, f"request {i}"
     alone, _ = _auto_engine(_drafter(method, target, zoo_draft, hidden_head), target, 5, 1,
                             costs)
     section = alone.generate(requests_[0]).state.stats.draft_length

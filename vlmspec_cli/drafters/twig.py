@@ -22,6 +22,18 @@ Twig-guided pruning (TTP, opt-in, lossy): at prefill the last twig layer's atten
 from text rows to visual rows picks the R visual tokens that layers[P:] keep (P >= K);
 layers[K_f:] keep none (FinalWipe). The target being verified against is then the
 pruned one, so records say ``lossless: false``.
+
+Batches (generation.batch_size > 1, without pruning): each row is prefilled alone as
+above and joins the batch's ragged target cache (ragged.py) with all its layers; the row
+keeps its own copy of layers[:K]'s cache (its trunk, ``TwigState.trunk``) and its twig
+cache, and drafts row by row from them exactly as the request alone does; the batch's
+one target forward verifies every row over all the target's layers. So in a batch the
+draft tokens run layers[:K] twice (drafting, in the row's trunk; verifying, in the
+batch's cache) and each row holds layers[:K]'s keys twice: the trunk is no longer shared
+with verification. After the verdict the row's trunk keeps the committed tokens (the
+last accepted one, which drafting never lowered, is lowered then) and the twig reads what
+it has not (``unread``), as alone. Pruning gives each layer its own rows, which the
+batch's one cache cannot hold: pruned twigs decode one request at a time.
 """
 
 from __future__ import annotations
@@ -39,8 +51,13 @@ from vlmspec_cli.runtime.fast.fast_decoder import FastDecoder, follow_target
 from vlmspec_cli.runtime.models.loading import load_twig
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.static_cache import StaticKVCache
-from vlmspec_cli.runtime.fast.trunk import SplitTarget, crop_layers, mean_retained_tokens, run_layers
+from vlmspec_cli.runtime.fast.trunk import (SegmentedCache, SplitTarget, crop_layers,
+                                            mean_retained_tokens, run_layers)
 from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
+
+
+PRUNED_ALONE = ("a pruned twig (prune.keep / prune.final_wipe) decodes one request at a time: "
+                "its layers hold different rows, which a batch's one cache cannot")
 
 
 @dataclass
@@ -65,6 +82,8 @@ class TwigState:
     unread: torch.Tensor | None = None           # committed X^(K) the twig has not read yet
     pruning: dict | None = None                  # what pruning kept (for the record)
     rope_delta: int | None = None                # 3-D rope: the prompt's delta (trunk.PromptRun)
+    trunk: Any = None                            # a batch's row: its own layers[:K] cache
+    prompt_len: int = 0                          # a batch's row: its prompt's positions
 
 
 def select_visual_rows(attention: torch.Tensor, visual: torch.Tensor, keep: int) -> torch.Tensor:
@@ -89,6 +108,7 @@ def select_visual_rows(attention: torch.Tensor, visual: torch.Tensor, keep: int)
 class TwigDrafter(DraftingMethod):
     runs_target = True     # the engine lets this drafter run the target's forwards
     prunes = True
+    batches = True         # without pruning (each row drafts from its own trunk copy)
     uses_draft = False
     help = "self-speculation on the target's first layers"
 
@@ -123,6 +143,9 @@ class TwigDrafter(DraftingMethod):
         if _no_twig(profile.twig.model) and profile.prune.active:
             raise ValueError("prune needs a twig (its attention ranks the visual tokens); "
                              "set twig.model")
+        if profile.prune.active and profile.generation.rows > 1:
+            raise ValueError(PRUNED_ALONE + " (use --batch-size 1, or remove prune.keep / "
+                             "prune.final_wipe)")
 
     @classmethod
     def models(cls, profile) -> list[tuple[str, str | None]]:
@@ -219,6 +242,8 @@ class TwigDrafter(DraftingMethod):
                                                keep_from, run.add_after)[0, -1]
         # on the fast path every later forward writes into static buffers (trunk.py)
         state.target_cache = split.static_cache(state.target_cache, keep_from)
+        # (a batch's row keeps its prompt's rope offset: ragged.py reads it off the cache)
+        state.target_cache.rope_delta = run.rope_delta or 0
         fast = None
         if st.twig_cache is not None:   # the twig's own layers follow the target onto the fast path
             fast = self._twig_fast = follow_target(self.target, self._twig_fast,
@@ -297,9 +322,10 @@ class TwigDrafter(DraftingMethod):
         return logits[0, -1]
 
     def _lower(self, st: TwigState, state: DecodeState, tokens: list[int]) -> torch.Tensor:
-        """X^(K) of new tokens: the shared layers[:K] (writing the target's cache), kept
-        until verification runs layers[K:] on them."""
-        split, cache = self.split, state.target_cache
+        """X^(K) of new tokens: the shared layers[:K] (writing the target's cache; a
+        batch's row: its own trunk), kept until verification runs layers[K:] on them."""
+        split = self.split
+        cache = state.target_cache if st.trunk is None else st.trunk
         # layer 0 is never pruned: its cache length is the number of tokens before them
         positions = split.positions(int(cache.get_seq_length(0)), len(tokens), st.rope_delta)
         h = split.lower(split.embed_tokens(tokens), positions, cache)
@@ -336,6 +362,9 @@ class TwigDrafter(DraftingMethod):
 
     def accept(self, state: DecodeState, verdict: Verdict) -> None:
         st: TwigState = state.drafter_state
+        if st.trunk is not None:
+            self._accept_row(st, state)
+            return
         if self.twig is None or st.verified_states is None:
             return
         # the engine has cropped the target cache to the accepted prefix; the twig must
@@ -356,6 +385,57 @@ class TwigDrafter(DraftingMethod):
         st = state.drafter_state
         if isinstance(st, TwigState) and st.pruning is not None:
             state.stats.pruning = st.pruning
+        if isinstance(st, TwigState) and st.trunk is not None:   # a batch's row: its buffers
+            for cache in (st.trunk, st.twig_cache):
+                if isinstance(cache, (StaticKVCache, SegmentedCache)):
+                    cache.recycle()
+
+    # -- the rows of a batch ------------------------------------------------------------
+    def check_batch(self) -> None:
+        if self.prune is not None:
+            raise ValueError(PRUNED_ALONE)
+
+    def admit(self, state: DecodeState) -> None:
+        """A row of a batch: prefilled alone with the target (``prefill``), whose cache the
+        batch's now holds; the row keeps that cache's layers[:K] as its own trunk."""
+        st: TwigState = state.drafter_state
+        trunk, k = state.target_cache, self.split.k
+        if isinstance(trunk, SegmentedCache):
+            trunk.keep_below(k)
+        else:   # a transformers cache (fast path off): a fresh one, of layers[:K] only
+            lm, full = self.target, trunk
+            trunk = lm.adapter.new_cache(lm, static=False)
+            for i in range(k):
+                trunk.update(full.layers[i].keys, full.layers[i].values, i)
+        st.trunk, st.prompt_len = trunk, int(trunk.get_seq_length(0))
+
+    def _accept_row(self, st: TwigState, state: DecodeState) -> None:
+        """A batch's row after its verdict (the batch's cache rolled back apart): its trunk
+        keeps the prompt and the committed tokens but ``pending`` (cut back, or the last
+        accepted token, never drafted from, lowered now), and the twig's cache the same,
+        as ``accept`` does alone."""
+        split, trunk = self.split, st.trunk
+        committed = st.prompt_len + len(state.tokens) - 1
+        have = int(trunk.get_seq_length(0))
+        start = have - len(st.lowered or [])            # position of this round's first fed
+        states = [] if st.lowered_states is None else [st.lowered_states]
+        if have > committed:
+            crop_layers(trunk, split.lower_layers, have - committed)
+        elif have < committed:
+            missing = state.tokens[have - st.prompt_len: committed - st.prompt_len]
+            positions = split.positions(have, len(missing), st.rope_delta)
+            states.append(split.lower(split.embed_tokens(missing), positions, trunk))
+        st.lowered, st.lowered_states = None, None
+        if self.twig is None:
+            return
+        read = int(st.twig_cache.get_seq_length(0))
+        if read > committed:
+            st.twig_cache.crop(-(read - committed))
+            st.unread = None
+        elif read < committed:
+            rows = torch.cat(states, 1)[:, : committed - start]
+            pool = rows if st.unread is None else torch.cat([st.unread, rows], 1)
+            st.unread = pool[:, pool.shape[1] - (committed - read):]
 
     # -- pruning ------------------------------------------------------------------------
     def _prune_rows(self, attention, visual: torch.Tensor):

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from vlmspec_cli.runtime.fast.fast_decoder import additive
+from vlmspec_cli.runtime.fast.trunk import SegmentedCache
 from vlmspec_cli.runtime.static_cache import StaticKVCache
 
 if TYPE_CHECKING:
@@ -74,16 +75,18 @@ class RaggedCache:
                 if layer.is_initialized and layer.keys.numel()]
 
     # -- rows joining and leaving ----------------------------------------------------
-    def add_row(self, single: DynamicCache | StaticKVCache, length: int) -> int:
+    def add_row(self, single: DynamicCache | StaticKVCache | SegmentedCache, length: int) -> int:
         """Append a request prefilled alone (a batch-1 cache of ``length`` positions, a
-        transformers cache or a static one, whose buffers the caller may recycle after:
-        its positions are copied; its rope offset, ``rope_delta`` of vlmspec's caches, is
-        kept as the row's); returns its row index. Whichever side is shorter is
-        left-padded."""
+        transformers cache, a static one or the twig's split one, whose buffers the caller
+        may recycle after: its positions are copied; its rope offset, ``rope_delta`` of
+        vlmspec's caches, is kept as the row's); returns its row index. Whichever side is
+        shorter is left-padded."""
         width = max(self.width, length) if self.rows else length
         if isinstance(single, StaticKVCache):
             layers = [(single.keys[i, :, :, :length], single.values[i, :, :, :length])
                       for i in range(single.keys.shape[0])]
+        elif isinstance(single, SegmentedCache):   # the twig's split trunk (trunk.py)
+            layers = single.layer_tensors()
         else:
             layers = [(layer.keys, layer.values) for layer in single.layers
                       if layer.is_initialized]

@@ -129,6 +129,10 @@ class SegmentedCache:
     one ``StaticKVCache`` (same rows, same length). Offers what the twig and the engine
     use of a transformers cache: ``get_seq_length(layer)``, ``crop`` (every layer)."""
 
+    # 3-D rope families: a later token at 1-D position p sits at p + rope_delta (the
+    # prompt's offset, as on vlmspec's other caches: a batch's row keeps it, ragged.py)
+    rope_delta = 0
+
     def __init__(self, fast, bounds: list[int]) -> None:
         self.bounds = bounds
         self.segments = [fast.new_segment_cache(b - a) for a, b in zip(bounds, bounds[1:])]
@@ -151,6 +155,20 @@ class SegmentedCache:
         """The request is over: every segment's buffers back to the pool."""
         for seg in self.segments:
             seg.recycle()
+
+    def layer_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's (keys, values), (rows, kv_heads, n, head_dim), its positions only
+        (a batch's row joining the ragged cache: every segment holds the same rows)."""
+        return [(seg.keys[j, :, :, : seg.length], seg.values[j, :, :, : seg.length])
+                for seg in self.segments for j in range(seg.keys.shape[0])]
+
+    def keep_below(self, layer: int) -> None:
+        """Keep the segments of layers [0, ``layer``) only; the others' buffers go back to
+        the pool (a batch's row: the rest of the target lives in the batch's cache)."""
+        n = self.bounds.index(layer)
+        for seg in self.segments[n:]:
+            seg.recycle()
+        self.segments, self.bounds = self.segments[:n], self.bounds[: n + 1]
 
     @torch.inference_mode()
     def load(self, cache) -> None:
