@@ -94,9 +94,11 @@ def test_batched_equals_each_request_alone(models, alone, case, batch_size):
                              f"generation.batch_size={batch_size}", *sets)
     reqs = _requests(family)
     if case == "twig" and family not in QWEN:
-        # (the split trunk gives a video only to the 3-D rope families' prompts: on
-        # LLaVA-OneVision the twig alone does not see the video, so its output is not
-        # target-only's; the batch is still the twig's alone, but that is no check)
+        # the split trunk reads a video only in the 3-D rope families' prompts: elsewhere
+        # (LLaVA-OneVision) a twig request with a video is refused, not decoded without it
+        for r in (r for r in reqs if r.videos):
+            with pytest.raises(ValueError, match="cannot read this request's video"):
+                session.engine.generate(r)
         reqs = [r for r in reqs if not r.videos]
     singles = [session.engine.generate(r) for r in reqs]
     results, live = _batched(session.batched_engine(), reqs)

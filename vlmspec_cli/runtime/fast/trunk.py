@@ -222,6 +222,12 @@ class SplitTarget:
         """The prompt's embeddings, visual rows and positions (and, for 3-D rope, its rope
         delta and Qwen3-VL's deepstack features), as the model's own prefill has them."""
         lm = self.lm
+        if videos and not self.rope_3d:
+            # the prompt's embeddings come from the adapter's images-only path here: a video
+            # would be dropped and the twig's output would not be the target's (LLaVA-OneVision)
+            raise ValueError(f"twig: the split trunk of '{lm.name}' builds prompts from images "
+                             "only and cannot read this request's video; decode it with "
+                             "another method (-m chain) or a Qwen-VL-family target")
         if not self.rope_3d:
             embeds, visual = lm.adapter.prompt_embeds(lm, prompt, images or None)
             positions = torch.arange(embeds.shape[1], device=embeds.device)[None]
