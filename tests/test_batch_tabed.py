@@ -124,6 +124,37 @@ def test_batched_tabed_traces_each_request_as_alone(zoo_target, zoo_draft, zoo_c
                       [t["weights"] for t in alone if t["request"] == r.request_id])
 
 
+class _FailsOn:
+    """A captioner that fails on one image (the request's drafter prefill fails after its
+    target row joined the batch)."""
+
+    def __init__(self, captioner, image) -> None:
+        self.captioner, self.image = captioner, image
+
+    def submit(self, images):
+        if any(im is self.image for im in images):
+            raise ValueError("cannot caption this one")
+        return self.captioner.submit(images)
+
+
+def test_a_request_whose_drafting_fails_leaves_the_batch_going(zoo_target, zoo_draft,
+                                                               zoo_captioner, requests_):
+    reqs = requests_[:6]
+    bad = reqs[2].images[0]
+    inputs = ["caption", "text"]
+    captioner = _FailsOn(zoo_captioner, bad)
+    engine = _engine(zoo_target, zoo_draft, captioner, inputs, 3)
+    outcomes = {id(r): res for r, res in engine.run(reqs, lambda r: r)}
+    failed = [r for r in reqs if any(im is bad for im in r.images)]
+    assert failed and all(isinstance(outcomes[id(r)], ValueError) for r in failed)
+    rest = [r for r in reqs if r not in failed]
+    refs = [_engine(zoo_target, zoo_draft, zoo_captioner, inputs).generate(r) for r in rest]
+    for r, ref in zip(rest, refs):
+        res = outcomes[id(r)]
+        assert res.tokens == ref.tokens and _close(res.state.stats.ensemble["block_weights"],
+                                                   ref.state.stats.ensemble["block_weights"])
+
+
 def test_batched_tabed_samples_as_each_request_alone(zoo_target, zoo_draft, zoo_captioner,
                                                      requests_):
     """T > 0: a row draws its proposals from its own mixture with its own draft generator
