@@ -242,9 +242,10 @@ def test_cli_tabed_batch_size_records_trace_and_resume(tmp_path):
     assert kept == {k: r["output"] for k, r in a.items()}
 
 
-FAMILY_CASES = {   # family → drafting inputs the family's draft can batch
-    "llava_next": ["multimodal", "text"],    # anyres images embedded, beside a text row
-    "qwen2_vl": ["multimodal"],              # 3-D positions: one input read as the target does
+FAMILY_CASES = {   # family → the drafting inputs its draft can batch
+    "llava_next": [["multimodal", "text"]],    # anyres images embedded, beside a text row
+    # 3-D positions: the image read as the target reads it, one input alone; or two text rows
+    "qwen2_vl": [["multimodal"], ["text", "caption"]],
 }
 
 
@@ -260,17 +261,19 @@ def family_models(request, tmp_path_factory):
 @pytest.mark.parametrize("batch_size", [3, 8])
 def test_families_batch_tabed_as_alone(family_models, batch_size):
     """TABED on a LLaVA-NeXT target (its M and T rows in the batch's draft cache) and a
-    Qwen2-VL one (the multimodal row read with its own prompt's rope offset; a video among
-    the requests): rows of different lengths equal each request alone, with its weights.
-    The draft is the target itself, so proposals are accepted and weights move."""
+    Qwen2-VL one (the multimodal row read with its own prompt's rope offset, a video among
+    the requests; or its text and caption rows): rows of different lengths equal each
+    request alone, with its weights. The draft is the target itself, so proposals are
+    accepted and weights move."""
     from families import family_session
     from test_batch_families import _requests
 
     family, target, _ = family_models
-    inputs = FAMILY_CASES[family]
-    session = family_session(target, target, "tabed", f"generation.batch_size={batch_size}",
-                             f"drafting.inputs=[{','.join(inputs)}]", "drafting.gamma=3")
-    reqs = _requests(family)
-    singles = [session.engine.generate(r) for r in reqs]
-    results, live = _batched(session.batched_engine(), reqs)
-    _check_rows_equal_alone(results, singles, batch_size, live, len(inputs))
+    for inputs in FAMILY_CASES[family]:
+        session = family_session(target, target, "tabed", f"generation.batch_size={batch_size}",
+                                 f"drafting.inputs=[{','.join(inputs)}]", "drafting.gamma=3")
+        # a video has no caption (the captioner reads images): not for input C, alone either
+        reqs = [r for r in _requests(family) if "caption" not in inputs or not r.videos]
+        singles = [session.engine.generate(r) for r in reqs]
+        results, live = _batched(session.batched_engine(), reqs)
+        _check_rows_equal_alone(results, singles, batch_size, live, len(inputs))
