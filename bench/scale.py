@@ -25,7 +25,7 @@ every vlmspec row; the HF rows are reported as measured); memory = model weights
 
 ``--folder``: a folder instead (bench/scale_folder.py): examples/images and crops of the
 sample photos (``--photos-from``, benchlib.photo_set) captioned by the shipped profiles'
-32-layer target, target-only and each method (``--methods``: chain, hidden, eagle3, twig) at
+32-layer target, target-only and each method (``--methods``: chain, tabed, hidden, eagle3, twig) at
 each batch size (trees too: tree, hidden-tree, eagle3-tree), interleaved over ``--passes``, every output checked against the single
 engine's target-only decoding, row by row.
 """

@@ -5,9 +5,10 @@ The inputs: examples/images/*.png, then crops of scikit-learn's two sample photo
 (benchlib.photo_set, from ``--photos-from``) up to ``--inputs``, with four prompts in turn
 (so prompts, images and outputs differ in length). The target is the shipped profiles'
 32-layer tinyworld Llava target; ``--methods`` draft for it with its shipped companions
-(chain: llava-deep-draft reading the image; hidden: llava-deep-hidden; eagle3:
-llava-deep-eagle3; twig: llava-deep-twig on the target's first 2 layers, θ 0.6 as the
-shipped profile), all at T = 0 with a fixed γ (``--gamma``, or per method:
+(chain: llava-deep-draft reading the image; tabed: the same draft reading it as image
+and as text, TABED's MT* ensemble with grid weights, each row its own; hidden:
+llava-deep-hidden; eagle3: llava-deep-eagle3; twig: llava-deep-twig on the target's
+first 2 layers, θ 0.6 as the shipped profile), all at T = 0 with a fixed γ (``--gamma``, or per method:
 ``hidden:3``), or with ``drafting.length: auto`` (``hidden:auto``, ceiling ``--gamma``;
 ``hidden:auto12``, ceiling 12): each row of the batch its own k, plain where drafting
 does not pay (round_policy.AutoLength, a fresh one per engine). Trees: ``tree`` (the
@@ -78,7 +79,7 @@ def folder_requests(args, tmp: Path) -> tuple[list[str], list[Request]]:
 def companion(method: str, target):
     """The model ``method`` drafts with, next to ``target`` (a tree method: its chain's)."""
     method = method.removesuffix("-tree")
-    if method in ("chain", "tree"):
+    if method in ("chain", "tree", "tabed"):
         return load_model(ModelSpec(model=COMPANIONS["chain"], device="cpu"), "draft")
     if method == "twig":
         return load_twig(COMPANIONS["twig"], target)
@@ -107,6 +108,10 @@ def drafter_for(method: str, target, model, gamma: int = 5, shape: tuple[int, in
     if method == "twig":
         return create_drafter("twig", target=target, sampling=GREEDY, layers=2, twig=model,
                               threshold=0.6)
+    if method == "tabed":   # MT*: the image and the text-only view, grid weights per row
+        return create_drafter("tabed", draft=model, sampling=GREEDY,
+                              inputs=["multimodal", "text"], policy="grid",
+                              image_token=target.adapter.image_token(target))
     if method == "tree":
         return create_drafter("tree", draft=model, sampling=GREEDY, drafting_input="multimodal",
                               depth=gamma, top_k=shape[0], total_tokens=shape[1],

@@ -94,3 +94,15 @@ def assert_first_two_follow(results, joint: dict, runs: int) -> None:
     obs = [counts[k] for k in big] + [runs - sum(counts[k] for k in big)]
     exp = [joint[k] * runs for k in big] + [runs * (1 - sum(joint[k] for k in big))]
     assert chisquare(obs, exp).pvalue > 1e-3
+
+
+@pytest.fixture
+def one_at_a_time(monkeypatch):
+    """The name of a caption method that decodes one request at a time, registered for one
+    test (the shipped ones batch, issue 61): test_method_plugin's toy, without ``batches``."""
+    from test_method_plugin import RepeatLastToken
+    from vlmspec_cli.drafters import base
+
+    solo = type("Solo", (RepeatLastToken,), {"name": "solo", "batches": False})
+    monkeypatch.setitem(base._REGISTRY, "solo", solo)
+    return "solo"

@@ -200,7 +200,8 @@ def test_cli_batch_size_same_outputs_and_bad_inputs(tmp_path):
     assert all(r["compare"]["identical"] for r in b.values() if r["error"] is None)
 
 
-def test_cli_batch_size_rejects_methods_that_decode_one_at_a_time(tmp_path):
-    res = CliRunner().invoke(cli, ["caption", "x.png", "--batch-size", "2", "--method", "tabed"])
+def test_cli_batch_size_rejects_methods_that_decode_one_at_a_time(tmp_path, one_at_a_time):
+    res = CliRunner().invoke(cli, ["caption", "x.png", "--batch-size", "2", "--method",
+                                   one_at_a_time])
     assert res.exit_code == 2
-    assert "batch_size" in res.output and "tabed" in res.output
+    assert "batch_size" in res.output and f"'{one_at_a_time}' decodes one request" in res.output

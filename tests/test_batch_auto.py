@@ -82,13 +82,13 @@ def test_cli_auto_equals_batch_size_one_and_says_its_b(folder):
     assert "tokens/s at B 1:" in line and "budget" in line
 
 
-def test_a_method_that_decodes_alone_falls_back_to_one_with_one_line(folder):
+def test_a_method_that_decodes_alone_falls_back_to_one_with_one_line(folder, one_at_a_time):
     res = CliRunner().invoke(cli, ["caption", str(folder / "s0.png"), "--json", "--method",
-                                   "tabed", "--batch-size", "auto", "--max-new-tokens", "8"])
+                                   one_at_a_time, "--batch-size", "auto", "--max-new-tokens", "8"])
     assert res.exit_code == 0, res.output
     said = [x for x in res.stderr.splitlines() if "--batch-size auto" in x]
-    assert said == ["--batch-size auto: method 'tabed' decodes one request at a time; "
-                    "decoding at batch size 1"]
+    assert said == [f"--batch-size auto: method '{one_at_a_time}' decodes one request at a "
+                    "time; decoding at batch size 1"]
     assert len(_records(res)) == 1
 
 

@@ -203,4 +203,6 @@ def test_adt_refuses_a_batch_in_one_line():
                                    "--profile", "tinyworld-image"])
     assert res.exit_code == 2
     errors = [line for line in res.output.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1 and "adt" in errors[0] and "--batch-size 1" in errors[0], res.output
+    # (generate-image has no --batch-size: the line names the profile key to set)
+    assert len(errors) == 1 and "generate-image decodes one image at a time" in errors[0] \
+        and "generation.batch_size: 1" in errors[0], res.output

@@ -63,7 +63,7 @@ done and written), 2 usage, profile, model-loading or output error (--out or
                                          "(weights, drafted, accepted) for plots.")
 @set_option
 @click.option("--batch-size", "-b", type=CountOrAuto(min=1),
-              help="Decode B inputs together (methods none, chain, tree, twig without "
+              help="Decode B inputs together (methods none, chain, tabed, tree, twig without "
                    "pruning, and hidden and eagle3); each output is the one decoded alone. auto: the largest B that "
                    "fits the memory at hand and still raises the throughput measured on the "
                    "first inputs [profile: generation.batch_size, default 1].")

@@ -13,6 +13,13 @@ stay aligned on the right and the shared KV cache rolls back with one crop. The 
 q is what the draft hands to verification, so speculative sampling stays exact.
 
 ``chain`` (chain.py) is this drafter with one member and nothing to weigh.
+
+In a batch (generation.batch_size > 1) every request is prefilled as it is alone (its m
+left-padded rows, one forward) and its rows join the batch's one ragged draft cache
+(runtime/fast/ragged.py ``add_rows``): B requests are B × m draft rows, and one draft
+forward per drafted position serves all of them. Each request keeps its own state — its
+weights, learned from its own verified target distributions, its block history and its
+cursor — so a row drafts, weighs and rolls back exactly as the request alone does.
 """
 
 from __future__ import annotations
@@ -29,14 +36,16 @@ from vlmspec_cli.drafters.inputs import (check_inputs, input_embeds, prefill_enc
                                          reads_by_encode, visuals)
 from vlmspec_cli.drafters.weights import EnsembleWeights
 from vlmspec_cli.runtime.adapters.base import cache_length, truncate_cache
+from vlmspec_cli.runtime.fast.ragged import RaggedCache
 from vlmspec_cli.runtime.round.draft import Draft, DraftCursor, Verdict
 from vlmspec_cli.runtime.request import DecodeState
+from vlmspec_cli.runtime.static_cache import StaticKVCache
 from vlmspec_cli.runtime.round.verify import SamplingParams, probabilities
 
 
 @dataclass
 class EnsembleState:
-    cache: Any
+    cache: Any                       # its own m rows; None: rows of the batch's ragged cache
     prompt_mask: torch.Tensor        # (m, width): 0 on each row's left padding
     offsets: torch.Tensor            # (m,): each row's prompt length (its first free position)
     weights: EnsembleWeights
@@ -51,6 +60,7 @@ class EnsembleState:
     # it, built once and sliced by every step (not concatenated per draft token)
     step_mask: torch.Tensor | None = None
     step_positions: torch.Tensor | None = None
+    drop: int = 0                    # a batch's row: fed proposals its m rows forget this round
 
     @property
     def width(self) -> int:
@@ -70,6 +80,9 @@ class EnsembleState:
 
 @register("tabed")
 class EnsembleDrafter(DraftingMethod):
+    # rows of a batch: each request's m drafting inputs are m rows of the batch's one draft
+    # cache (B × m rows, one draft forward per position), each request its own weights
+    batches = True
     help = "adaptive ensemble of inputs"
     search_rank = 4
     traces = True         # --trace: each block's weights, drafted and accepted
@@ -89,6 +102,7 @@ class EnsembleDrafter(DraftingMethod):
         self.weight_args = dict(policy=policy, distance_kind=distance, window=window,
                                 grid=grid, temperature=temperature)
         self.trace = trace                      # callable(dict) per block, or None
+        self.batch: RaggedCache | None = None   # the rows of the current batch (B × m)
 
     # -- from a profile --------------------------------------------------------------
     @classmethod
@@ -217,23 +231,17 @@ class EnsembleDrafter(DraftingMethod):
             st.cursor.read(state.tokens)
         else:
             logits = st.next_logits
-        w = st.weights.current().to(logits.device)
-        st.block_weights.append([round(float(x), 4) for x in w])
+        w = self._start_block(st, logits.device)
         tokens: list[int] = []
         mixtures: list[torch.Tensor] = []
-        st.block_q = []
-        # one member has nothing to weigh (its weight is 1): no history to keep
-        adaptive = st.weights.policy != "static" and len(self.inputs) > 1
-        # a single member at T = 0 needs no distributions: its argmax is the mixture's
-        need_q = not self.sampling.greedy or len(self.inputs) > 1
         fused = None
-        if not need_q and max_tokens > 1:
+        if not self._needs_q() and max_tokens > 1:
             # greedy with one member on compiled steps: the whole chain is one call
             fused = self.draft.adapter.greedy_chain(self.draft, logits[:1].argmax(-1, keepdim=True),
                                                     st.cache, max_tokens)
         if fused is not None:
             tokens = fused[0].tolist()
-        elif not need_q:
+        elif not self._needs_q():
             # greedy with one member: each argmax is fed back as a device tensor, and the
             # chain is read back once, for verification (no host sync per draft token)
             chain = []
@@ -242,23 +250,125 @@ class EnsembleDrafter(DraftingMethod):
                 if i + 1 < max_tokens:
                     logits = self._extend(st, chain[-1])[:, -1]
             tokens = torch.cat(chain).tolist() if chain else []
-        for i in range(max_tokens if need_q else 0):
-            member_q = self._member_probs(logits)              # (m, V)
-            q = w @ member_q                                   # the mixture (V,)
-            if not self.sampling.greedy:
-                tok = int(torch.multinomial(q.cpu(), 1, generator=state.draft_generator))
-                mixtures.append(q)
-            else:
-                tok = int(q.argmax())
-            tokens.append(tok)
-            if adaptive:  # kept for observe() once the target has verified them
-                st.block_q.append(member_q)
+        for i in range(max_tokens if self._needs_q() else 0):
+            tokens.append(self._next_token(state, st, w, logits, mixtures))
             if i + 1 < max_tokens:
-                logits = self._extend(st, [tok])[:, -1]
+                logits = self._extend(st, [tokens[-1]])[:, -1]
+        return self._end_block(st, tokens, mixtures)
+
+    def _needs_q(self) -> bool:
+        """Whether a drafted position needs the members' distributions: a single member at
+        T = 0 does not (its argmax is the mixture's)."""
+        return not self.sampling.greedy or len(self.inputs) > 1
+
+    def _start_block(self, st: EnsembleState, device) -> torch.Tensor:
+        """A request's drafting block begins: its weights w* (m,), chosen from its own
+        verified history, hold for the whole block."""
+        w = st.weights.current().to(device)
+        st.block_weights.append([round(float(x), 4) for x in w])
+        st.block_q = []
+        return w
+
+    def _next_token(self, state: DecodeState, st: EnsembleState, w: torch.Tensor,
+                    logits: torch.Tensor, mixtures: list[torch.Tensor]) -> int:
+        """One drafted position of a request from its members' logits (m, V): the mixture
+        q = w @ q^(1..m), one token drawn from it with the request's draft generator (its
+        argmax at T = 0; a single member's argmax at T = 0, no distributions needed)."""
+        if not self._needs_q():
+            return int(logits[0].argmax())
+        member_q = self._member_probs(logits)              # (m, V)
+        q = w @ member_q                                   # the mixture (V,)
+        if not self.sampling.greedy:
+            tok = int(torch.multinomial(q.cpu(), 1, generator=state.draft_generator))
+            mixtures.append(q)
+        else:
+            tok = int(q.argmax())
+        # one member has nothing to weigh (its weight is 1): no history to keep
+        if st.weights.policy != "static" and len(self.inputs) > 1:
+            st.block_q.append(member_q)   # kept for observe() once the target verified them
+        return tok
+
+    def _end_block(self, st: EnsembleState, tokens: list[int],
+                   mixtures: list[torch.Tensor]) -> Draft:
         st.cursor.fed = max(0, len(tokens) - 1)   # its last proposal is never fed
         st.drafted = len(tokens)
         st.next_logits = None
         return Draft(tokens, torch.stack(mixtures) if mixtures else None)
+
+    # -- the rows of a batch -----------------------------------------------------------
+    def start_batch(self, sampling: SamplingParams, eos_ids: set[int]) -> None:
+        self.sampling = sampling
+        self.batch = RaggedCache(self.draft)
+
+    def admit(self, state: DecodeState) -> None:
+        """Prefill the request as alone (its m left-padded rows in one forward, the same
+        logits and keys), then move its rows into the batch's draft cache, their padding
+        invalid slots."""
+        self.prefill(state)
+        st: EnsembleState = state.drafter_state
+        self.batch.add_rows(st.cache, st.prompt_mask.bool())
+        if isinstance(st.cache, StaticKVCache):
+            st.cache.recycle()      # its buffers back to the pool, for the next row's prefill
+        st.cache = None
+
+    def _members(self, rows: list[int]) -> list[int]:
+        """The batch's draft rows of these requests' rows: each request's m, in order."""
+        m = len(self.inputs)
+        return [r * m + i for r in rows for i in range(m)]
+
+    def discard_partial(self, n_rows: int) -> None:
+        if self.batch.rows > n_rows * len(self.inputs):
+            self.batch.keep_rows(self._members(list(range(n_rows))))
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.batch.keep_rows(self._members(rows))
+
+    def propose_rows(self, states: list[DecodeState], budgets: list[int]) -> list[Draft]:
+        """At most budgets[b] proposals for row b. A request alone drafts in its own cache
+        (``propose``); the rows of a batch draft together, one draft forward per drafted
+        position over every request's m rows, each request mixing its own members by its
+        own weights and drawing with its own draft generator."""
+        rows: list[EnsembleState] = [st.drafter_state for st in states]
+        if rows[0].cache is not None:
+            return [self.propose(s, n) if n > 0 else Draft([]) for s, n in zip(states, budgets)]
+        m = len(self.inputs)
+        # catch up: the committed tokens a drafting row's members have not read
+        lag = [row.cursor.unseen(st.tokens) if n > 0 else []
+               for st, row, n in zip(states, rows, budgets)]
+        logits = [row.next_logits for row in rows]
+        if any(lag):
+            outs = self._feed_members(lag)
+            for b, (st, row) in enumerate(zip(states, rows)):
+                if lag[b]:
+                    logits[b] = torch.stack([outs[b * m + i][-1] for i in range(m)])
+                    row.cursor.read(st.tokens)
+        weights = [self._start_block(row, self.draft.device) if n > 0 else None
+                   for row, n in zip(rows, budgets)]
+        tokens: list[list[int]] = [[] for _ in rows]
+        mixtures: list[list[torch.Tensor]] = [[] for _ in rows]
+        for step in range(max(budgets, default=0)):
+            feed: list[list[int]] = []
+            for b, (st, row) in enumerate(zip(states, rows)):
+                if step < budgets[b]:
+                    tokens[b].append(self._next_token(st, row, weights[b], logits[b], mixtures[b]))
+                feed.append(tokens[b][-1:] if step + 1 < budgets[b] else [])
+            if any(feed):
+                outs = self._feed_members(feed)
+                for b, f in enumerate(feed):
+                    if f:
+                        logits[b] = torch.stack([outs[b * m + i][-1] for i in range(m)])
+        return [self._end_block(row, t, q) if n > 0 else Draft([])
+                for row, t, q, n in zip(rows, tokens, mixtures, budgets)]
+
+    def _feed_members(self, feeds: list[list[int]]) -> list[torch.Tensor]:
+        """Each request's tokens to each of its m rows, one forward of the batch's draft
+        cache; logits (n, V) per draft row."""
+        return self.batch.feed([f for f in feeds for _ in self.inputs])
+
+    def end_round(self, states: list[DecodeState]) -> None:
+        row = states[0].drafter_state if states else None   # None: not prefilled (deferred)
+        if isinstance(row, EnsembleState) and row.cache is None:   # rows of a batch
+            self.batch.rollback([st.drafter_state.drop for st in states for _ in self.inputs])
 
     def accept(self, state: DecodeState, verdict: Verdict) -> None:
         st: EnsembleState = state.drafter_state
@@ -275,8 +385,9 @@ class EnsembleDrafter(DraftingMethod):
                         # verified proposals (the engine cuts a draft at EOS)
                         "drafted": len(target_logits) - 1 if target_logits is not None else st.drafted,
                         "accepted": n_accepted})
-        st.cursor.settle(n_accepted)
-        truncate_cache(st.cache, st.width + st.cursor.covered)
+        st.drop = st.cursor.settle(n_accepted)
+        if st.cache is not None:   # a request alone (a batch's rows: end_round)
+            truncate_cache(st.cache, st.width + st.cursor.covered)
         st.drafted = 0
         st.block_q = []
 

@@ -19,6 +19,9 @@ positions, it would see decoded alone. Rolling back a row only marks slots inval
 ``trim`` drops columns that are invalid for every row and ``compact`` (a gather, run when
 enough space is wasted) packs each row's valid slots to the right.
 
+A request may bring several rows (``add_rows``: an ensemble's drafting inputs, prefilled
+as left-padded rows; their padding becomes invalid slots).
+
 A row may feed a draft *tree* (``feed_hidden``'s ``trees``): its nodes flattened after
 the row's own prefix, node i at the row's next position + its offset (the pending token
 0, a node 1 + its depth), seeing the row's valid slots and the fed tokens its visibility
@@ -81,14 +84,25 @@ class RaggedCache:
         may recycle after: its positions are copied; its rope offset, ``rope_delta`` of
         vlmspec's caches, is kept as the row's); returns its row index. Whichever side is
         shorter is left-padded."""
+        return self.add_rows(single, torch.ones((1, length), dtype=torch.bool,
+                                                device=self.valid.device))
+
+    def add_rows(self, prefilled: DynamicCache | StaticKVCache | SegmentedCache,
+                 valid: torch.Tensor) -> int:
+        """``add_row`` for a cache prefilled with r left-padded rows (an ensemble's drafting
+        inputs, drafters/ensemble.py): ``valid`` (r, length) marks each row's slots that
+        hold a token (its left padding stays invalid, so a row attends to, and is
+        positioned after, its own tokens only). Every row keeps the cache's rope offset.
+        Returns the index of its first row."""
+        r, length = valid.shape
         width = max(self.width, length) if self.rows else length
-        if isinstance(single, StaticKVCache):
-            layers = [(single.keys[i, :, :, :length], single.values[i, :, :, :length])
-                      for i in range(single.keys.shape[0])]
-        elif isinstance(single, SegmentedCache):   # the twig's split trunk (trunk.py)
-            layers = single.layer_tensors()
+        if isinstance(prefilled, StaticKVCache):
+            layers = [(prefilled.keys[i, :, :, :length], prefilled.values[i, :, :, :length])
+                      for i in range(prefilled.keys.shape[0])]
+        elif isinstance(prefilled, SegmentedCache):   # the twig's split trunk (trunk.py)
+            layers = prefilled.layer_tensors()
         else:
-            layers = [(layer.keys, layer.values) for layer in single.layers
+            layers = [(layer.keys, layer.values) for layer in prefilled.layers
                       if layer.is_initialized]
         if self.rows == 0:
             merged = layers
@@ -99,15 +113,15 @@ class RaggedCache:
             merged = [(_stack_rows(ak, bk, width), _stack_rows(av, bv, width))
                       for (ak, av), (bk, bv) in zip(mine, layers)]
         self._set(merged)
-        row_valid = torch.zeros((1, width), dtype=torch.bool, device=self.valid.device)
-        row_valid[0, width - length:] = True
+        rows_valid = torch.zeros((r, width), dtype=torch.bool, device=self.valid.device)
+        rows_valid[:, width - length:] = valid.to(self.valid.device).bool()
         old = torch.zeros((self.rows, width), dtype=torch.bool, device=self.valid.device)
         old[:, width - self.width:] = self.valid
-        self.valid = torch.cat([old, row_valid])
-        self.next_pos = torch.cat([self.next_pos, self.next_pos.new_tensor([length])])
-        delta = int(getattr(single, "rope_delta", 0) or 0)
-        self.deltas = torch.cat([self.deltas, self.deltas.new_tensor([delta])])
-        return self.rows - 1
+        self.valid = torch.cat([old, rows_valid])
+        self.next_pos = torch.cat([self.next_pos, rows_valid.sum(-1).to(self.next_pos.dtype)])
+        delta = int(getattr(prefilled, "rope_delta", 0) or 0)
+        self.deltas = torch.cat([self.deltas, self.deltas.new_full((r,), delta)])
+        return self.rows - r
 
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in ``rows`` (finished requests leave the batch)."""
