@@ -2,7 +2,7 @@
 # Issue 60's remaining done-when checks at the final commit of the session after stop 65, in
 # one sitting, nothing else running (the load average is printed before each): a useless
 # draft on every shipped real-family profile and the own-model walk's pair, each row beside
-# its A/A control, idle (3 passes) and beside two busy processes (2 passes), now that
+# its A/A control, idle (5 passes) and beside two busy processes (3 passes), now that
 # --compare takes turns at which side decodes an input first; calibrate with its defaults
 # beside two busy processes (its budget); the demo and the bad draft idle and beside two.
 set -u
@@ -10,10 +10,10 @@ cd "$(dirname "$0")/../../.."
 OUT=bench/runs/2026-12-07
 git log -1 --format='commit %h %s' | cut -c1-100
 uptime
-python bench/useless_drafts.py --loads 0 --repeat 3 --control --models /tmp/useless-models \
+python bench/useless_drafts.py --loads 0 --repeat 5 --control --models /tmp/useless-models \
     --json $OUT/final3-useless-idle.json > $OUT/final3-useless-idle.txt 2>&1
 uptime
-python bench/useless_drafts.py --loads 2 --repeat 2 --control --models /tmp/useless-models \
+python bench/useless_drafts.py --loads 2 --repeat 3 --control --models /tmp/useless-models \
     --json $OUT/final3-useless-2competitors.json > $OUT/final3-useless-2competitors.txt 2>&1
 uptime
 # calibrate beside two busy processes (python spin loops, as bench/load.py's competitors)
