@@ -180,10 +180,13 @@ def rows_bench(run: dict, records: list[dict], workloads: dict) -> list[tuple]:
 
 def rows_calibrate(run: dict, data: dict, workloads: dict, root: Path = ROOT
                    ) -> tuple[list[tuple], list[str]]:
-    """vlmspec calibrate --json: the candidates decoded for real, best measured first."""
+    """vlmspec calibrate --json: the candidates decoded for real, best measured first (a
+    table per ``workload``: "calibrate" unless the run names another, e.g. the same command
+    beside busy processes)."""
     header = ("candidate", "τ", "speedup (per sample min-median-max)", "predicted",
               "mismatches")
-    title = workloads.get("calibrate", "calibrate")
+    workload = run.get("workload", "calibrate")
+    title = workloads.get(workload, workload)
     measured = [c for c in data["candidates"] if c.get("speedup") is not None
                 and c["method"] != "none"]
     measured.sort(key=lambda c: -c["speedup"])
