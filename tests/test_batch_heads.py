@@ -8,15 +8,13 @@ different rounds; at T > 0 the tokens follow the target's law (chi-square)."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 
+from batch_cli import batch_equals_alone
 from conftest import ROOT, assert_first_two_follow, fresh_scenes
 from test_batch import _batched, requests_  # noqa: F401  (requests_: the fixture)
-from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.profile import ModelSpec
 from vlmspec_cli.runtime.models.loading import (load_eagle3_head, load_hidden_head, load_model,
@@ -145,26 +143,11 @@ def test_batched_hidden_samples_follow_the_targets_law(zoo_target):
     assert_first_two_follow([res for _, res in engine.run(reqs, lambda r: r)], joint, runs)
 
 
-def _records(result):
-    return {r["input"]: r for r in map(json.loads, result.stdout.splitlines())}
-
-
 @pytest.mark.parametrize("profile", ["tinyworld-hidden", "tinyworld-eagle3"])
 def test_cli_shipped_head_profiles_batch(tmp_path, profile):
     """The shipped profiles (by path: their 32-layer target and its shipped head) caption a
-    folder at --batch-size 3 exactly as at 1, and as target-only (--compare)."""
-    for i, (_, image) in enumerate(fresh_scenes(4, seed=91)):
-        image.save(tmp_path / f"s{i}.png")
-    args = ["caption", str(tmp_path), "--profile", str(ROOT / "profiles" / f"{profile}.yaml"),
-            "--json", "-q", "--max-new-tokens", "20"]
-    runner = CliRunner()
-    one = runner.invoke(cli, args)
-    many = runner.invoke(cli, args + ["--batch-size", "3", "--compare"])
-    assert one.exit_code == 0 and many.exit_code == 0, many.output
-    a, b = _records(one), _records(many)
-    assert set(a) == set(b) and len(a) == 4
-    assert all(a[k]["output"] == b[k]["output"] for k in a)
-    assert all(r["compare"]["identical"] for r in b.values())
+    folder at --batch-size 3 exactly as at 1, and as target-only (--compare); --out
+    resumes."""
+    a, b = batch_equals_alone(tmp_path, ["--profile", str(ROOT / "profiles" / f"{profile}.yaml")])
     # the records keep their shape: the same fields, the head's own report included
-    assert all(set(a[k]) == set(b[k]) - {"compare"} for k in a)
     assert all("draft_cache" in a[k]["stats"] and "draft_cache" in b[k]["stats"] for k in a)

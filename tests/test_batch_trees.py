@@ -8,12 +8,12 @@ rows that finish at different rounds; at T > 0 the tokens follow the target's la
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 from click.testing import CliRunner
 
+from batch_cli import batch_equals_alone
 from conftest import assert_first_two_follow, fresh_scenes
 from test_batch import _batched, requests_  # noqa: F401  (requests_: the fixture)
 from test_batch_heads import deep, hidden_head, joint_law  # noqa: F401  (fixtures)
@@ -164,35 +164,15 @@ def test_batched_draft_tree_samples_follow_the_targets_law(zoo_target, zoo_draft
     assert_first_two_follow([res for _, res in engine.run(reqs, lambda r: r)], joint, runs)
 
 
-def _records(result):
-    return {r["input"]: r for r in map(json.loads, result.stdout.splitlines())}
-
-
 @pytest.mark.parametrize("extra", [["-m", "tree", "--set", "tree.top_k=2",
                                     "--set", "tree.total_tokens=8"],
                                    ["-m", "hidden", "--set", "hidden.tree=true"]])
 def test_cli_trees_batch(tmp_path, extra):
     """A folder at --batch-size 3 is captioned exactly as at 1 and as target-only
     (--compare); the records keep their shape, the trees' section included; --out resumes."""
-    for i, (_, image) in enumerate(fresh_scenes(4, seed=91)):
-        image.save(tmp_path / f"s{i}.png")
-    args = ["caption", str(tmp_path), "--json", "-q", "--max-new-tokens", "20", *extra]
-    runner = CliRunner()
-    one = runner.invoke(cli, args)
-    many = runner.invoke(cli, args + ["--batch-size", "3", "--compare"])
-    assert one.exit_code == 0 and many.exit_code == 0, many.output
-    a, b = _records(one), _records(many)
-    assert set(a) == set(b) and len(a) == 4
-    assert all(a[k]["output"] == b[k]["output"] for k in a)
-    assert all(r["compare"]["identical"] for r in b.values())
-    assert all(set(a[k]) == set(b[k]) - {"compare"} for k in a)
+    a, b = batch_equals_alone(tmp_path, extra)
     # (drafting.length auto: each row's depths are its own choice, not the request's alone)
     assert all(set(a[k]["stats"]["trees"]) == set(b[k]["stats"]["trees"]) for k in a)
-    out = tmp_path / "caps.jsonl"
-    first = runner.invoke(cli, args + ["--batch-size", "3", "--out", str(out)])
-    again = runner.invoke(cli, args + ["--batch-size", "3", "--out", str(out)])
-    assert first.exit_code == 0 and again.exit_code == 0, again.output
-    assert len(out.read_text().splitlines()) == 4      # the second run resumed: nothing new
 
 
 def test_adt_refuses_a_batch_in_one_line():

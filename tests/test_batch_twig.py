@@ -9,11 +9,11 @@ as layer-skip (``twig.model: none``); at T > 0 the tokens follow the target's la
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from click.testing import CliRunner
 
+from batch_cli import batch_equals_alone
 from conftest import ROOT, assert_first_two_follow, fresh_scenes
 from test_batch import _batched, requests_  # noqa: F401  (requests_: the fixture)
 from test_batch_heads import joint_law
@@ -110,33 +110,12 @@ def test_batched_twig_samples_follow_the_targets_law(deep):
     assert_first_two_follow([res for _, res in engine.run(reqs, lambda r: r)], joint, runs)
 
 
-def _records(result):
-    return {r["input"]: r for r in map(json.loads, result.stdout.splitlines())}
-
-
 def test_cli_twig_batch(tmp_path):
     """The shipped twig profile captions a folder at --batch-size 3 exactly as at 1 and as
     target-only (--compare), drafting.length auto choosing each row's k; the records keep
     their shape; --out resumes."""
-    for i, (_, image) in enumerate(fresh_scenes(4, seed=91)):
-        image.save(tmp_path / f"s{i}.png")
-    args = ["caption", str(tmp_path), "--profile", str(PROFILE), "-m", "twig", "--json", "-q",
-            "--max-new-tokens", "20"]
-    runner = CliRunner()
-    one = runner.invoke(cli, args)
-    many = runner.invoke(cli, args + ["--batch-size", "3", "--compare"])
-    assert one.exit_code == 0 and many.exit_code == 0, many.output
-    a, b = _records(one), _records(many)
-    assert set(a) == set(b) and len(a) == 4
-    assert all(a[k]["output"] == b[k]["output"] for k in a)
-    assert all(r["compare"]["identical"] for r in b.values())
-    assert all(set(a[k]) == set(b[k]) - {"compare"} for k in a)
+    _, b = batch_equals_alone(tmp_path, ["--profile", str(PROFILE), "-m", "twig"])
     assert sum(r["stats"]["num_accepted_tokens"] for r in b.values()) > 0
-    out = tmp_path / "caps.jsonl"
-    first = runner.invoke(cli, args + ["--batch-size", "3", "--out", str(out)])
-    again = runner.invoke(cli, args + ["--batch-size", "3", "--out", str(out)])
-    assert first.exit_code == 0 and again.exit_code == 0, again.output
-    assert len(out.read_text().splitlines()) == 4      # the second run resumed: nothing new
 
 
 def test_cli_pruned_twig_refuses_a_batch_in_one_line():
