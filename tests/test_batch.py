@@ -69,6 +69,23 @@ def _batched(engine, reqs):
     return [out[id(r)] for r in reqs], live_at_admission
 
 
+def batched_equals_alone(session, reqs, alone, batch_size: int, label: str) -> list:
+    """The session's batch over ``reqs`` against each request decoded alone by the same
+    session and against ``alone`` (target-only's tokens): the same tokens and the same
+    proposals (accepted and drafted counts: each row's draft state is its own); the batch
+    was full and rows joined mid-way. Returns the batch's results."""
+    singles = [session.engine.generate(r) for r in reqs]
+    results, live = _batched(session.batched_engine(), reqs)
+    for i, (res, single) in enumerate(zip(results, singles)):
+        assert res.tokens == single.tokens == alone[i], f"{label} {i}"
+        assert (res.state.stats.num_accepted_tokens, res.state.stats.num_drafts) == \
+            (single.state.stats.num_accepted_tokens, single.state.stats.num_drafts), i
+    assert max(live) == min(batch_size, len(reqs)) - 1       # the batch was full
+    if batch_size < len(reqs):                                 # and rows joined mid-way
+        assert any(n > 0 for n in live[batch_size:])
+    return results
+
+
 @pytest.mark.parametrize("variant,gamma,batch_size", [
     ("multimodal", 5, 3), ("multimodal", 3, 8), ("text", 5, 4), ("text", 1, 2)])
 def test_batched_chain_equals_each_request_alone(zoo_target, zoo_draft, requests_, variant,

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from families import family_session, hidden_head, llava_next, qwen2_5_vl, qwen2_vl
-from test_batch import _batched
+from test_batch import _batched, batched_equals_alone
 from test_family_llava_onevision import llava_onevision
 from test_family_mistral3 import mistral3
 from test_family_qwen3_vl import qwen3_vl
@@ -100,16 +100,8 @@ def test_batched_equals_each_request_alone(models, alone, case, batch_size):
             with pytest.raises(ValueError, match="cannot read this request's video"):
                 session.engine.generate(r)
         reqs = [r for r in reqs if not r.videos]
-    singles = [session.engine.generate(r) for r in reqs]
-    results, live = _batched(session.batched_engine(), reqs)
-    for i, (res, single) in enumerate(zip(results, singles)):
-        assert res.tokens == single.tokens == alone[i], f"{family} request {i}"
-        # the same proposals as alone: each row's draft cache and positions its own
-        assert (res.state.stats.num_accepted_tokens, res.state.stats.num_drafts) == \
-            (single.state.stats.num_accepted_tokens, single.state.stats.num_drafts), i
-    assert max(live) == min(batch_size, len(reqs)) - 1       # the batch was full
-    if batch_size < len(reqs):                                 # and rows joined mid-way
-        assert any(n > 0 for n in live[batch_size:])
+    # the same proposals as alone: each row's draft cache and positions its own
+    results = batched_equals_alone(session, reqs, alone, batch_size, f"{family} request")
     # (layer-skip on the random LLaVA-NeXT target accepts nothing: its first layer and
     # head agree with the whole target on no token of these requests)
     if case in ("accepts", "some", "tree") or (case == "twig" and family != "llava_next"):

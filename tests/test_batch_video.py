@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import videofiles
-from test_batch import _batched
+from test_batch import batched_equals_alone
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
 from vlmspec_cli.runtime.request import Message, Request
@@ -55,15 +55,7 @@ def test_batched_videos_equal_each_video_alone(alone, method, batch_size):
     session = build_session(load_profile(
         profile, ["drafting.length=fixed", f"generation.batch_size={batch_size}", *sets], cli=CPU))
     reqs = _videos()
-    singles = [session.engine.generate(r) for r in reqs]
-    results, live = _batched(session.batched_engine(), reqs)
-    for i, (res, single) in enumerate(zip(results, singles)):
-        assert res.tokens == single.tokens == alone[i], f"video {i}"
-        assert (res.state.stats.num_accepted_tokens, res.state.stats.num_drafts) == \
-            (single.state.stats.num_accepted_tokens, single.state.stats.num_drafts), i
-    assert max(live) == min(batch_size, len(reqs)) - 1
-    if batch_size < len(reqs):
-        assert any(n > 0 for n in live[batch_size:])
+    results = batched_equals_alone(session, reqs, alone, batch_size, "video")
     if method != "none":
         assert sum(r.state.stats.num_accepted_tokens for r in results) > 0
 

@@ -21,6 +21,7 @@ from conftest import ROOT, assert_first_two_follow
 from eagle3_heads import eagle3_head, head_config, head_tensors, write_head
 from families import check_offline_profile, image_requests, qwen2_5_vl
 from families import qwen3_vl
+from test_batch_heads import joint_law
 from test_lossless import reference
 from vlmspec_cli.cli import cli
 from vlmspec_cli.profile import load_profile
@@ -174,28 +175,11 @@ def test_a_vlm_targets_first_two_tokens_follow_its_law(targets, family, temperat
                        "drafting.length=fixed", *shape)
     lm, params, runs = session.target, session.sampling, 300
     messages = [Message("user", "describe the image.", (Image.new("RGB", *IMAGES[0]),))]
-    first = _law(lm, messages, [], params)
-    joint = {}
-    for a in (first * runs >= 2).nonzero().flatten().tolist():
-        second = _law(lm, messages, [a], params)
-        for b in (first[a] * second * runs >= 1).nonzero().flatten().tolist():
-            joint[(a, b)] = float(first[a] * second[b])
+    joint = joint_law(lm, messages, params, runs)
     # three tokens: the first round drafts x1 (q = p) and the head's x2
     results = [session.engine.generate(Request(messages, max_new_tokens=3, seed=seed))
                for seed in range(runs)]
     assert_first_two_follow(results, joint, runs)
-
-
-def _law(lm, messages, prefix: list[int], params) -> torch.Tensor:
-    """The target's warped next-token law after the prompt and ``prefix``."""
-    images = [im for m in messages for im in m.images]
-    prompt = lm.adapter.prompt_text(lm, messages)
-    inputs = lm.adapter.encode(lm, prompt, images)
-    cache = lm.adapter.new_cache(lm)
-    logits = lm.adapter.prefill(lm, inputs, cache)[0]
-    if prefix:
-        logits = lm.adapter.extend(lm, torch.tensor([prefix]), cache)[0, -1]
-    return probabilities(logits.float(), params).cpu()
 
 
 def test_draft_vocabulary_logits_are_zero_off_the_map():
