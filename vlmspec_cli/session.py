@@ -320,7 +320,7 @@ def validate_method(profile) -> type[DraftingMethod]:
         raise SessionError("runtime.compile: on compiles the fast path's steps; it needs "
                            "runtime.fast_path auto or on, not off")
     if profile.generation.rows > 1 and task == "image":   # (tree batches captions, not images)
-        raise SessionError("generation.batch_size > 1 (--batch-size): generate-image decodes "
+        raise SessionError("generation.batch_size > 1: generate-image decodes "
                            "one image at a time (a guided target already runs two rows per "
                            "image, the prompt's and the guiding one); set "
                            "generation.batch_size: 1")
