@@ -57,16 +57,18 @@ def _session(target, head, *sets: str, task: str = "caption"):
 def test_greedy_equals_the_targets_generate(targets, family, shape):
     target, head = targets[family]
     session = _session(target, head, *(TREE if shape == "tree" else ["drafting.gamma=3"]))
-    drafted = 0
+    drafted, caches = 0, []
     for req in image_requests(IMAGES, max_new_tokens=10):
         res = session.engine.generate(req)
         assert res.tokens == reference(session.target, req), f"{family} {shape}"
         s = res.state.stats
         assert s.new_tokens == s.num_accepted_tokens + s.num_drafts == len(res.tokens)
         drafted += s.num_draft_tokens
-    assert drafted > 0
+        if s.draft_cache is not None:   # (auto length: a request that never drafted
+            caches.append(s.draft_cache)   # never prefilled its head)
+    assert drafted > 0 and caches
     # the head read every prompt position, visual ones included, and three target layers
-    assert res.state.stats.draft_cache["entries"] >= res.state.stats.draft_cache["prompt_tokens"] - 1
+    assert all(c["entries"] >= c["prompt_tokens"] - 1 for c in caches)
     assert len(session.engine.hidden_layer) == 3
 
 
@@ -95,6 +97,58 @@ def test_auto_length_on_a_chain_with_drafting_off_and_on(targets):
         plain += res.state.stats.draft_length["rounds_plain"]
         drafted += res.state.stats.draft_length["rounds_drafted"]
     assert plain > 0 and drafted > 0
+
+
+@pytest.mark.parametrize("head", ["hidden", "eagle3-llava", "eagle3-qwen3_vl"])
+def test_a_head_prefilled_late_drafts_as_one_prefilled_with_the_target(targets, head):
+    """With auto length a head is prefilled at its request's first drafted round from the
+    prompt's states and those of the plain rounds decoded before it (TargetFeatures.later):
+    it then proposes exactly what the head prefilled with the target proposes, round for
+    round, and the output is the target's (a made-up schedule: plain rounds for the first
+    three tokens, then chains of up to 3; the M-RoPE head's later positions included).
+    A request that never drafts never prefills its head."""
+    from test_draft_length import Costs, use_auto
+    from vlmspec_cli.runtime.length.draft_length import AutoGamma
+
+    class Scripted(AutoGamma):
+        measures_prefill = False     # (the process's first request is not special here)
+
+        def __init__(self, start: int) -> None:
+            super().__init__(3, costs=Costs(1.0))
+            self.start_at = start
+
+        def choose(self, state, budget):
+            k = min(3, budget) if len(state.tokens) >= self.start_at else 0
+            state.length.count(k)
+            return k
+
+    if head == "hidden":
+        session_of = lambda: build_session(load_profile("tinyworld-caption", ["method=hidden",
+            "hidden.tree=false", "drafting.length=auto"]))
+    else:
+        target, path = targets[head.split("-")[1]]
+        session_of = lambda: _session(target, path, "drafting.length=auto")
+    reqs = image_requests(IMAGES, max_new_tokens=14)
+    seen = {}
+    for late in (False, True):
+        session = session_of()
+        drafter = session.engine.drafter
+        assert drafter.late_prefill
+        drafter.late_prefill = late
+        use_auto(session.engine, Scripted(3))
+        proposed, own = [], drafter.propose
+        drafter.propose = (lambda state, k, own=own:
+                           proposed.append(own(state, k)) or proposed[-1])
+        outs = [session.engine.generate(r) for r in reqs]
+        for r, res in zip(reqs, outs):
+            assert res.tokens == reference(session.target, r)
+            assert res.state.stats.draft_cache["entries"] > 0
+        seen[late] = [list(p.tokens) for p in proposed], [o.tokens for o in outs]
+        if late:   # never drafted: never prefilled (no record of its cache)
+            use_auto(session.engine, Scripted(10 ** 6))
+            assert session.engine.generate(reqs[0]).state.stats.draft_cache is None
+    assert seen[True] == seen[False] and len(seen[True][0]) >= 2 * len(reqs)
+    assert any(seen[True][0])
 
 
 def test_every_path_hands_over_the_same_three_layers(targets):

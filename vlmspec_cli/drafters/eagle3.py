@@ -151,12 +151,13 @@ class Eagle3Drafter(HiddenDrafter):
         delta = int(state.target_cache.rope_delta) if mrope else 0
         st = Eagle3State(self.head.new_cache(), prompt_len=len(f.ids),
                          first_logits=state.target_next_logits, delta=delta)
-        rows = self._target_rows(f.hidden)
+        rows = self._target_rows(f.rows())   # the prompt's, then any plain rounds'
         n = len(f.ids) - 1
         if n > 0:   # every prompt position t < L - 1 pairs with x_{t+1}, visual ones too
             pos = f.positions[:, :n] if mrope and f.positions is not None else None
             self._run(st, f.ids[1:], rows[:n], step=0, positions=pos)
             st.committed = n
-        # the last prompt position pairs with the first generated token, not known yet
-        st.rows, st.row_start = rows[-1:], n
+        # the last prompt position pairs with the first generated token, known only in a
+        # late prefill: it and the plain rounds' rows are read at the next proposal
+        st.rows, st.row_start = rows[n:], n
         state.drafter_state = st

@@ -84,6 +84,10 @@ class HiddenDrafter(DraftingMethod):
     tasks = ("caption", "video")
     uses_draft = False
     batches = True       # chains and EAGLE-2 trees (the head drafts row by row)
+    # with auto length, prefilled at a request's first drafted round (if any) from the
+    # prompt's states and the plain rounds' kept until then (TargetFeatures.later): a
+    # useless EAGLE-3 head ran its prefill over every prompt position of every request
+    late_prefill = True
     help = "HiViS/Sparrow head on the target's text hidden states"
     searched_first = ("video",)
     search_rank = 1       # a head trained on the target's own states
@@ -248,12 +252,15 @@ class HiddenDrafter(DraftingMethod):
                                           self.head.config.layer_config(), self.head.dtype)
         cache = self.head.new_cache() if fast is None else fast.new_cache()
         st = HiddenState(cache, prompt_len=len(f.ids), first_logits=state.target_next_logits)
-        nxt, rows = prompt_pairs(f.ids, f.hidden, f.visual)
+        n = len(f.ids) - 1
+        hidden = f.rows()    # the prompt's, then any plain rounds' (a late prefill)
+        nxt, rows = prompt_pairs(f.ids, hidden[:n + 1], f.visual)
         if len(nxt):
             self._run(st, nxt, rows, step=0)
             st.committed = len(nxt)
-        # the last prompt position pairs with the first generated token, not known yet
-        st.rows, st.row_start = f.hidden[-1:], len(f.ids) - 1
+        # the last prompt position pairs with the first generated token, known only in a
+        # late prefill: it and the plain rounds' rows are read at the next proposal
+        st.rows, st.row_start = hidden[n:], n
         state.drafter_state = st
 
     def _read_verified(self, st: HiddenState, state: DecodeState):

@@ -54,6 +54,24 @@ class TargetFeatures:
     ids: torch.Tensor | None = None         # (L,) prompt ids, prefill only
     visual: torch.Tensor | None = None      # (L,) bool, prefill only
     positions: torch.Tensor | None = None   # (3, L) prompt positions, prefill only
+    # the plain rounds' rows after the prompt's, while the drafter waits for its prefill
+    later: list[torch.Tensor] = field(default_factory=list)
+    later_end: int = 0                      # the target position after the last row kept
+
+    def keep_for_late_prefill(self, hidden: torch.Tensor, start: int) -> None:
+        """A plain round decoded while the drafter waits (``DecodeState.draft_deferred``):
+        its fed token's rows (target positions ``start``, …) follow the prompt's, for the
+        drafter's prefill at the request's first drafted round (a copy: the forward's
+        output may be a buffer the next one writes)."""
+        end = self.later_end or self.start + self.hidden.shape[0]
+        if start != end:
+            raise RuntimeError(f"target features: rows from position {start} after {end}")
+        self.later.append(hidden.clone())
+        self.later_end = end + hidden.shape[0]
+
+    def rows(self) -> torch.Tensor:
+        """Every row: the prompt's, then those kept while the drafter waited."""
+        return torch.cat([self.hidden, *self.later]) if self.later else self.hidden
 
 
 @dataclass

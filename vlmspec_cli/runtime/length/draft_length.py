@@ -463,12 +463,12 @@ class AutoGamma:
         if fed > 0 and self.rounds > WARMUP_ROUNDS:
             self.costs.observe(levels, own if clean else None, fed, verify_s)
         ls.previous = k
-        v1 = self.costs.plain_s()
+        v1 = self.costs.plain_s()    # (once a round: _priced reads it too)
         if self.probing and v1 is not None:   # its time over the plain rounds it stood for
             extra = max(draft_s + verify_s - v1 * (1 + accepted), 0.0)
             self.probe_cost = extra if self.probe_cost is None else (self.probe_cost + extra) / 2
         self.probing = False
-        spent = self._priced(levels, fed)
+        spent = self._priced(levels, fed, v1)
         if spent is not None:
             self.tokens_w = RATE_DECAY * self.tokens_w + accepted + 1
             self.seconds_w = RATE_DECAY * self.seconds_w + spent
@@ -477,11 +477,12 @@ class AutoGamma:
             ls.acceptance.observe(drafted, accepted, dropped)
             self.seen.observe(drafted, accepted, dropped)
 
-    def _priced(self, levels: int, fed: int) -> float | None:
+    def _priced(self, levels: int, fed: int, v1: float | None) -> float | None:
         """A round's time as the cost lines put it (the rate's: as smooth as the lines, a
-        stall counting as it does in them); None when it fed nothing or is not priced yet."""
+        stall counting as it does in them; ``v1``: a plain step's); None when it fed
+        nothing or is not priced yet."""
         draft = self.costs.draft_s(levels) if levels > 0 else 0.0
-        verify = self.costs.plain_s() if fed == 1 else self.costs.verify_s(fed)
+        verify = v1 if fed == 1 else self.costs.verify_s(fed)
         if fed < 1 or draft is None or verify is None:
             return None
         return draft + verify

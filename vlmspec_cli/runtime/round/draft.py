@@ -247,9 +247,10 @@ class Drafter:
     # the target layer whose hidden states it reads (transformers' hidden_states index), or
     # a tuple of them read concatenated (EAGLE-3's low, mid and high layers)
     hidden_layer: int | tuple[int, ...] | None = None
-    # its prefill reads only the request, and propose catches up on every committed token
-    # it has not read: with drafting.length auto the round policy prefills it at the
-    # request's first drafted round (if any) instead of with the target
+    # its prefill reads only the request (a head: the target's states, the prompt's and
+    # the plain rounds' kept until then, TargetFeatures.later), and propose catches up on
+    # every committed token it has not read: with drafting.length auto the round policy
+    # prefills it at the request's first drafted round (if any) instead of with the target
     late_prefill = False
     # it may end a chain within the round by its confidence (``state.draft_stop``,
     # draft_stop.py): with drafting.length auto the round policy builds that rule for it only

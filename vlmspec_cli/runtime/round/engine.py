@@ -240,7 +240,13 @@ class SpeculativeEngine:
         start = cache_length(state.target_cache)
         logits, hidden = lm.adapter.extend_hidden(lm, ids, state.target_cache, self.hidden_layer,
                                                   **extra)
-        state.features = TargetFeatures(hidden[0], start)
+        f = state.features
+        if state.draft_deferred and f is not None and f.ids is not None:
+            # the drafter waits for its prefill (auto length): the prompt's rows and every
+            # plain round's since then are what that prefill reads
+            f.keep_for_late_prefill(hidden[0], start)
+        else:
+            state.features = TargetFeatures(hidden[0], start)
         return logits[0]
 
     def finish(self, state: DecodeState) -> None:
