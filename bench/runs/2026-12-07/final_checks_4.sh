@@ -1,0 +1,39 @@
+#!/bin/bash
+# Issue 60's done-when checks again after the heads wait for their prefill (the session after
+# stop 66), in one sitting, nothing else running (the load average is printed before each):
+# a useless draft on every shipped real-family profile and the own-model walk's pair, each
+# row beside its A/A control, idle and beside two busy processes (4 passes each); the
+# default on the demo, 24 real photo crops and beside a useless draft (idle, 2 passes);
+# MMSpec's questions (the default head's prefill now waits too); calibrate with its defaults
+# beside two busy processes.
+set -u
+cd "$(dirname "$0")/../../.."
+OUT=bench/runs/2026-12-07
+PHOTOS=${PHOTOS:-/tmp/sk-site/sklearn/datasets/images}
+git log -1 --format='commit %h %s' | cut -c1-100
+uptime
+python bench/useless_drafts.py --loads 0 --repeat 4 --control --models /tmp/useless-models \
+    --json $OUT/final4-useless-idle.json > $OUT/final4-useless-idle.txt 2>&1
+uptime
+python bench/useless_drafts.py --loads 2 --repeat 4 --control --models /tmp/useless-models \
+    --json $OUT/final4-useless-2competitors.json > $OUT/final4-useless-2competitors.txt 2>&1
+uptime
+python bench/load.py --rows demo,photos,bad --loads 0 --repeat 2 --photos-from $PHOTOS \
+    --json $OUT/final4-load-idle.json > $OUT/final4-load-idle.txt 2>&1
+uptime
+vlmspec bench examples/mmspec/mmspec.jsonl --methods none,hidden,chain,eagle3 --json \
+    > $OUT/final4-mmspec.json 2> $OUT/final4-mmspec.txt
+uptime
+SPIN='import time
+t = time.time() + 600
+while time.time() < t: pass'
+python -c "$SPIN" & A=$!
+python -c "$SPIN" & B=$!
+sleep 5
+{ uptime; echo '$ vlmspec calibrate examples/images/ --json  (beside 2 busy python loops)'; } \
+    > $OUT/final4-calibrate-2competitors.txt
+/usr/bin/time -f "wall %e s" vlmspec calibrate examples/images/ --json \
+    > $OUT/final4-calibrate-2competitors.json 2>> $OUT/final4-calibrate-2competitors.txt
+uptime >> $OUT/final4-calibrate-2competitors.txt
+kill $A $B 2>/dev/null; wait $A $B 2>/dev/null
+uptime
