@@ -151,6 +151,57 @@ def test_a_head_prefilled_late_drafts_as_one_prefilled_with_the_target(targets, 
     assert any(seen[True][0])
 
 
+def test_a_request_plain_throughout_runs_as_target_only(targets, monkeypatch):
+    """Auto length with a head that never pays (a made-up machine: a draft step as dear as
+    a target step): a request that starts with drafting off and a wait longer than its
+    rounds, or whose rounds left fall under the wait after a failed probe, decodes the rest
+    as target-only does: its target forwards hand over no hidden states and the head is
+    never prefilled for it. Every decision is the one made without that (tokens, each
+    request's draft-length record, the process's wait and backoff), and the output is the
+    target's."""
+    from test_draft_length import Costs, use_auto
+    from vlmspec_cli.runtime.length.draft_length import AutoGamma
+    from vlmspec_cli.runtime.round import round_policy
+
+    target, head = targets["llava"]
+    reqs = image_requests(IMAGES * 3, max_new_tokens=24)
+    runs = {}
+    for lane in (False, True):
+        at_start = []     # the requests judged plain throughout at their start
+        if not lane:
+            monkeypatch.setattr(round_policy, "plain_throughout", lambda auto, state: False)
+            monkeypatch.setattr(round_policy, "plain_from_here", lambda auto, state: False)
+        else:
+            judge = round_policy.plain_throughout
+            monkeypatch.setattr(round_policy, "plain_throughout",
+                                lambda auto, state: at_start.append(judge(auto, state)) or at_start[-1])
+        session = _session(target, head, "drafting.gamma=3", "drafting.length=auto")
+        auto = use_auto(session.engine, AutoGamma(3, costs=Costs(1.0)))
+        lm = session.target
+        calls = {"prefill_hidden": 0, "extend_hidden": 0}
+        for name in calls:
+            def counted(*a, _f=getattr(lm.adapter, name), _n=name, **k):
+                calls[_n] += 1
+                return _f(*a, **k)
+            monkeypatch.setattr(lm.adapter, name, counted)
+        seen = []
+        for r in reqs:
+            before, judged = dict(calls), len(at_start)
+            res = session.engine.generate(r)
+            assert res.tokens == reference(session.target, r)
+            st = res.state
+            seen.append((res.tokens, st.stats.draft_length, auto.wait, auto.backoff))
+            if any(at_start[judged:]):   # plain from its start
+                assert calls == before and st.stats.draft_cache is None
+        runs[lane] = seen, calls, sum(at_start)
+        monkeypatch.undo()
+    assert runs[True][0] == runs[False][0] and runs[True][2] > 0
+    # most rounds hand over nothing now (the requests before the first probe's failure, and
+    # the stretch before a probe in a request, still do)
+    assert runs[True][1]["extend_hidden"] < runs[False][1]["extend_hidden"] / 2
+    assert runs[True][1]["prefill_hidden"] < runs[False][1]["prefill_hidden"]
+
+
 def test_every_path_hands_over_the_same_three_layers(targets):
     """The target's forwards hand the head low ⊕ mid ⊕ high, concatenated, alike through
     transformers, the fast path and the compiled step's graph (run eagerly here): at the

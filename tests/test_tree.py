@@ -262,6 +262,16 @@ def _auto_tree(zoo_target, zoo_draft, costs, depth=5, total=20, **kw):
         return observe(state, k, **round_)
 
     policy.choose, policy.observe = chosen, observed
+    lane = engine.policy._plain     # a request's rounds once plain throughout: not chosen
+
+    def plain(state, budget):
+        counted = state.target_next_logits is None and budget > 0
+        k = lane(state, budget)
+        if counted:
+            log["k"].append(k)
+        return k
+
+    engine.policy._plain = plain
     prefill = drafter.prefill   # tokens decoded when the draft was prefilled
     drafter.prefill = lambda state: (log["prefills"].append(len(state.tokens)), prefill(state))
     log["prefills"] = []

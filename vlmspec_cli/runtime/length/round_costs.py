@@ -132,6 +132,8 @@ class RoundCosts:
         self.plain = LinearCost("flat")     # rounds feeding it one
         self.ratio_w = self.ratio_sum = 0.0  # a plain step over the line's V(2) at its time
         self.draft_scale: float | None = None  # draft_s's median scale (None: to compute)
+        self.two: float | None = None   # the line at two tokens (None: to compute), read by
+                                        # every plain round: it moves only with the line
 
     def observe(self, levels: int, draft_s: float | None, fed: int, verify_s: float) -> None:
         """One round: ``draft_s`` for ``levels`` positions (None: not a clean measure, e.g.
@@ -142,10 +144,14 @@ class RoundCosts:
             self.recent.append((levels, draft_s))
             self.draft_scale = None
         if fed == 1 and self.verify.known:
-            ratio = min(verify_s / max(self._line(2), 1e-12), 1.0)
+            ratio = min(verify_s / max(self._two(), 1e-12), 1.0)
             self.ratio_w = COST_DECAY * self.ratio_w + 1.0
             self.ratio_sum = COST_DECAY * self.ratio_sum + ratio
-        (self.plain if fed == 1 else self.verify).observe(fed, verify_s)
+        if fed == 1:
+            self.plain.observe(fed, verify_s)
+        else:
+            self.verify.observe(fed, verify_s)
+            self.two = None
 
     @property
     def timed(self) -> int:
@@ -187,6 +193,11 @@ class RoundCosts:
         (1.08x, against 2.0-3.0x in the runs beside it: bench/runs/2026-11-29/load-s56.txt)."""
         return self.verify.at(max(fed, self.verify.low()))
 
+    def _two(self) -> float:
+        if self.two is None:
+            self.two = self._line(2)
+        return self.two
+
     def plain_s(self, cautious: bool = False) -> float | None:
         """V(1), what a plain step costs: never more than the line through the longer
         rounds puts at two tokens (held flat below their sizes: ``_line``; feeding one
@@ -204,7 +215,7 @@ class RoundCosts:
         draft off."""
         v1 = self.verify_s(1)
         if v1 is not None and self.plain.known and self.verify.known:
-            two = self._line(2)
+            two = self._two()
             if self.ratio_w > 0:
                 v1 = two * self.ratio_sum / self.ratio_w
             # cautious: the line one token below two (its slope's worth under V(2))

@@ -133,7 +133,7 @@ class SpeculativeEngine:
         videos = {"videos": request.videos} if request.videos else {}
         inputs = lm.adapter.encode(lm, state.prompt, request.images or None, **videos)
         state.target_cache = lm.adapter.new_cache(lm)
-        if self.hidden_layer is None:
+        if self.hidden_layer is None or state.plain_throughout:
             state.target_next_logits = lm.adapter.prefill(lm, inputs, state.target_cache)[0]
             return
         logits, hidden = lm.adapter.prefill_hidden(lm, inputs, state.target_cache,
@@ -235,7 +235,7 @@ class SpeculativeEngine:
         if self.runs_target:
             return self.drafter.extend_target(state, ids, **extra)[0]
         lm = self.target
-        if self.hidden_layer is None:
+        if self.hidden_layer is None or state.plain_throughout:
             return lm.adapter.extend(lm, ids, state.target_cache, **extra)[0]
         start = cache_length(state.target_cache)
         logits, hidden = lm.adapter.extend_hidden(lm, ids, state.target_cache, self.hidden_layer,

@@ -9,8 +9,9 @@ Two policies, one per ``drafting.length``:
   limit); the drafter is prefilled with the target.
 - ``AutoLength`` (``auto``): the length model of draft_length.py (``AutoGamma``: Eq. 1'
   online) chooses k per round, 0 while drafting does not pay; a drafter that can wait
-  (``Drafter.late_prefill``) is prefilled at its request's first drafted round, if any; a
-  drafter that reads its own confidence (``Drafter.reads_confidence``) gets the rule that
+  (``Drafter.late_prefill``) is prefilled at its request's first drafted round, if any, and
+  a request known at its start to decode plain throughout (``plain_throughout``: drafting
+  off past its last round) runs as target-only does; a drafter that reads its own confidence (``Drafter.reads_confidence``) gets the rule that
   may end its chain short of k (``DecodeState.draft_stop``, draft_stop.py). In a batch each
   row chooses by its own length model (``row_model``): k per row, 0 for a row whose
   drafting does not pay, in the same target forward.
@@ -28,7 +29,7 @@ from typing import Callable
 
 from vlmspec_cli.runtime.round.draft import Drafter
 from vlmspec_cli.runtime.length.batch_width import batch_width, cap_rows
-from vlmspec_cli.runtime.length.draft_length import WARMUP_ROUNDS, AutoGamma
+from vlmspec_cli.runtime.length.draft_length import RESUME, WARMUP_ROUNDS, AutoGamma
 from vlmspec_cli.runtime.request import DecodeState
 
 
@@ -118,6 +119,7 @@ class AutoLength(FixedLength):
         auto.start(state)
         measure = self.drafter.late_prefill and auto.measures_prefill
         state.draft_deferred = self.drafter.late_prefill and not measure
+        state.plain_throughout = state.draft_deferred and plain_throughout(auto, state)
         t0 = time.perf_counter()
         if not (state.draft_deferred and auto.off):   # (off: this request likely decodes plain)
             self.drafter.prepare(state)   # e.g. start the captioner alongside the prefill
@@ -140,6 +142,12 @@ class AutoLength(FixedLength):
         distribution, the target's law. The free round is neither chosen nor observed.
         A row that drafts while its drafter waits is prefilled first (it catches up on the
         tokens decoded without it)."""
+        if len(states) == 1 and states[0].length.model is None:   # a request alone
+            state = states[0]
+            if not state.plain_throughout and plain_from_here(self.auto, state):
+                state.plain_throughout = True
+            if state.plain_throughout:
+                return [self._plain(state, budgets[0])]
         ks = []
         for state, budget in zip(states, budgets):
             state.length.chose = state.target_next_logits is None
@@ -163,6 +171,16 @@ class AutoLength(FixedLength):
         for state, k in zip(states, ks):
             state.draft_stop = self.auto.stop_rule(state, k) if stops else None
         return ks
+
+    def _plain(self, state: DecodeState, budget: int) -> int:
+        """A round of a request decoded plain throughout (``plain_throughout``): what
+        ``AutoGamma.choose`` does there, a plain round off the wait, without its pricing."""
+        state.length.chose = state.target_next_logits is None
+        if state.length.chose and budget > 0:
+            self.auto.wait = max(self.auto.wait - 1, 0)
+            state.length.count(0)
+        state.draft_stop = None
+        return 0
 
     def observe(self, state: DecodeState, record: RoundRecord) -> None:
         """The round's costs and acceptance, for the next k (acceptance by position: a
@@ -210,6 +228,38 @@ class AutoLength(FixedLength):
         auto.finish(state)
         if auto is not self.auto:     # a batch's row: the process goes on where it left off
             adopt(self.auto, auto)
+
+
+def plain_throughout(auto: AutoGamma, state: DecodeState) -> bool:
+    """The request starting now (its draft not prefilled) will decode every round plain
+    whatever it emits: drafting is ruled out, or it is off with more plain rounds to wait
+    than the request can choose (at most max_new_tokens - 2: the first token is the
+    prefill's, the last round has no budget) and the process's acceptance does not resume
+    it at the request's start (``AutoGamma._rejudge``'s test; judged here at its first
+    token, where the draft's prefill weighs least on the gain, so the rejudge at its first
+    chosen round would not resume it either). Such a request decodes as target-only does:
+    no hidden states handed over (a useless EAGLE-3 head's three layers, copied every
+    round, were 1-2% of a tiny target's step), no pricing a round."""
+    if auto.ruled_out is not None:
+        return True
+    rounds = state.request.max_new_tokens - 2      # the most it can choose a k for
+    if auto.wait < max(rounds, 1):                 # (wait 0: a probe is due)
+        return False
+    budget = min(auto.ceiling, rounds)             # its first chosen round's
+    if budget < 1:
+        return True
+    _, gain = auto.best(auto.rates(state.length), budget, cautious=True,
+                        overhead=auto.prefill_overhead(state))
+    return gain is None or gain < 1.0 + RESUME
+
+
+def plain_from_here(auto: AutoGamma, state: DecodeState) -> bool:
+    """Drafting went off in this request's last round, or earlier, with more plain rounds
+    to wait than the request has left (a plain round emits one token; the last has no
+    budget): the rest is plain whatever it emits (the wait is judged again only at a new
+    request), so from here on it runs as target-only does (``plain_throughout``)."""
+    left = state.request.max_new_tokens - len(state.tokens) - 1
+    return state.length.previous == 0 and auto.wait >= left
 
 
 def row_model(auto: AutoGamma) -> AutoGamma:
