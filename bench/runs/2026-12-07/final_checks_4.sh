@@ -1,5 +1,6 @@
 #!/bin/bash
-# Issue 60's done-when checks again after the heads wait for their prefill (the session after
+# Issue 60's done-when checks again after the heads wait for their prefill and plain-throughout
+# requests run as target-only does (the session after
 # stop 66), in one sitting, nothing else running (the load average is printed before each):
 # a useless draft on every shipped real-family profile and the own-model walk's pair, each
 # row beside its A/A control, idle and beside two busy processes (4 passes each); the
