@@ -92,9 +92,9 @@ class DecodeState:
     # the drafter's prefill waits for the request's first drafted round (the round policy's
     # choice, round_policy.py): until then nothing of the drafter runs for this request
     draft_deferred: bool = False
-    # every round of this request decodes plain, known at its prefill (the round policy's:
-    # drafting is off and stays off past its last round): the target's forwards hand over
-    # no hidden states, as target-only's
+    # every round of this request (from its start, or from a round on) decodes plain,
+    # whatever it emits (the round policy's: drafting off past its last round): the
+    # target's forwards hand over no hidden states, as target-only's
     plain_throughout: bool = False
     # this round's draft_stop.ChainStop (drafting.length auto, a request alone): where a
     # drafter that reads its own confidence may end its chain; None: draft all k

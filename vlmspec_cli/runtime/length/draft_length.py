@@ -413,10 +413,14 @@ class AutoGamma:
         request the draft could not predict switched a good draft off, and the requests
         after it decoded 51 rounds plain before a probe turned it back on (the mixed set
         at 1.80x: bench/runs/2026-11-27/auto-gamma-ceiling-s46d.txt)."""
-        _, gain = self.best(self.rates(ls), budget, cautious=True, overhead=overhead)
-        if gain is not None and gain >= 1.0 + RESUME:
+        if self.resumes(ls, budget, overhead):
             self.wait, self.probe_due, self.on = 0, False, True
             self.backoff = self.probe_after
+
+    def resumes(self, ls: LengthState, budget: int, overhead: float = 0.0) -> bool:
+        """``_rejudge``'s test: a round is expected to gain RESUME, costs taken cautiously."""
+        _, gain = self.best(self.rates(ls), budget, cautious=True, overhead=overhead)
+        return gain is not None and gain >= 1.0 + RESUME
 
     def _plain_rounds(self, h1: float) -> int:
         """Plain rounds before the next probe: the backoff, or more while a probe costs
@@ -479,8 +483,7 @@ class AutoGamma:
 
     def _priced(self, levels: int, fed: int, v1: float | None) -> float | None:
         """A round's time as the cost lines put it (the rate's: as smooth as the lines, a
-        stall counting as it does in them; ``v1``: a plain step's); None when it fed
-        nothing or is not priced yet."""
+        stall as in them; ``v1``: a plain step's); None: it fed nothing or is not priced."""
         draft = self.costs.draft_s(levels) if levels > 0 else 0.0
         verify = v1 if fed == 1 else self.costs.verify_s(fed)
         if fed < 1 or draft is None or verify is None:

@@ -9,12 +9,13 @@ Two policies, one per ``drafting.length``:
   limit); the drafter is prefilled with the target.
 - ``AutoLength`` (``auto``): the length model of draft_length.py (``AutoGamma``: Eq. 1'
   online) chooses k per round, 0 while drafting does not pay; a drafter that can wait
-  (``Drafter.late_prefill``) is prefilled at its request's first drafted round, if any, and
-  a request known at its start to decode plain throughout (``plain_throughout``: drafting
-  off past its last round) runs as target-only does; a drafter that reads its own confidence (``Drafter.reads_confidence``) gets the rule that
-  may end its chain short of k (``DecodeState.draft_stop``, draft_stop.py). In a batch each
-  row chooses by its own length model (``row_model``): k per row, 0 for a row whose
-  drafting does not pay, in the same target forward.
+  (``Drafter.late_prefill``) is prefilled at its request's first drafted round, if any; a
+  request whose rounds are all plain whatever it emits (``plain_throughout``, from its
+  start, or ``plain_from_here``: drafting off past its last round) runs as target-only
+  does; a drafter that reads its own confidence (``Drafter.reads_confidence``) gets the
+  rule that may end its chain short of k (``DecodeState.draft_stop``, draft_stop.py). In
+  a batch each row chooses by its own length model (``row_model``): k per row, 0 for a
+  row whose drafting does not pay, in the same target forward.
 
 Lossless either way: k is decided before the round from earlier rounds only, and every
 token emitted is still the target's (verify.py).
@@ -29,7 +30,7 @@ from typing import Callable
 
 from vlmspec_cli.runtime.round.draft import Drafter
 from vlmspec_cli.runtime.length.batch_width import batch_width, cap_rows
-from vlmspec_cli.runtime.length.draft_length import RESUME, WARMUP_ROUNDS, AutoGamma
+from vlmspec_cli.runtime.length.draft_length import WARMUP_ROUNDS, AutoGamma
 from vlmspec_cli.runtime.request import DecodeState
 
 
@@ -239,18 +240,14 @@ def plain_throughout(auto: AutoGamma, state: DecodeState) -> bool:
     token, where the draft's prefill weighs least on the gain, so the rejudge at its first
     chosen round would not resume it either). Such a request decodes as target-only does:
     no hidden states handed over (a useless EAGLE-3 head's three layers, copied every
-    round, were 1-2% of a tiny target's step), no pricing a round."""
+    round, were 1-2% of a tiny target's step), no length chosen (``AutoLength._plain``)."""
     if auto.ruled_out is not None:
         return True
     rounds = state.request.max_new_tokens - 2      # the most it can choose a k for
     if auto.wait < max(rounds, 1):                 # (wait 0: a probe is due)
         return False
     budget = min(auto.ceiling, rounds)             # its first chosen round's
-    if budget < 1:
-        return True
-    _, gain = auto.best(auto.rates(state.length), budget, cautious=True,
-                        overhead=auto.prefill_overhead(state))
-    return gain is None or gain < 1.0 + RESUME
+    return budget < 1 or not auto.resumes(state.length, budget, auto.prefill_overhead(state))
 
 
 def plain_from_here(auto: AutoGamma, state: DecodeState) -> bool:
