@@ -401,8 +401,7 @@ class AutoGamma:
             return 0
         self.on = True
         self.backoff = self.probe_after
-        # a round to measure verification at another size: only while drafting pays
-        # for chains (k ≥ 2); a draft worth one proposal a round never needs the slope
+        # a round to measure verification at another size: only while k ≥ 2 pays (chains)
         return self.costs.explore(k, budget) if k >= 2 else k
 
     def _rejudge(self, ls: LengthState, budget: int, overhead: float = 0.0) -> None:
@@ -414,13 +413,12 @@ class AutoGamma:
         after it decoded 51 rounds plain before a probe turned it back on (the mixed set
         at 1.80x: bench/runs/2026-11-27/auto-gamma-ceiling-s46d.txt)."""
         if self.resumes(ls, budget, overhead):
-            self.wait, self.probe_due, self.on = 0, False, True
-            self.backoff = self.probe_after
+            self.wait, self.probe_due, self.on, self.backoff = 0, False, True, self.probe_after
 
     def resumes(self, ls: LengthState, budget: int, overhead: float = 0.0) -> bool:
         """``_rejudge``'s test: a round is expected to gain RESUME, costs taken cautiously."""
-        _, gain = self.best(self.rates(ls), budget, cautious=True, overhead=overhead)
-        return gain is not None and gain >= 1.0 + RESUME
+        gain = self.best(self.rates(ls), budget, cautious=True, overhead=overhead)[1]
+        return (gain or 0.0) >= 1.0 + RESUME
 
     def _plain_rounds(self, h1: float) -> int:
         """Plain rounds before the next probe: the backoff, or more while a probe costs
@@ -486,9 +484,7 @@ class AutoGamma:
         stall as in them; ``v1``: a plain step's); None: it fed nothing or is not priced."""
         draft = self.costs.draft_s(levels) if levels > 0 else 0.0
         verify = v1 if fed == 1 else self.costs.verify_s(fed)
-        if fed < 1 or draft is None or verify is None:
-            return None
-        return draft + verify
+        return None if fed < 1 or draft is None or verify is None else draft + verify
 
     def finish(self, state: DecodeState) -> None:
         """The request's record: what its rounds chose (``stats.draft_length``)."""
