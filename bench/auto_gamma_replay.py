@@ -302,7 +302,7 @@ class Replay:
         this set's own acceptance (the rounds of γ = ceiling, every request pooled: known
         only in hindsight) and these costs: what a policy that knew the set's rates, and
         no request's, would fix."""
-        from vlmspec_cli.runtime.length.draft_length import Acceptance, expected_tokens
+        from vlmspec_cli.runtime.length.acceptance import Acceptance, expected_tokens
 
         seen = Acceptance(1.0)
         for m in self.marks.values():

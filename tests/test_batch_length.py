@@ -164,7 +164,7 @@ def test_a_batch_round_is_as_wide_as_pays_for_the_whole_batch_not_its_best_row()
     the most tokens a second over all its rows (batch_width.py); rows alike keep their own
     best; a plain row counts one token; the capped rows' histograms count what they draft."""
     from vlmspec_cli.runtime.length.batch_width import batch_width, cap_rows
-    from vlmspec_cli.runtime.length.draft_length import Acceptance, LengthState
+    from vlmspec_cli.runtime.length.acceptance import Acceptance, LengthState
 
     machine = Costs(draft=0.05, slope=0.1)
     process = AutoGamma(12, machine)

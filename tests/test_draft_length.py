@@ -24,8 +24,8 @@ from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter, method_class
 from vlmspec_cli.profile import ProfileError, load_profile
-from vlmspec_cli.runtime.length.draft_length import (PROBE_SHARE, RESUME, Acceptance, AutoGamma,
-                                              expected_tokens)
+from vlmspec_cli.runtime.length.acceptance import Acceptance, expected_tokens
+from vlmspec_cli.runtime.length.draft_length import PROBE_SHARE, RESUME, AutoGamma
 from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.models.loading import load_hidden_head
 from vlmspec_cli.runtime.request import Message, Request

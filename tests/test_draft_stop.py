@@ -16,7 +16,8 @@ from test_lossless import reference
 from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F401 (fixture)
 from vlmspec_cli.drafters import create_drafter
 from vlmspec_cli.runtime.length import draft_stop
-from vlmspec_cli.runtime.length.draft_length import Acceptance, AutoGamma
+from vlmspec_cli.runtime.length.acceptance import Acceptance
+from vlmspec_cli.runtime.length.draft_length import AutoGamma
 from vlmspec_cli.runtime.length.draft_stop import ChainStop
 from vlmspec_cli.runtime.round.engine import SpeculativeEngine
 from vlmspec_cli.runtime.request import Message, Request

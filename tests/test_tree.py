@@ -16,7 +16,8 @@ from test_draft_length import Costs, use_auto
 from test_sampling_lm import _assert_samples_follow_target, tiny_pair  # noqa: F401 (fixture)
 from vlmspec_cli.cli import cli
 from vlmspec_cli.drafters import create_drafter
-from vlmspec_cli.runtime.length.draft_length import AutoGamma, expected_tokens
+from vlmspec_cli.runtime.length.acceptance import expected_tokens
+from vlmspec_cli.runtime.length.draft_length import AutoGamma
 from vlmspec_cli.runtime.round.engine import SpeculativeEngine, eos_token_ids
 from vlmspec_cli.runtime.request import Message, Request
 from vlmspec_cli.runtime.round.tree import DraftTree, path_to, tree_mask

@@ -23,7 +23,8 @@ every token is still the target's (verify.py).
 
 from __future__ import annotations
 
-from vlmspec_cli.runtime.length.draft_length import TIE, AutoGamma, expected_tokens
+from vlmspec_cli.runtime.length.acceptance import expected_tokens
+from vlmspec_cli.runtime.length.draft_length import TIE, AutoGamma
 from vlmspec_cli.runtime.length.round_costs import BATCH_EXPLORE_AFTER
 from vlmspec_cli.runtime.request import DecodeState
 

@@ -73,9 +73,9 @@ and h_i is the chance the accepted path reaches depth i given it reached i − 1
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Callable
 
+from vlmspec_cli.runtime.length.acceptance import Acceptance, LengthState, expected_tokens
 from vlmspec_cli.runtime.length.draft_stop import ChainStop
 from vlmspec_cli.runtime.request import DecodeState
 from vlmspec_cli.runtime.length.round_costs import RoundCosts
@@ -86,7 +86,6 @@ MAX_BACKOFF = 64          # the most plain rounds between two probes
 DECAY = 0.9               # per round, this request's acceptance counts
 PROCESS_DECAY = 0.98      # per round, the process's (the prior of its next requests)
 PRIOR_WEIGHT = 4.0        # the process's rates, in rounds at each position
-SHRINK = 2.0              # the process's rates: rounds of the pooled (or shallower) rate
 WARMUP_ROUNDS = 1         # a process's first round pays one-time costs: not timed
 TIE = 0.02                # lengths this close to the best rate count as equal: the longest
 STAY = 0.05               # drafting stays on while a round is expected to gain this much
@@ -99,85 +98,6 @@ MIN_TIMED = 3             # timed rounds before drafting may be switched off
 DOUBT = 1.0               # once off, acceptance is taken this many standard errors low
 RATE_DECAY = 0.97         # per round, the tokens and seconds the process's rate is over
 REQUEST_DECAY = 0.8       # per request, the process's mean request length
-
-
-class Acceptance:
-    """Per-position acceptance, decayed: h_i = P(proposal i kept | proposals 1..i-1 kept).
-    A round that drafted k and kept n puts positions 1..min(n + 1, k) at risk and keeps
-    1..n (a Kaplan-Meier count: a chain cut short says nothing of the positions it did not
-    reach). Every count decays by ``decay`` per round."""
-
-    def __init__(self, decay: float) -> None:
-        self.decay = decay
-        self.risk: list[float] = []
-        self.kept: list[float] = []
-
-    def observe(self, drafted: int, accepted: int, dropped: float | None = None) -> None:
-        """``dropped``: the draft's confidence in the proposal after the last one verified,
-        which the round drafted and did not verify (draft_stop.py); when every verified one
-        was kept, that position was at risk and is counted kept by that much (the
-        confidence is close to the chance; uncounted, the positions a chain stops at for
-        low confidence would be seen only when the draft was confident there)."""
-        reached, soft = min(accepted + 1, drafted), 0.0
-        if dropped is not None and accepted == drafted:
-            reached, soft = drafted + 1, dropped
-        if len(self.risk) < reached:
-            grow = reached - len(self.risk)
-            self.risk += [0.0] * grow
-            self.kept += [0.0] * grow
-        for i in range(len(self.risk)):
-            self.risk[i] = self.decay * self.risk[i] + (i < reached)
-            kept = (i < accepted) + (soft if i == drafted else 0.0)
-            self.kept[i] = self.decay * self.kept[i] + kept
-
-    def rates(self, n: int, prior: list[float] | None = None, weight: float = 0.0) -> list[float]:
-        """h_1..h_n from these counts and ``prior`` rates worth ``weight`` rounds at each
-        position; without a prior, position 1's rate is shrunk towards the pooled one (all
-        positions' kept ÷ at risk) and each deeper position's towards the one before it, by
-        SHRINK rounds, so a position seen rarely, or never, is not taken as 0 or 1 from one
-        round, nor as likely as the first positions (which dominate the pooled rate): a
-        draft's agreement falls with depth, and a deep position reached in few rounds is
-        taken as its shallower neighbour until it has been seen."""
-        chained = prior is None
-        if chained:
-            pooled = (sum(self.kept) + 0.5) / (sum(self.risk) + 1.0)
-            prior, weight = [pooled] * n, SHRINK
-        out = []
-        for i in range(n):
-            risk = self.risk[i] if i < len(self.risk) else 0.0
-            kept = self.kept[i] if i < len(self.kept) else 0.0
-            towards = out[-1] if chained and out else prior[i]
-            out.append(min((kept + weight * towards) / (risk + weight), 0.999))
-        return out
-
-
-def expected_tokens(rates: list[float], k: int) -> float:
-    """E(k) = 1 + S_1 + … + S_k, S_i = h_1 ⋯ h_i: the tokens a round of k proposals
-    emits on average."""
-    total, survive = 1.0, 1.0
-    for h in rates[:k]:
-        survive *= h
-        total += survive
-    return total
-
-
-@dataclass
-class LengthState:
-    """One request's draft-length bookkeeping (``DecodeState.length``)."""
-
-    acceptance: Acceptance
-    previous: int = -1           # the last round's choice (0: plain; -1: none yet)
-    chose: bool = False          # this round's k was chosen (not the free first round)
-    hist: list[int] = field(default_factory=list)   # [k]: rounds that chose k (0: plain)
-    probes: int = 0
-    stopped: int = 0             # rounds whose chain the draft's confidence ended short of k
-    # a batch's row: its own AutoGamma (round_policy.row_model); None: the process's
-    model: "AutoGamma | None" = None
-
-    def count(self, k: int) -> None:
-        if len(self.hist) <= k:
-            self.hist.extend([0] * (k + 1 - len(self.hist)))
-        self.hist[k] += 1
 
 
 class AutoGamma:
