@@ -303,5 +303,6 @@ def adopt(auto: AutoGamma, row: AutoGamma) -> None:
     """A batch's row finished: the process goes on where that row left off (on or off, its
     backoff, probe cost and rate), as after a request decoded alone."""
     auto.wait, auto.backoff, auto.probe_due, auto.on = row.wait, row.backoff, row.probe_due, row.on
+    auto.carried = row.carried
     auto.probe_cost, auto.tokens_w, auto.seconds_w = row.probe_cost, row.tokens_w, row.seconds_w
     auto.request_tokens, auto.rounds = row.request_tokens, row.rounds
