@@ -264,8 +264,9 @@ class AutoGamma:
     def choose(self, state: DecodeState, budget: int) -> int:
         """The proposals this round drafts (0: a plain target step), at most ``budget``."""
         ls: LengthState = state.length
-        k = self._decide(ls, min(budget, self.ceiling), self.prefill_overhead(state),
-                         state.request.max_new_tokens - len(state.tokens) - 1)
+        new = ls.previous < 0 and self.off and self.ruled_out is None   # (judged again)
+        left = state.request.max_new_tokens - len(state.tokens) - 1 if new else 0
+        k = self._decide(ls, min(budget, self.ceiling), self.prefill_overhead(state), left)
         ls.count(k)
         return k
 
