@@ -17,8 +17,8 @@ and one round of one proposal (a probe) after ``probe_after`` of them, then twic
 after each probe that did not pay (exponential backoff, up to ``max_backoff``; or more, so
 that probes take at most PROBE_SHARE, 1%, of the plain rounds' time: a probe in a new
 request prefills the draft then, and costs several plain steps; before a probe is timed,
-its cost is the model's; a probe due within a new request comes at its first chosen round,
-the wait it skipped carried to the next: ``_rejudge``); drafting
+its cost is the model's; a head's probe due within a new request comes at its first chosen
+round, the wait it skipped carried to the next: ``_rejudge``); drafting
 comes back when a round is expected to gain RESUME (15%) over a plain step, with the
 acceptance taken DOUBT standard errors low (``doubted``: a probe kept by luck is one
 round): on a busy machine a round's cost swings by that much, and a draft near the
@@ -127,6 +127,9 @@ class AutoGamma:
         self.seen = Acceptance(process_decay)   # this process's rounds: the requests' prior
         self.wait = 0                           # plain rounds left before the next probe
         self.carried = 0                        # of it, rounds a probe was brought forward by
+        # a probe due within a new request comes at its start (``_rejudge``): the drafter
+        # waits for its prefill with the target's states of every plain round kept for it
+        self.probe_first = False
         self.backoff = self.probe_after         # plain rounds before the probe after it
         self.probe_due = False
         self.on = True                          # drafting was on at the last decision
@@ -341,16 +344,21 @@ class AutoGamma:
         after it decoded 51 rounds plain before a probe turned it back on (the mixed set
         at 1.80x: bench/runs/2026-11-27/auto-gamma-ceiling-s46d.txt).
 
-        A probe that would come within the request's ``left`` rounds comes now, at its
-        first chosen round, and the wait it skipped is added to the next one (probes keep
-        their share): a probe later in a request prefills the draft over every token
-        decoded before it, and each plain round until then keeps the target's states for
-        that prefill; after a probe at the start that does not pay, the rest of the request
-        decodes as target-only does (round_policy.plain_from_here)."""
+        With ``probe_first`` (a head, whose late prefill reads the target's states kept
+        for it each plain round), a probe that would come within the request's ``left``
+        rounds comes now, at its first chosen round, and the wait it skipped is added to the
+        next one (probes keep their share): later in the request, its prefill would read
+        every token decoded before it, and each plain round until then would keep the
+        target's states for it; after a probe at the start that does not pay, the rest of
+        the request decodes as target-only does (round_policy.plain_from_here). A chain's
+        draft keeps nothing while it waits, and its probes, cheaper at a request's start,
+        came more often (their measured cost sets the wait) and cost more in all: the useless
+        LLaVA-1.5 chain read 0.978x of target-only with them against 0.995x without
+        (bench/runs/2026-12-07/probe-first-ab/)."""
         if self.resumes(ls, budget, overhead):
             self.wait, self.probe_due, self.on, self.backoff = 0, False, True, self.probe_after
             self.carried = 0
-        elif self.probe_due and 0 < self.wait < left:
+        elif self.probe_first and self.probe_due and 0 < self.wait < left:
             self.carried, self.wait = self.carried + self.wait, 0
 
     def resumes(self, ls: LengthState, budget: int, overhead: float = 0.0) -> bool:
