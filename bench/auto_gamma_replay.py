@@ -280,8 +280,11 @@ class Replay:
         policy = AutoGamma(ceiling)
 
         def for_request(rid):
-            state = types.SimpleNamespace(length=None, draft_deferred=False,
-                                          stats=types.SimpleNamespace())
+            # the request's length and tokens so far: where a new request's probe comes
+            state = types.SimpleNamespace(length=None, draft_deferred=False, tokens=range(0),
+                                          stats=types.SimpleNamespace(),
+                                          request=types.SimpleNamespace(
+                                              max_new_tokens=len(self.marks[rid])))
             policy.start(state)
 
             def observe(k, n, verified, levels, dropped):
@@ -293,7 +296,9 @@ class Replay:
             def cut(t, k, a):
                 rule = policy.stop_rule(state, k)
                 return (k, k, None) if rule is None else self.stopped(rid, t, k, a, rule)
-            choose = lambda t, b: policy.choose(state, min(b, ceiling)) if b > 0 else 0  # noqa: E731
+            def choose(t, b):
+                state.tokens = range(t)
+                return policy.choose(state, min(b, ceiling)) if b > 0 else 0
             return (choose, observe, cut) if stop else (choose, observe)
         return self.speedup(for_request, free_first=True)
 

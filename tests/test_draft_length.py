@@ -893,7 +893,9 @@ def test_a_new_request_resumes_at_once_when_the_process_says_drafting_pays():
     """A request the draft cannot predict switches drafting off; the next request is
     judged at its first round from the process's acceptance (doubted, at RESUME) and
     drafts at once, not after the plain rounds before the probe. A draft that never
-    paid stays off across requests, its wait going on as it was."""
+    paid stays off across requests, its wait going on as it was; a head's probe due
+    within a request comes at its first round instead, and the wait it skipped is added
+    to the next (so probes keep their share of the rounds)."""
     policy = AutoGamma(8, costs=Costs(0.1), probe_after=8, max_backoff=8)
     good = _state()
     policy.start(good)
@@ -912,9 +914,23 @@ def test_a_new_request_resumes_at_once_when_the_process_says_drafting_pays():
     bad.start(first)
     assert [_round(bad, first, 8, accepted=0) for _ in range(30)][-1] == 0
     wait = bad.wait
-    second = _state()
-    bad.start(second)
-    assert bad.choose(second, 8) == 0 and bad.wait == wait - 1
+    assert wait > 2
+    longer = _state(max_new_tokens=wait + 10)
+    bad.start(longer)    # a chain's draft: its probe where the wait puts it
+    assert bad.choose(longer, 8) == 0 and bad.wait == wait - 1 and bad.carried == 0
+    bad.probe_first = True   # a head's (round_policy.AutoLength.bind): at the request's start,
+    wait = bad.wait
+    short = _state(max_new_tokens=wait + 1)   # unless it has no more rounds than the wait
+    bad.start(short)
+    assert bad.choose(short, 8) == 0 and bad.wait == wait - 1 and bad.carried == 0
+    wait = bad.wait
+    longer = _state(max_new_tokens=wait + 10)
+    bad.start(longer)
+    assert bad.choose(longer, 8) == 1 and bad.carried == wait and longer.length.probes == 1
+    bad.observe(longer, 1, levels=1, fed=2, drafted=1, accepted=0, draft_s=0.0, verify_s=0.0)
+    plain = bad._plain_rounds(bad.rates(longer.length)[0])
+    assert bad.choose(longer, 8) == 0 and bad.off and bad.carried == 0
+    assert bad.wait == plain - 1 + wait
 
 
 def test_a_round_is_never_priced_below_a_plain_step():

@@ -99,6 +99,45 @@ def test_auto_length_on_a_chain_with_drafting_off_and_on(targets):
     assert plain > 0 and drafted > 0
 
 
+def test_a_heads_probe_due_within_a_request_comes_at_its_start(targets):
+    """A head that never pays (a made-up machine: a draft step as dear as a target step):
+    a probe due within a request comes at its first chosen round (its late prefill then
+    reads the prompt's states alone, and no plain round before keeps any), while a
+    chain's draft, which keeps nothing while it waits, is probed where the wait puts it;
+    every output is the target's."""
+    from test_draft_length import Costs, use_auto
+    from vlmspec_cli.runtime.length.draft_length import AutoGamma
+
+    target, head = targets["llava"]
+    reqs = image_requests(IMAGES * 3, max_new_tokens=24)
+    for method, first in (("eagle3", True), ("chain", False)):
+        if method == "eagle3":
+            session = _session(target, head, "drafting.length=auto")
+        else:
+            session = build_session(load_profile("tinyworld-caption", [
+                "method=chain", "drafting.length=auto"]))
+        auto = use_auto(session.engine, AutoGamma(3, costs=Costs(1.0), probe_after=4,
+                                                  max_backoff=8, probe_share=1.0))
+        assert auto.probe_first is first
+        probes_at, choose = [], auto.choose
+
+        def chosen(state, budget, choose=choose):
+            k = choose(state, budget)
+            if auto.probing:
+                probes_at.append(len(state.tokens))
+            return k
+
+        auto.choose = chosen
+        firsts = []     # each request's first probe (later ones follow the wait within it)
+        for req in reqs[:len(reqs) if method == "eagle3" else 3]:
+            probes_at.clear()
+            res = session.engine.generate(req)
+            assert res.tokens == reference(session.target, req)
+            firsts.append(probes_at[0] if probes_at else None)
+        later = firsts[1:]              # (the process's first request learns what it costs)
+        assert None not in later and all(at == 1 for at in later) is first, firsts
+
+
 @pytest.mark.parametrize("head", ["hidden", "eagle3-llava", "eagle3-qwen3_vl"])
 def test_a_head_prefilled_late_drafts_as_one_prefilled_with_the_target(targets, head):
     """With auto length a head is prefilled at its request's first drafted round from the

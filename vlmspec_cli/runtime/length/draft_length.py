@@ -17,7 +17,8 @@ and one round of one proposal (a probe) after ``probe_after`` of them, then twic
 after each probe that did not pay (exponential backoff, up to ``max_backoff``; or more, so
 that probes take at most PROBE_SHARE, 1%, of the plain rounds' time: a probe in a new
 request prefills the draft then, and costs several plain steps; before a probe is timed,
-its cost is the model's); drafting
+its cost is the model's; a head's probe due within a new request comes at its first chosen
+round, the wait it skipped carried to the next: ``_rejudge``); drafting
 comes back when a round is expected to gain RESUME (15%) over a plain step, with the
 acceptance taken DOUBT standard errors low (``doubted``: a probe kept by luck is one
 round): on a busy machine a round's cost swings by that much, and a draft near the
@@ -125,6 +126,10 @@ class AutoGamma:
         self.doubt = doubt
         self.seen = Acceptance(process_decay)   # this process's rounds: the requests' prior
         self.wait = 0                           # plain rounds left before the next probe
+        self.carried = 0                        # of it, rounds a probe was brought forward by
+        # a probe due within a new request comes at its start (``_rejudge``): the drafter
+        # waits for its prefill with the target's states of every plain round kept for it
+        self.probe_first = False
         self.backoff = self.probe_after         # plain rounds before the probe after it
         self.probe_due = False
         self.on = True                          # drafting was on at the last decision
@@ -262,7 +267,9 @@ class AutoGamma:
     def choose(self, state: DecodeState, budget: int) -> int:
         """The proposals this round drafts (0: a plain target step), at most ``budget``."""
         ls: LengthState = state.length
-        k = self._decide(ls, min(budget, self.ceiling), self.prefill_overhead(state))
+        new = ls.previous < 0 and self.off and self.ruled_out is None   # (judged again)
+        left = state.request.max_new_tokens - len(state.tokens) - 1 if new else 0
+        k = self._decide(ls, min(budget, self.ceiling), self.prefill_overhead(state), left)
         ls.count(k)
         return k
 
@@ -284,11 +291,13 @@ class AutoGamma:
             left = min(left, self.request_tokens - done)
         return self.draft_prefill_s / max(left, 1.0)
 
-    def _decide(self, ls: LengthState, budget: int, overhead: float = 0.0) -> int:
+    def _decide(self, ls: LengthState, budget: int, overhead: float = 0.0,
+                left: int = 0) -> int:
+        """``left``: the rounds this request has left, this one included."""
         if self.ruled_out is not None:       # known not to pay here: the target alone
             return 0
         if ls.previous < 0 and self.off:     # a new request while drafting is off
-            self._rejudge(ls, budget, overhead)
+            self._rejudge(ls, budget, overhead, left)
         if self.wait > 0:                    # drafting is off: plain until the probe
             self.wait -= 1
             return 0
@@ -314,26 +323,43 @@ class AutoGamma:
         # target's needs one: ``dear``)
         if (gain is not None and gain < 1.0 + (STAY if self.on else RESUME)
                 and self.costs.timed >= (1 if self.dear else MIN_TIMED)):
-            self.on = False                  # does not pay: plain, probe later
-            self.wait = self._plain_rounds(rates[0]) - 1
+            self.on = False                  # does not pay: plain, probe later (and the
+            self.wait = self._plain_rounds(rates[0]) - 1 + self.carried   # wait it skipped)
+            self.carried = 0
             self.backoff = min(2 * self.backoff, self.max_backoff)
             self.probe_due = True
             return 0
-        self.on = True
+        self.on, self.carried = True, 0
         self.backoff = self.probe_after
         # a round to measure verification at another size: only while k ≥ 2 pays (chains)
         return self.costs.explore(k, budget) if k >= 2 else k
 
-    def _rejudge(self, ls: LengthState, budget: int, overhead: float = 0.0) -> None:
+    def _rejudge(self, ls: LengthState, budget: int, overhead: float = 0.0,
+                 left: int = 0) -> None:
         """A new request starts while drafting is off: judged at once from the process's
         acceptance (at RESUME, costs taken cautiously; not doubted: it rests on all the
         process's rounds, not on one probe), it resumes without waiting for the probe when
         that pays; else the off state goes on as it was (its wait and backoff). One
         request the draft could not predict switched a good draft off, and the requests
         after it decoded 51 rounds plain before a probe turned it back on (the mixed set
-        at 1.80x: bench/runs/2026-11-27/auto-gamma-ceiling-s46d.txt)."""
+        at 1.80x: bench/runs/2026-11-27/auto-gamma-ceiling-s46d.txt).
+
+        With ``probe_first`` (a head, whose late prefill reads the target's states kept
+        for it each plain round), a probe that would come within the request's ``left``
+        rounds comes now, at its first chosen round, and the wait it skipped is added to the
+        next one (probes keep their share): later in the request, its prefill would read
+        every token decoded before it, and each plain round until then would keep the
+        target's states for it; after a probe at the start that does not pay, the rest of
+        the request decodes as target-only does (round_policy.plain_from_here). A chain's
+        draft keeps nothing while it waits, and its probes, cheaper at a request's start,
+        came more often (their measured cost sets the wait) and cost more in all: the useless
+        LLaVA-1.5 chain read 0.978x of target-only with them against 0.995x without
+        (bench/runs/2026-12-07/probe-first-ab/)."""
         if self.resumes(ls, budget, overhead):
             self.wait, self.probe_due, self.on, self.backoff = 0, False, True, self.probe_after
+            self.carried = 0
+        elif self.probe_first and self.probe_due and 0 < self.wait < left:
+            self.carried, self.wait = self.carried + self.wait, 0
 
     def resumes(self, ls: LengthState, budget: int, overhead: float = 0.0) -> bool:
         """``_rejudge``'s test: a round is expected to gain RESUME, costs taken cautiously."""

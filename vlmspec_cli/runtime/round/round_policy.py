@@ -108,6 +108,14 @@ class AutoLength(FixedLength):
         self.batch_clean = True
         self.batch_rounds = 0
 
+    def bind(self, drafter: Drafter, prefill_draft: PrefillDraft) -> None:
+        """As FixedLength's; a head whose prefill waits reads the target's states the engine
+        keeps for it each plain round until then: its probes come at a request's start
+        (``AutoGamma.probe_first``)."""
+        super().bind(drafter, prefill_draft)
+        self.auto.probe_first = (drafter.late_prefill and drafter.hidden_layer is not None
+                                 and not drafter.runs_target)
+
     def prefill(self, state: DecodeState, prefill_target: Callable[[], None]) -> None:
         """A drafter that can wait is prefilled at the request's first drafted round, if any
         (``state.draft_deferred``): never when the request decodes plain (a draft dearer
@@ -303,5 +311,6 @@ def adopt(auto: AutoGamma, row: AutoGamma) -> None:
     """A batch's row finished: the process goes on where that row left off (on or off, its
     backoff, probe cost and rate), as after a request decoded alone."""
     auto.wait, auto.backoff, auto.probe_due, auto.on = row.wait, row.backoff, row.probe_due, row.on
+    auto.carried = row.carried
     auto.probe_cost, auto.tokens_w, auto.seconds_w = row.probe_cost, row.tokens_w, row.seconds_w
     auto.request_tokens, auto.rounds = row.request_tokens, row.rounds
