@@ -101,6 +101,12 @@ RATE_DECAY = 0.97         # per round, the tokens and seconds the process's rate
 REQUEST_DECAY = 0.8       # per request, the process's mean request length
 
 
+def rounds_left(state: DecodeState) -> int:
+    """The rounds a request has left, the coming one included, at one token a round (the
+    last token has no round that drafts: the target adds it)."""
+    return state.request.max_new_tokens - len(state.tokens) - 1
+
+
 class AutoGamma:
     """The auto draft length of one engine: its costs, acceptance prior and on/off state
     are this process's. ``ceiling``: the most proposals a round may draft
@@ -268,7 +274,7 @@ class AutoGamma:
         """The proposals this round drafts (0: a plain target step), at most ``budget``."""
         ls: LengthState = state.length
         new = ls.previous < 0 and self.off and self.ruled_out is None   # (judged again)
-        left = state.request.max_new_tokens - len(state.tokens) - 1 if new else 0
+        left = rounds_left(state) if new else 0
         k = self._decide(ls, min(budget, self.ceiling), self.prefill_overhead(state), left)
         ls.count(k)
         return k

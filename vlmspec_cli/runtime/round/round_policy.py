@@ -30,7 +30,7 @@ from typing import Callable
 
 from vlmspec_cli.runtime.round.draft import Drafter
 from vlmspec_cli.runtime.length.batch_width import batch_width, cap_rows
-from vlmspec_cli.runtime.length.draft_length import WARMUP_ROUNDS, AutoGamma
+from vlmspec_cli.runtime.length.draft_length import WARMUP_ROUNDS, AutoGamma, rounds_left
 from vlmspec_cli.runtime.request import DecodeState
 
 
@@ -263,8 +263,7 @@ def plain_from_here(auto: AutoGamma, state: DecodeState) -> bool:
     to wait than the request has left (a plain round emits one token; the last has no
     budget): the rest is plain whatever it emits (the wait is judged again only at a new
     request), so from here on it runs as target-only does (``plain_throughout``)."""
-    left = state.request.max_new_tokens - len(state.tokens) - 1
-    return state.length.previous == 0 and auto.wait >= left
+    return state.length.previous == 0 and auto.wait >= rounds_left(state)
 
 
 def row_model(auto: AutoGamma) -> AutoGamma:
