@@ -600,6 +600,41 @@ def test_records_say_what_the_rounds_did(tmp_path):
     assert record["compare"]["identical"]
 
 
+def test_plain_rounds_while_off_are_observed_one_in_plain_sample(zoo_target, zoo_draft, corpus,
+                                                                monkeypatch):
+    """While drafting is off, one plain round in PLAIN_SAMPLE is observed (its time, the
+    rate) and the others are only counted: with the costs given, every decision (k per
+    round, the probes among them) is the one observing every round makes, and the outputs
+    are the target's greedy decoding."""
+    import vlmspec_cli.runtime.length.draft_length as draft_length
+
+    sample = draft_length.PLAIN_SAMPLE
+
+    def run(sample: int):
+        monkeypatch.setattr(draft_length, "PLAIN_SAMPLE", sample)
+        engine = SpeculativeEngine(zoo_target, _drafter("chain", zoo_target, zoo_draft), 4,
+                                   GREEDY)
+        auto = use_auto(engine, AutoGamma(4, costs=Costs(1.0), probe_after=2, max_backoff=8,
+                                          probe_share=1.0))
+        chosen, seen = [], []
+        choose, observe = auto.choose, auto.observe
+        auto.choose = lambda st, budget: chosen.append(choose(st, budget)) or chosen[-1]
+        auto.observe = lambda st, k, **kw: (seen.append(k), observe(st, k, **kw))
+        for req, ref in corpus[:4]:
+            assert engine.generate(req).tokens == ref
+        return chosen, seen
+
+    every_chosen, every_seen = run(1)
+    chosen, seen = run(sample)
+    assert chosen == every_chosen and every_seen == every_chosen
+    plain = every_chosen.count(0)
+    assert plain > 8 * sample and sum(k > 0 for k in chosen) > 0
+    # the drafted rounds (probes) all observed; of the plain ones, one in PLAIN_SAMPLE (and
+    # those before the costs were known, here none: they are given)
+    assert [k for k in seen if k] == [k for k in chosen if k]
+    assert sample > 1 and seen.count(0) == pytest.approx(plain / sample, abs=2)
+
+
 def test_round_timing_sets_an_auto_length_aside(zoo_target, zoo_draft, corpus):
     """`vlmspec profile` times the method's rounds: every round drafts the full γ even when
     the profile's auto length would decode plain (a draft as dear as 100 target steps),

@@ -195,10 +195,12 @@ class AutoLength(FixedLength):
         """The round's costs and acceptance, for the next k (acceptance by position: a
         tree's depth drafted, not its nodes)."""
         if state.length.chose:
-            r = record
-            self._model(state).observe(state, r.k, levels=r.levels, fed=r.fed, drafted=r.drafted,
-                              accepted=r.accepted, draft_s=r.draft_s, verify_s=r.verify_s,
-                              dropped=r.dropped, stopped=r.stopped)
+            r, model = record, self._model(state)
+            if state.length.model is None and model.untimed(state, r.k):   # (a request alone)
+                return
+            model.observe(state, r.k, levels=r.levels, fed=r.fed, drafted=r.drafted,
+                          accepted=r.accepted, draft_s=r.draft_s, verify_s=r.verify_s,
+                          dropped=r.dropped, stopped=r.stopped)
         if state.length.model is not None:
             self.batch.append(record)
             if len(self.batch) == self.batch_rows:
