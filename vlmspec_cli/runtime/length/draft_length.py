@@ -34,7 +34,8 @@ probe every few tens of tokens, not a few rounds per request.
   the rounds' sizes, a plain step (one token fed) timed apart, D scaled down where the
   median of the last rounds is below it. A process's first WARMUP_ROUNDS rounds are not
   timed, and a round after plain ones (the draft caught up on them) only when its
-  drafting came in under the line.
+  drafting came in under the line. While drafting is off, one plain step in PLAIN_SAMPLE
+  is timed, the others only counted (``untimed``).
 - Positions few rounds reached: shrunk towards the position before (``Acceptance.rates``),
   so the deep positions of a ceiling seldom drafted to are not taken as likely as the first.
 
