@@ -102,7 +102,8 @@ RATE_DECAY = 0.97         # per round, the tokens and seconds the process's rate
 # while drafting is off, one plain round in this many is observed (a plain step's time, the
 # rate); the others are only counted (``untimed``). Observing each cost 9 µs of Python a
 # round, and the target's forward after it ran slower by some µs more: a useless draft's
-# rounds took 2-3% over target-only's on a 0.9 ms step (by hand: bench/runs/2026-12-07/plain-rounds/)
+# plain rounds took 1.5-2.7% over target-only's on a 0.9 ms step (timed by hand, piece by
+# piece; the A/B: bench/runs/2026-12-07/plain-rounds/)
 PLAIN_SAMPLE = 8
 REQUEST_DECAY = 0.8       # per request, the process's mean request length
 
